@@ -1,0 +1,144 @@
+"""The DGAP alignment rule: one pure function of all ranks' reports.
+
+Every rank calls :func:`plan_round` on the same gathered reports, so every rank computes
+the same :class:`RoundPlan`; a rank acts on its own row of it. There is no second code
+path that "predicts" other ranks: prediction and action are the same call.
+
+Max-based, bidirectional alignment (SPEC 3):
+
+* A rank that failed publishes ``aborted``; every rank then raises
+  :class:`PeerFailedError` instead of finishing the epoch cleanly.
+* The round ends the epoch when every rank is finished (join) or any rank is finished
+  (non-join; windows are then dropped and counted by their owners).
+* If any rank has no free output slot, the round emits nothing (``skipped``).
+* Otherwise ``T = max(G_r over unfinished ranks)``, capped by the smallest free-slot count
+  and by the smallest positive buffered-sample count, and at least 1.
+* A rank with fewer than ``T`` groups splits: it peels the shortest sample off its
+  largest multi-sample group (ties: earliest group) into a new singleton, ``T - G_r``
+  times. ``T <= S_r`` guarantees enough samples. Peeling the shortest member keeps the
+  group's longest sample, so its padded cost can only fall.
+* A rank with more than ``T`` groups overflows: it keeps its first ``T`` groups (in its
+  own priority order) and returns the rest to its window.
+* Finished ranks fill all ``T`` positions with IDLE steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from odb_lightning.core.wire import RankReport
+
+
+class AlignmentError(RuntimeError):
+    """Ranks are out of step (different epoch or round) or sent inconsistent reports."""
+
+
+class PeerFailedError(RuntimeError):
+    """Another rank reported a failure; this rank must stop too."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoundPlan:
+    """The outcome of one round, identical on every rank.
+
+    Attributes:
+        target_steps: ``T``, the steps every rank emits this round (0 if none).
+        skipped: Some rank had no free output slot; nothing is emitted.
+        epoch_over: The epoch ends with this round; nothing is emitted.
+        rank_sizes: Per rank, the samples of each of its ``T`` steps (0 = IDLE).
+        rank_loss_tokens: Per rank, the supervised tokens of each of its ``T`` steps.
+        global_samples: Per step position, samples over all ranks.
+        global_loss_tokens: Per step position, supervised tokens over all ranks.
+    """
+
+    target_steps: int
+    skipped: bool = False
+    epoch_over: bool = False
+    rank_sizes: tuple[tuple[int, ...], ...] = ()
+    rank_loss_tokens: tuple[tuple[int, ...], ...] = ()
+    global_samples: tuple[int, ...] = ()
+    global_loss_tokens: tuple[int, ...] = ()
+
+
+def peel_order(sizes: list[int], num_peels: int) -> list[int]:
+    """Which group each successive peel takes a sample from.
+
+    Always the largest group with more than one sample, the earliest on ties; the new
+    singletons are appended after the existing groups and are never peeled.
+
+    Raises:
+        AlignmentError: If fewer than ``num_peels`` samples can be peeled.
+    """
+    remaining = list(sizes)
+    order: list[int] = []
+    for _ in range(num_peels):
+        largest = max(range(len(remaining)), key=lambda i: (remaining[i], -i), default=None)
+        if largest is None or remaining[largest] < 2:
+            raise AlignmentError(f"cannot split groups of sizes {sizes} {num_peels} times")
+        remaining[largest] -= 1
+        order.append(largest)
+    return order
+
+
+def aligned_steps(report: RankReport, target: int) -> tuple[list[int], list[int]]:
+    """Sizes and supervised tokens of a rank's ``target`` steps after split/overflow."""
+    if report.finished or report.buffered == 0:
+        return [0] * target, [0] * target
+    sizes = list(report.group_sizes[:target])
+    losses = list(report.group_loss_tokens[:target])
+    num_peels = target - len(sizes)
+    if num_peels > len(report.peel_loss_tokens):
+        raise AlignmentError(
+            f"a rank needs {num_peels} peels but published {len(report.peel_loss_tokens)}"
+        )
+    for group, peeled_loss in zip(peel_order(sizes, num_peels), report.peel_loss_tokens, strict=False):
+        sizes[group] -= 1
+        losses[group] -= peeled_loss
+        sizes.append(1)
+        losses.append(peeled_loss)
+    return sizes, losses
+
+
+def _check_in_step(reports: list[RankReport]) -> None:
+    first = reports[0]
+    for rank, report in enumerate(reports):
+        if (report.epoch, report.round_index) != (first.epoch, first.round_index):
+            raise AlignmentError(
+                f"rank {rank} is at epoch {report.epoch} round {report.round_index}, "
+                f"rank 0 at epoch {first.epoch} round {first.round_index}"
+            )
+
+
+def target_steps(reports: list[RankReport]) -> int:
+    """``T`` for a round that emits (no rank finished-only, every rank has a free slot)."""
+    active = [r for r in reports if not r.finished]
+    target = max(r.num_groups for r in active)
+    target = min(target, min(r.free_slots for r in reports))
+    positive_buffers = [r.buffered for r in active if r.buffered > 0]
+    if positive_buffers:
+        target = min(target, min(positive_buffers))
+    return max(1, target)
+
+
+def plan_round(reports: list[RankReport], *, join: bool) -> RoundPlan:
+    """The DGAP rule (see the module docstring) over all ranks' reports."""
+    if not reports:
+        raise AlignmentError("a round needs at least one report")
+    failed = [rank for rank, r in enumerate(reports) if r.aborted]
+    if failed:
+        raise PeerFailedError(f"rank(s) {failed} failed and aborted the epoch; see their errors")
+    _check_in_step(reports)
+    finished = [r.finished for r in reports]
+    if all(finished) or (not join and any(finished)):
+        return RoundPlan(target_steps=0, epoch_over=True)
+    if any(r.free_slots <= 0 for r in reports):
+        return RoundPlan(target_steps=0, skipped=True)
+    target = target_steps(reports)
+    rows = [aligned_steps(report, target) for report in reports]
+    return RoundPlan(
+        target_steps=target,
+        rank_sizes=tuple(tuple(sizes) for sizes, _ in rows),
+        rank_loss_tokens=tuple(tuple(losses) for _, losses in rows),
+        global_samples=tuple(sum(col) for col in zip(*(s for s, _ in rows), strict=True)),
+        global_loss_tokens=tuple(sum(col) for col in zip(*(lo for _, lo in rows), strict=True)),
+    )

@@ -1,0 +1,131 @@
+"""In-process multi-rank simulator.
+
+Runs one :class:`~odb_lightning.core.window.GroupingWindow` per rank in lock step. Each
+round every window reports, the reports go through the real wire encoding, the one
+alignment function plans the round once (it is a pure function of the reports, so each
+rank would compute the same plan), and every window acts on it. Samples arrive
+instantly; the runtime waits for them instead, which changes timing but not the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from odb_lightning.core.alignment import plan_round
+from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.types import SampleInfo
+from odb_lightning.core.window import GroupingWindow, Step
+from odb_lightning.core.wire import decode_report, encode_report
+
+
+class SimulationStalled(RuntimeError):
+    """The round loop ran past its proven bound: an alignment bug, never a data issue."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    """Everything a simulated epoch produced.
+
+    Attributes:
+        steps: Per rank, its steps in emission order.
+        rounds: Alignment rounds run (including the final one that ends the epoch).
+        dropped: Per rank, samples never emitted (non-join only).
+        over_budget: Per rank, samples emitted alone because they exceed the budget.
+    """
+
+    steps: list[list[Step]]
+    rounds: int
+    dropped: list[int]
+    over_budget: list[int]
+
+
+def _fill(window: GroupingWindow, lengths: list[int], loss_tokens: list[int]) -> None:
+    for position in window.request():
+        window.add(
+            SampleInfo(
+                sample_id=position,
+                length=lengths[position],
+                num_loss_tokens=loss_tokens[position],
+                position=position,
+            )
+        )
+
+
+def simulate_epoch(
+    rank_lengths: list[list[int]],
+    settings: LoaderSettings,
+    *,
+    loss_tokens: list[list[int]] | None = None,
+    epoch: int = 0,
+) -> SimulationResult:
+    """Simulate one epoch; sample ids are positions in each rank's list."""
+    losses = loss_tokens if loss_tokens is not None else rank_lengths
+    if len(losses) != len(rank_lengths):
+        raise ValueError("loss_tokens must have one list per rank")
+    windows = [
+        GroupingWindow(settings, len(lengths), rank=rank, epoch=epoch)
+        for rank, lengths in enumerate(rank_lengths)
+    ]
+    steps: list[list[Step]] = [[] for _ in windows]
+    max_steps = settings.max_steps_per_round
+    # Every emitting round takes >= 1 sample from some rank; one more round ends it.
+    bound = sum(len(lengths) for lengths in rank_lengths) + 2
+    for rounds in range(1, bound + 1):
+        for window, lengths, loss in zip(windows, rank_lengths, losses, strict=True):
+            _fill(window, lengths, loss)
+        messages = [encode_report(w.make_report(max_steps), max_steps) for w in windows]
+        plan = plan_round([decode_report(m, max_steps) for m in messages], join=settings.join)
+        for window, rank_steps in zip(windows, steps, strict=True):
+            rank_steps.extend(window.apply(plan).steps)
+        if plan.epoch_over:
+            return SimulationResult(
+                steps=steps,
+                rounds=rounds,
+                dropped=[w.num_dropped for w in windows],
+                over_budget=[w.num_over_budget for w in windows],
+            )
+    raise SimulationStalled(f"no end of epoch after {bound} rounds")
+
+
+def simulate(
+    rank_lengths: list[list[int]],
+    *,
+    token_budget: int,
+    window: int,
+    join: bool = True,
+    seed: int = 0,
+    max_steps_per_round: int = 8,
+    loss_tokens: list[list[int]] | None = None,
+    attention_weight: float = 0.0,
+    epoch: int = 0,
+) -> list[list[list[int]]]:
+    """Steps every rank emits for one epoch, in order.
+
+    Args:
+        rank_lengths: Per rank, the token lengths of its shard in arrival order.
+        token_budget: ``L_max``.
+        window: Outstanding depth ``D``.
+        join: Join mode (every sample once) or non-join (shortest-rank closure).
+        seed: Seed of the step order inside each round.
+        max_steps_per_round: ``Q``, most steps a round emits per rank.
+        loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
+        attention_weight: Quadratic attention term of the budget.
+        epoch: Epoch number (changes the step order).
+
+    Returns:
+        For each rank its steps in order; each step the indices into that rank's list it
+        emits, ``[]`` for an IDLE step. Every rank has the same number of steps.
+    """
+    settings = LoaderSettings(
+        token_budget=token_budget,
+        outstanding_depth=window,
+        max_steps_per_round=max_steps_per_round,
+        join=join,
+        seed=seed,
+        attention_weight=attention_weight,
+    )
+    result = simulate_epoch(rank_lengths, settings, loss_tokens=loss_tokens, epoch=epoch)
+    return [
+        [[] if s.group is None else [m.sample_id for m in s.group.samples] for s in rank_steps]
+        for rank_steps in result.steps
+    ]

@@ -1,0 +1,234 @@
+"""The per-rank grouping window: a state machine driven by one alignment round at a time.
+
+Life of a sample: the window asks for it (:meth:`GroupingWindow.request`), the input
+pipeline delivers it (:meth:`GroupingWindow.add`), it waits in the window until a round
+emits it in a step. A round starts only when every requested sample has arrived and the
+window is full (or the shard is fully requested), so what a round sees does not depend on
+how fast workers were: the same seed gives the same steps, in production and in
+:mod:`odb_lightning.core.simulate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
+from odb_lightning.core.grouping import group_window
+from odb_lightning.core.order import make_rng
+from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.types import Group, SampleInfo
+from odb_lightning.core.wire import RankReport, decode_report, encode_report
+
+Exchange = Callable[[list[int]], list[list[int]]]
+"""All-gather of one fixed-size integer message: returns every rank's message by rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One emitted step: a local group (``None`` for IDLE) and the step's global counts."""
+
+    group: Group | None
+    global_samples: int
+    global_loss_tokens: int
+    round_index: int
+    index_in_round: int
+
+    @property
+    def is_idle(self) -> bool:
+        return self.group is None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundOutcome:
+    """What one round did on this rank.
+
+    Attributes:
+        steps: Steps to emit, in order (``T`` of them; none if skipped or epoch over).
+        epoch_over: No more rounds this epoch.
+        skipped: A rank had no free output slot; retry later.
+        dropped: Samples of this rank's shard never emitted (non-join end of epoch).
+    """
+
+    steps: tuple[Step, ...] = ()
+    epoch_over: bool = False
+    skipped: bool = False
+    dropped: int = 0
+
+
+def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
+    """Apply ``num_peels`` peels (see :func:`alignment.peel_order`) to real groups:
+    each peel moves the shortest member of the chosen group into a new singleton."""
+    members = [list(g.samples) for g in groups]
+    for index in peel_order([len(m) for m in members], num_peels):
+        members.append([members[index].pop()])
+    return [Group(tuple(m)) for m in members]
+
+
+class GroupingWindow:
+    """One rank's window for one epoch.
+
+    Args:
+        settings: Job-wide loader settings (identical on every rank).
+        shard_size: Samples in this rank's shard this epoch.
+        rank: This rank's index in the reports (to check its row of the plan).
+        epoch: Epoch number (part of every report and of the step-order seed).
+    """
+
+    def __init__(
+        self, settings: LoaderSettings, shard_size: int, *, rank: int = 0, epoch: int = 0
+    ) -> None:
+        if shard_size < 0:
+            raise ValueError(f"shard_size must be >= 0, got {shard_size}")
+        self.settings = settings
+        self.shard_size = shard_size
+        self.rank = rank
+        self.epoch = epoch
+        self._budget = settings.budget
+        self._buffer: list[SampleInfo] = []
+        self._num_requested = 0
+        self._num_received = 0
+        self._groups: list[Group] | None = None
+        self.round_index = 0
+        self.num_emitted = 0
+        self.num_over_budget = 0
+        self.num_dropped = 0
+        self.epoch_over = False
+
+    # -- filling ---------------------------------------------------------------------
+    @property
+    def num_buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_requested - self._num_received
+
+    def num_to_request(self) -> int:
+        """How many more samples the window has room for and the shard still holds."""
+        room = self.settings.outstanding_depth - self.num_buffered - self.num_in_flight
+        return max(0, min(room, self.shard_size - self._num_requested))
+
+    def request(self) -> range:
+        """Mark the next samples as requested; returns their shard positions."""
+        count = self.num_to_request()
+        positions = range(self._num_requested, self._num_requested + count)
+        self._num_requested += count
+        return positions
+
+    def add(self, sample: SampleInfo) -> None:
+        """A requested sample has arrived (in any order)."""
+        if not 0 <= sample.position < self._num_requested or self.num_in_flight == 0:
+            raise ValueError(f"sample at shard position {sample.position} was not requested")
+        self._buffer.append(sample)
+        self._num_received += 1
+
+    def is_ready(self) -> bool:
+        """Every requested sample arrived and the window cannot take more."""
+        return self.num_in_flight == 0 and self.num_to_request() == 0
+
+    def is_finished(self) -> bool:
+        return self._num_requested == self.shard_size and self.num_in_flight == 0 and (
+            not self._buffer
+        )
+
+    # -- one round -------------------------------------------------------------------
+    def make_report(self, free_slots: int) -> RankReport:
+        """Group the window and describe it for the exchange (see :mod:`wire`)."""
+        if not self.is_ready():
+            raise RuntimeError("the window is not ready: samples are still in flight")
+        max_steps = self.settings.max_steps_per_round
+        groups = sorted(group_window(self._buffer, self._budget), key=lambda g: g.age)
+        self._groups = groups
+        shown = groups[:max_steps]
+        num_peels = max(0, min(len(self._buffer), max_steps) - len(groups))
+        peeled = split_groups(groups, num_peels)[len(groups) :]
+        return RankReport(
+            epoch=self.epoch,
+            round_index=self.round_index,
+            aborted=False,
+            finished=self.is_finished(),
+            free_slots=min(free_slots, max_steps),
+            buffered=len(self._buffer),
+            num_groups=min(len(groups), max_steps),
+            group_sizes=tuple(g.size for g in shown),
+            group_loss_tokens=tuple(g.num_loss_tokens for g in shown),
+            peel_loss_tokens=tuple(g.num_loss_tokens for g in peeled),
+        )
+
+    def make_abort_report(self) -> RankReport:
+        """The report a failing rank publishes so that its peers raise, not hang."""
+        return RankReport(
+            epoch=self.epoch,
+            round_index=self.round_index,
+            aborted=True,
+            finished=False,
+            free_slots=0,
+            buffered=0,
+            num_groups=0,
+        )
+
+    def apply(self, plan: RoundPlan) -> RoundOutcome:
+        """Act on this rank's row of the round plan."""
+        if self._groups is None:
+            raise RuntimeError("apply() needs make_report() first in every round")
+        groups, self._groups = self._groups, None
+        if plan.epoch_over:
+            return self._end_epoch()
+        self.round_index += 1
+        if plan.skipped:
+            return RoundOutcome(skipped=True)
+        local = self._local_steps(groups, plan)
+        order = list(range(plan.target_steps))
+        make_rng(self.settings.seed, "round", self.epoch, self.round_index - 1).shuffle(order)
+        steps = tuple(
+            Step(
+                group=local[i],
+                global_samples=plan.global_samples[i],
+                global_loss_tokens=plan.global_loss_tokens[i],
+                round_index=self.round_index - 1,
+                index_in_round=k,
+            )
+            for k, i in enumerate(order)
+        )
+        return RoundOutcome(steps=steps)
+
+    def _local_steps(self, groups: list[Group], plan: RoundPlan) -> list[Group | None]:
+        target = plan.target_steps
+        if self.is_finished():
+            local: list[Group | None] = [None] * target
+        else:
+            kept = groups[:target] if len(groups) >= target else split_groups(
+                groups, target - len(groups)
+            )
+            local = list(kept)
+            self._take(kept)
+        sizes = tuple(0 if g is None else g.size for g in local)
+        if sizes != plan.rank_sizes[self.rank]:
+            raise AlignmentError(
+                f"rank {self.rank} formed steps of sizes {sizes}, the plan says "
+                f"{plan.rank_sizes[self.rank]}"
+            )
+        return local
+
+    def _take(self, kept: list[Group]) -> None:
+        emitted = {s.position for g in kept for s in g.samples}
+        self._buffer = [s for s in self._buffer if s.position not in emitted]
+        self.num_emitted += len(emitted)
+        self.num_over_budget += sum(
+            1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
+        )
+
+    def _end_epoch(self) -> RoundOutcome:
+        self.epoch_over = True
+        self.num_dropped = self.shard_size - self.num_emitted
+        self._buffer = []
+        return RoundOutcome(epoch_over=True, dropped=self.num_dropped)
+
+
+def exchange_round(window: GroupingWindow, exchange: Exchange, free_slots: int) -> RoundOutcome:
+    """One round as the runtime runs it: report, all-gather, plan, act."""
+    max_steps = window.settings.max_steps_per_round
+    message = encode_report(window.make_report(free_slots), max_steps)
+    reports = [decode_report(m, max_steps) for m in exchange(message)]
+    return window.apply(plan_round(reports, join=window.settings.join))

@@ -1,0 +1,119 @@
+"""Fixed-size integer wire format of one alignment round.
+
+Each rank publishes one :class:`RankReport` per round. Its length depends only on
+``max_steps_per_round`` (``Q``), so one ``all_gather`` of equal-sized tensors carries it.
+``Q`` bounds everything a round can need: the target ``T`` never exceeds the free output
+slots, which never exceed ``Q``, so at most ``Q`` groups are kept and at most ``Q - 1``
+samples are peeled off by a split. Per group the report carries its size and supervised
+token count, and the supervised tokens of the samples a split would peel, in peel order:
+with that, every rank replays every other rank's alignment and knows the global sample and
+loss-token count of each step after this single exchange.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WIRE_VERSION = 1
+_HEADER = (
+    "version",
+    "epoch",
+    "round_index",
+    "aborted",
+    "finished",
+    "free_slots",
+    "buffered",
+    "num_groups",
+)
+
+
+class WireFormatError(RuntimeError):
+    """A message does not have the layout of this wire version."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """What one rank tells the others before a round.
+
+    Attributes:
+        epoch: Epoch this report belongs to.
+        round_index: Round counter within the epoch; equal on every rank.
+        aborted: This rank failed and leaves the job; every peer must raise.
+        finished: Shard exhausted and window empty.
+        free_slots: Output slots this rank can fill now (``C_r``).
+        buffered: Samples in the window (``S_r``).
+        num_groups: Groups the local plan formed (``G_r``), capped at ``Q``.
+        group_sizes: Samples per group, in emission-priority order (at most ``Q``).
+        group_loss_tokens: Supervised tokens per group, same order.
+        peel_loss_tokens: Supervised tokens of the samples a split would peel, in order.
+    """
+
+    epoch: int
+    round_index: int
+    aborted: bool
+    finished: bool
+    free_slots: int
+    buffered: int
+    num_groups: int
+    group_sizes: tuple[int, ...] = ()
+    group_loss_tokens: tuple[int, ...] = ()
+    peel_loss_tokens: tuple[int, ...] = ()
+
+
+def message_length(max_steps: int) -> int:
+    """Length of every encoded report for ``Q = max_steps``."""
+    return len(_HEADER) + 3 * max_steps
+
+
+def _padded(values: tuple[int, ...], size: int, what: str) -> list[int]:
+    if len(values) > size:
+        raise WireFormatError(f"{what} has {len(values)} entries, the wire holds {size}")
+    return list(values) + [0] * (size - len(values))
+
+
+def encode_report(report: RankReport, max_steps: int) -> list[int]:
+    """Encode ``report`` into exactly :func:`message_length` integers."""
+    header = [
+        WIRE_VERSION,
+        report.epoch,
+        report.round_index,
+        int(report.aborted),
+        int(report.finished),
+        report.free_slots,
+        report.buffered,
+        report.num_groups,
+    ]
+    return (
+        header
+        + _padded(report.group_sizes, max_steps, "group_sizes")
+        + _padded(report.group_loss_tokens, max_steps, "group_loss_tokens")
+        + _padded(report.peel_loss_tokens, max_steps, "peel_loss_tokens")
+    )
+
+
+def decode_report(message: list[int], max_steps: int) -> RankReport:
+    """Inverse of :func:`encode_report`."""
+    if len(message) != message_length(max_steps):
+        raise WireFormatError(
+            f"message has {len(message)} integers, expected {message_length(max_steps)}"
+        )
+    if message[0] != WIRE_VERSION:
+        raise WireFormatError(f"wire version {message[0]}, expected {WIRE_VERSION}")
+    _, epoch, round_index, aborted, finished, free_slots, buffered, num_groups = message[
+        : len(_HEADER)
+    ]
+    body = message[len(_HEADER) :]
+    shown = min(num_groups, max_steps)
+    peels = max(0, min(buffered, max_steps) - num_groups)
+    return RankReport(
+        epoch=epoch,
+        round_index=round_index,
+        aborted=bool(aborted),
+        finished=bool(finished),
+        free_slots=free_slots,
+        buffered=buffered,
+        num_groups=num_groups,
+        group_sizes=tuple(body[:shown]),
+        group_loss_tokens=tuple(body[max_steps : max_steps + shown]),
+        peel_loss_tokens=tuple(body[2 * max_steps : 2 * max_steps + peels]),
+    )

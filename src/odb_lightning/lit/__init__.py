@@ -1,0 +1,1 @@
+"""odb_lightning.lit layer."""
