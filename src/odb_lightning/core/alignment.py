@@ -91,7 +91,8 @@ def aligned_steps(report: RankReport, target: int) -> tuple[list[int], list[int]
         raise AlignmentError(
             f"a rank needs {num_peels} peels but published {len(report.peel_loss_tokens)}"
         )
-    for group, peeled_loss in zip(peel_order(sizes, num_peels), report.peel_loss_tokens, strict=False):
+    peels = zip(peel_order(sizes, num_peels), report.peel_loss_tokens, strict=False)
+    for group, peeled_loss in peels:
         sizes[group] -= 1
         losses[group] -= peeled_loss
         sizes.append(1)

@@ -128,8 +128,10 @@ class GroupingWindow:
         return self.num_in_flight == 0 and self.num_to_request() == 0
 
     def is_finished(self) -> bool:
-        return self._num_requested == self.shard_size and self.num_in_flight == 0 and (
-            not self._buffer
+        return (
+            self._num_requested == self.shard_size
+            and self.num_in_flight == 0
+            and (not self._buffer)
         )
 
     # -- one round -------------------------------------------------------------------
@@ -198,8 +200,10 @@ class GroupingWindow:
         if self.is_finished():
             local: list[Group | None] = [None] * target
         else:
-            kept = groups[:target] if len(groups) >= target else split_groups(
-                groups, target - len(groups)
+            kept = (
+                groups[:target]
+                if len(groups) >= target
+                else split_groups(groups, target - len(groups))
             )
             local = list(kept)
             self._take(kept)

@@ -1,0 +1,347 @@
+"""Offline epoch plans for every batching mode, and their padding statistics.
+
+A plan is the list of batches one epoch emits on one rank, each batch a list of indices
+into ``lengths``; every index appears exactly once. The length-pass modes (``sorted``,
+``bucketed``, ``oracle``) need the lengths up front; ``standard`` ignores them; ``odb``
+replays the online runtime through the simulator on a single rank, so the plan is what
+production would emit for that arrival order.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from odb_lightning.core.budget import Budget
+from odb_lightning.core.grouping import group_lengths
+from odb_lightning.core.order import epoch_permutation, make_rng
+
+
+class BatchingMode(StrEnum):
+    """How an epoch is cut into batches (SPEC section 2)."""
+
+    STANDARD = "standard"
+    SORTED = "sorted"
+    BUCKETED = "bucketed"
+    ORACLE = "oracle"
+    ODB = "odb"
+    ODB_PACKED = "odb_packed"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStats:
+    """Padding statistics of one epoch plan.
+
+    Attributes:
+        steps: Non-empty batches.
+        mean_batch_size: Samples per step.
+        padding_efficiency: Real tokens / padded tokens (1.0 for packed batches).
+        budget_fill: Mean padded tokens per step / ``token_budget``; above 1 when a mode
+            that ignores the budget (``standard``, ``sorted``) overshoots it.
+        over_budget_samples: Samples that alone cost more than the budget.
+        over_budget_batches: Multi-sample batches that cost more than the budget.
+        real_tokens: Sum of sample lengths.
+        padded_tokens: Sum over batches of ``size * longest`` (real tokens when packed).
+    """
+
+    steps: int
+    mean_batch_size: float
+    padding_efficiency: float
+    budget_fill: float
+    over_budget_samples: int
+    over_budget_batches: int
+    real_tokens: int
+    padded_tokens: int
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def validate_lengths(lengths: Sequence[int]) -> None:
+    """Raise ``ValueError`` naming the first index whose length is not a positive int."""
+    for index, length in enumerate(lengths):
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(
+                f"lengths[{index}] must be a positive integer token count, got {length!r}"
+            )
+
+
+def bucket_of(lengths: Sequence[int], boundaries: Sequence[int]) -> list[int]:
+    """Bucket index of every sample: bucket ``i`` holds ``edge_i <= length < edge_{i+1}``.
+
+    Raises:
+        ValueError: If the edges are not strictly increasing integers (at least two), or
+            a sample falls outside ``[edge_0, edge_k)``; the message names the sample.
+    """
+    if len(boundaries) < 2:
+        raise ValueError(f"boundaries needs at least 2 edges (1 bucket), got {boundaries!r}")
+    for index, edge in enumerate(boundaries):
+        if not isinstance(edge, int) or isinstance(edge, bool) or edge < 0:
+            raise ValueError(f"boundaries[{index}] must be a non-negative integer, got {edge!r}")
+        if index and edge <= boundaries[index - 1]:
+            raise ValueError(f"boundaries must be strictly increasing, got {list(boundaries)}")
+    if lengths:
+        longest = max(range(len(lengths)), key=lambda i: (lengths[i], -i))
+        if lengths[longest] >= boundaries[-1]:
+            raise ValueError(
+                f"boundaries: last edge {boundaries[-1]} must exceed the longest sample "
+                f"(lengths[{longest}] = {lengths[longest]})"
+            )
+        shortest = min(range(len(lengths)), key=lambda i: (lengths[i], i))
+        if lengths[shortest] < boundaries[0]:
+            raise ValueError(
+                f"boundaries: first edge {boundaries[0]} is above the shortest sample "
+                f"(lengths[{shortest}] = {lengths[shortest]})"
+            )
+    return [bisect.bisect_right(boundaries, length) - 1 for length in lengths]
+
+
+def pack_in_order(
+    order: Sequence[int],
+    lengths: Sequence[int],
+    budget: Budget,
+    *,
+    max_batch_size: int | None = None,
+    packed: bool = False,
+) -> list[list[int]]:
+    """Cut ``order`` into consecutive batches greedily, never reordering it.
+
+    A batch closes when the next sample would push it over the budget or when it already
+    has ``max_batch_size`` samples. Padded batches cost ``g * row_cost(L_max)``; packed
+    batches (one padding-free row, block-diagonal attention) cost ``sum(row_cost(L_i))``,
+    i.e. real tokens plus each sample's own attention term. A sample that alone exceeds
+    the budget gets a batch of its own.
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    packed_cost = 0.0
+    for index in order:
+        length = lengths[index]
+        if packed:
+            fits = packed_cost + budget.row_cost(length) <= budget.token_budget
+        else:
+            fits = budget.fits(len(batch) + 1, max(longest, length))
+        full = max_batch_size is not None and len(batch) >= max_batch_size
+        if batch and (full or not fits):
+            batches.append(batch)
+            batch, longest, packed_cost = [], 0, 0.0
+        batch.append(index)
+        longest = max(longest, length)
+        packed_cost += budget.row_cost(length)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _chunk(order: list[int], size: int) -> list[list[int]]:
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def _shuffled(batches: list[list[int]], seed: int, epoch: int) -> list[list[int]]:
+    make_rng(seed, "batches", epoch).shuffle(batches)
+    return batches
+
+
+def _plan_bucketed(
+    lengths: Sequence[int],
+    boundaries: Sequence[int],
+    budget: Budget,
+    max_batch_size: int | None,
+    seed: int,
+    epoch: int,
+) -> list[list[int]]:
+    buckets: list[list[int]] = [[] for _ in range(len(boundaries) - 1)]
+    for index, bucket in enumerate(bucket_of(lengths, boundaries)):
+        buckets[bucket].append(index)
+    rng = make_rng(seed, "buckets", epoch)
+    batches: list[list[int]] = []
+    for members in buckets:
+        # A fresh in-bucket shuffle each epoch is what changes batch composition.
+        rng.shuffle(members)
+        batches += pack_in_order(members, lengths, budget, max_batch_size=max_batch_size)
+    return _shuffled(batches, seed, epoch)
+
+
+def _plan_oracle(
+    lengths: Sequence[int], budget: Budget, max_batch_size: int | None, seed: int, epoch: int
+) -> list[list[int]]:
+    if max_batch_size is None:
+        batches = group_lengths(list(lengths), budget)
+    else:
+        # Longest-first greedy as in grouping.group_window, each group also capped.
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        batches, start = [], 0
+        while start < len(order):
+            size = min(max_batch_size, budget.max_group_size(lengths[order[start]]))
+            batches.append(order[start : start + size])
+            start += size
+    return _shuffled(batches, seed, epoch)
+
+
+def _plan_odb(
+    lengths: Sequence[int], budget: Budget, window: int, seed: int, epoch: int
+) -> list[list[int]]:
+    # Imported here: the simulator pulls in the whole alignment stack.
+    from odb_lightning.core.simulate import simulate
+
+    order = epoch_permutation(len(lengths), seed, epoch)
+    (steps,) = simulate(
+        [[lengths[i] for i in order]],
+        token_budget=budget.token_budget,
+        window=window,
+        seed=seed,
+        attention_weight=budget.attention_weight,
+        epoch=epoch,
+    )
+    # Single rank: alignment never idles, but drop IDLE ([]) steps defensively anyway.
+    return [[order[j] for j in step] for step in steps if step]
+
+
+def _plan_odb_packed(
+    lengths: Sequence[int],
+    budget: Budget,
+    window: int,
+    max_batch_size: int | None,
+    seed: int,
+    epoch: int,
+) -> list[list[int]]:
+    # Each window of D arrivals is sorted longest first and packed next-fit under a
+    # real-token budget: no padding, so the budget buys real tokens only.
+    order = epoch_permutation(len(lengths), seed, epoch)
+    batches: list[list[int]] = []
+    for start in range(0, len(order), window):
+        arrived = sorted(order[start : start + window], key=lambda i: (-lengths[i], i))
+        batches += pack_in_order(
+            arrived, lengths, budget, max_batch_size=max_batch_size, packed=True
+        )
+    return batches
+
+
+def plan_epoch(
+    lengths: Sequence[int],
+    mode: BatchingMode | str,
+    *,
+    token_budget: int,
+    batch_size: int | None = None,
+    max_batch_size: int | None = None,
+    boundaries: Sequence[int] | None = None,
+    window: int | None = None,
+    seed: int = 0,
+    epoch: int = 0,
+    attention_weight: float = 0.0,
+) -> list[list[int]]:
+    """Plan one epoch on one rank.
+
+    Modes (SPEC section 2): ``standard`` chunks the epoch permutation into
+    ``batch_size``; ``sorted`` chunks the global (length, index) sort into ``batch_size``
+    and shuffles the batch order per epoch; ``bucketed`` shuffles inside each bucket of
+    ``boundaries``, packs greedily under the budget and ``max_batch_size``, and shuffles
+    the batch list; ``oracle`` groups the global longest-first sort under the budget
+    (capped by ``max_batch_size`` when given) and shuffles the batch order; ``odb`` runs
+    the single-rank simulator over the epoch permutation with window ``window``;
+    ``odb_packed`` packs each window of ``window`` arrivals longest first under a
+    *real-token* budget (see :func:`pack_in_order`). Arguments a mode does not use are
+    ignored.
+
+    Args:
+        lengths: Token length of every sample (positive integers).
+        mode: A :class:`BatchingMode` or its string value.
+        token_budget: ``L_max``: most padded tokens per batch.
+        batch_size: Samples per batch (``standard``, ``sorted``).
+        max_batch_size: Optional cap on samples per batch (``bucketed``, ``oracle``,
+            ``odb_packed``).
+        boundaries: Bucket edges ``[e_0, ..., e_k]`` (``bucketed``).
+        window: Outstanding depth ``D`` (``odb``, ``odb_packed``).
+        seed: Seed of every shuffle.
+        epoch: Epoch number; changes every shuffle.
+        attention_weight: Quadratic attention term of the budget.
+
+    Returns:
+        Batches of indices into ``lengths``, each index exactly once, in emission order.
+
+    Raises:
+        ValueError: Naming the offending parameter (or sample index) when an argument the
+            mode needs is missing or invalid.
+    """
+    try:
+        mode = BatchingMode(mode)
+    except ValueError:
+        valid = ", ".join(m.value for m in BatchingMode)
+        raise ValueError(f"mode must be one of {valid}; got {mode!r}") from None
+    validate_lengths(lengths)
+    budget = Budget(token_budget, attention_weight)
+    if max_batch_size is not None:
+        _check_positive_int("max_batch_size", max_batch_size)
+    if mode in (BatchingMode.STANDARD, BatchingMode.SORTED):
+        if batch_size is None:
+            raise ValueError(f"batch_size is required for mode '{mode}'")
+        _check_positive_int("batch_size", batch_size)
+        if mode is BatchingMode.STANDARD:
+            return _chunk(epoch_permutation(len(lengths), seed, epoch), batch_size)
+        # Static composition: the sort ignores the epoch; only the batch order moves.
+        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+        return _shuffled(_chunk(order, batch_size), seed, epoch)
+    if mode is BatchingMode.BUCKETED:
+        if boundaries is None:
+            raise ValueError("boundaries are required for mode 'bucketed'")
+        return _plan_bucketed(lengths, boundaries, budget, max_batch_size, seed, epoch)
+    if mode is BatchingMode.ORACLE:
+        return _plan_oracle(lengths, budget, max_batch_size, seed, epoch)
+    if window is None:
+        raise ValueError(f"window (outstanding depth) is required for mode '{mode}'")
+    _check_positive_int("window", window)
+    if mode is BatchingMode.ODB:
+        return _plan_odb(lengths, budget, window, seed, epoch)
+    return _plan_odb_packed(lengths, budget, window, max_batch_size, seed, epoch)
+
+
+def summarize_plan(
+    lengths: Sequence[int],
+    batches: Sequence[Sequence[int]],
+    token_budget: int,
+    *,
+    attention_weight: float = 0.0,
+    packed: bool = False,
+) -> PlanStats:
+    """Padding statistics of a plan; empty (IDLE) batches are not steps and are skipped.
+
+    Args:
+        lengths: Token length of every sample.
+        batches: The plan, indices into ``lengths``.
+        token_budget: ``L_max`` the plan is judged against.
+        attention_weight: Quadratic attention term of the budget.
+        packed: Batches are emitted padding-free (``odb_packed``): padded = real tokens.
+    """
+    budget = Budget(token_budget, attention_weight)
+    steps = samples = real = padded = over_samples = over_batches = 0
+    for batch in batches:
+        if not batch:
+            continue
+        batch_lengths = [lengths[i] for i in batch]
+        longest = max(batch_lengths)
+        steps += 1
+        samples += len(batch)
+        real += sum(batch_lengths)
+        padded += sum(batch_lengths) if packed else len(batch) * longest
+        over_samples += sum(budget.is_over_budget(n) for n in batch_lengths)
+        cost = (
+            sum(budget.row_cost(n) for n in batch_lengths)
+            if packed
+            else budget.cost(len(batch), longest)
+        )
+        over_batches += len(batch) > 1 and cost > token_budget
+    return PlanStats(
+        steps=steps,
+        mean_batch_size=samples / steps if steps else 0.0,
+        padding_efficiency=real / padded if padded else 1.0,
+        budget_fill=padded / steps / token_budget if steps else 0.0,
+        over_budget_samples=over_samples,
+        over_budget_batches=over_batches,
+        real_tokens=real,
+        padded_tokens=padded,
+    )

@@ -1,0 +1,116 @@
+"""Table tests for the DGAP rule on hand-made rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from odb_lightning.core.alignment import (
+    AlignmentError,
+    PeerFailedError,
+    aligned_steps,
+    peel_order,
+    plan_round,
+)
+from odb_lightning.core.wire import RankReport, decode_report, encode_report
+
+
+def report(
+    sizes: list[int],
+    losses: list[int] | None = None,
+    *,
+    peels: list[int] | None = None,
+    free: int = 8,
+    finished: bool = False,
+    round_index: int = 0,
+    aborted: bool = False,
+) -> RankReport:
+    buffered = sum(sizes)
+    return RankReport(
+        epoch=0,
+        round_index=round_index,
+        aborted=aborted,
+        finished=finished,
+        free_slots=free,
+        buffered=buffered,
+        num_groups=len(sizes),
+        group_sizes=tuple(sizes),
+        group_loss_tokens=tuple(losses or [10 * s for s in sizes]),
+        peel_loss_tokens=tuple(peels or []),
+    )
+
+
+def test_peel_order_takes_the_largest_group_earliest_first() -> None:
+    assert peel_order([3, 3, 1], 3) == [0, 1, 0]
+    assert peel_order([1, 4], 2) == [1, 1]
+    with pytest.raises(AlignmentError):
+        peel_order([1, 1], 1)
+
+
+def test_uneven_ranks_split_up_to_the_largest_group_count() -> None:
+    plan = plan_round(
+        [
+            report([4, 3, 3]),
+            report([5], [50], peels=[7, 6, 5, 4]),
+            report([2, 2], [20, 20], peels=[9, 8]),
+        ],
+        join=True,
+    )
+    assert plan.target_steps == 3
+    assert plan.rank_sizes == ((4, 3, 3), (3, 1, 1), (1, 2, 1))
+    assert plan.rank_loss_tokens == ((40, 30, 30), (37, 7, 6), (11, 20, 9))
+    assert plan.global_samples == (8, 6, 5)
+    assert plan.global_loss_tokens == (88, 57, 45)
+
+
+def test_overflow_keeps_the_first_groups_within_free_slots() -> None:
+    plan = plan_round([report([2, 2, 2, 2, 2], free=3), report([3, 1], peels=[4])], join=True)
+    assert plan.target_steps == 3
+    assert plan.rank_sizes == ((2, 2, 2), (2, 1, 1))
+
+
+def test_smallest_positive_buffer_caps_the_target() -> None:
+    plan = plan_round([report([1, 1, 1, 1]), report([1, 1])], join=True)
+    assert plan.target_steps == 2
+    assert plan.rank_sizes == ((1, 1), (1, 1))
+
+
+def test_finished_rank_gets_idle_steps_in_join_mode() -> None:
+    done = RankReport(0, 0, False, True, 8, 0, 0)
+    plan = plan_round([done, report([2, 1])], join=True)
+    assert plan.target_steps == 2
+    assert plan.rank_sizes == ((0, 0), (2, 1))
+    assert plan.global_samples == (2, 1)
+    assert plan.global_loss_tokens == (20, 10)
+
+
+def test_epoch_ends_when_all_finished_join_or_any_finished_non_join() -> None:
+    done = RankReport(0, 0, False, True, 8, 0, 0)
+    assert plan_round([done, done], join=True).epoch_over
+    assert not plan_round([done, report([1])], join=True).epoch_over
+    assert plan_round([done, report([1])], join=False).epoch_over
+
+
+def test_no_free_slot_on_any_rank_skips_the_round() -> None:
+    plan = plan_round([report([2], free=0), report([1])], join=True)
+    assert plan.skipped and plan.target_steps == 0 and plan.rank_sizes == ()
+
+
+def test_out_of_step_and_aborted_ranks_raise() -> None:
+    with pytest.raises(AlignmentError, match="rank 1 is at epoch 0 round 1"):
+        plan_round([report([1]), report([1], round_index=1)], join=True)
+    with pytest.raises(PeerFailedError, match=r"\[1\]"):
+        plan_round([report([1]), report([1], aborted=True)], join=True)
+
+
+def test_aligned_steps_refuses_missing_peel_data() -> None:
+    with pytest.raises(AlignmentError):
+        aligned_steps(report([3], peels=[]), 2)
+
+
+@pytest.mark.parametrize("max_steps", [1, 4, 8])
+def test_wire_round_trip(max_steps: int) -> None:
+    sizes = [3, 2, 1, 5][:max_steps]
+    original = report(sizes, peels=[1, 2, 3, 4][: max(0, min(sum(sizes), max_steps) - len(sizes))])
+    message = encode_report(original, max_steps)
+    assert len(message) == 8 + 3 * max_steps
+    assert decode_report(message, max_steps) == original

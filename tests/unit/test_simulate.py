@@ -1,0 +1,131 @@
+"""Guarantees of the DGAP protocol, checked on the simulator (which runs the production
+window and alignment code) over random rank counts, skewed shards, windows and budgets."""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from odb_lightning.core.order import make_rng
+from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.simulate import simulate, simulate_epoch
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> dict:
+    """Per-rank length lists with skew: ranks differ in size and in length scale."""
+    num_ranks = draw(st.integers(1, 64))
+    seed = draw(st.integers(0, 2**16))
+    rng = make_rng(seed, "job")
+    rank_lengths = []
+    for _ in range(num_ranks):
+        size = rng.choice([0, 1, rng.randint(2, 12), rng.randint(10, 60)])
+        scale = rng.choice([8, 64, 512])
+        rank_lengths.append([rng.randint(1, scale) for _ in range(size)])
+    return {
+        "rank_lengths": rank_lengths,
+        "loss_tokens": [[rng.randint(0, n) for n in lengths] for lengths in rank_lengths],
+        "token_budget": draw(st.sampled_from([16, 100, 512, 2048])),
+        "window": draw(st.integers(1, 40)),
+        "max_steps_per_round": draw(st.integers(1, 8)),
+        "seed": seed,
+    }
+
+
+def run(job: dict, *, join: bool):
+    settings_ = LoaderSettings(
+        token_budget=job["token_budget"],
+        outstanding_depth=job["window"],
+        max_steps_per_round=job["max_steps_per_round"],
+        join=join,
+        seed=job["seed"],
+    )
+    return simulate_epoch(job["rank_lengths"], settings_, loss_tokens=job["loss_tokens"])
+
+
+def check_steps_aligned(result, job: dict) -> None:
+    counts = {len(rank_steps) for rank_steps in result.steps}
+    assert len(counts) == 1, f"unequal step counts {counts}"
+    for position in range(counts.pop()):
+        column = [rank_steps[position] for rank_steps in result.steps]
+        sizes = [0 if s.group is None else s.group.size for s in column]
+        losses = [0 if s.group is None else s.group.num_loss_tokens for s in column]
+        assert all(s.global_samples == sum(sizes) for s in column)
+        assert all(s.global_loss_tokens == sum(losses) for s in column)
+        assert sum(sizes) > 0, "a step position where every rank is IDLE"
+    for rank, rank_steps in enumerate(result.steps):
+        for step in rank_steps:
+            if step.group is not None and step.group.size > 1:
+                longest = max(job["rank_lengths"][rank][s.sample_id] for s in step.group.samples)
+                assert step.group.size * longest <= job["token_budget"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs())
+def test_join_emits_every_sample_exactly_once_with_equal_steps(job: dict) -> None:
+    result = run(job, join=True)
+    check_steps_aligned(result, job)
+    for rank, rank_steps in enumerate(result.steps):
+        ids = sorted(s.sample_id for st_ in rank_steps if st_.group for s in st_.group.samples)
+        assert ids == list(range(len(job["rank_lengths"][rank])))
+    assert result.dropped == [0] * len(job["rank_lengths"])
+    total = sum(len(lengths) for lengths in job["rank_lengths"])
+    assert result.rounds <= total + 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs())
+def test_non_join_accounts_for_every_sample(job: dict) -> None:
+    result = run(job, join=False)
+    check_steps_aligned(result, job)
+    for rank, rank_steps in enumerate(result.steps):
+        ids = [s.sample_id for st_ in rank_steps if st_.group for s in st_.group.samples]
+        assert len(ids) == len(set(ids))
+        assert len(ids) + result.dropped[rank] == len(job["rank_lengths"][rank])
+    if any(not lengths for lengths in job["rank_lengths"]):
+        assert all(not rank_steps for rank_steps in result.steps)
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs())
+def test_same_seed_same_plan(job: dict) -> None:
+    kwargs = {
+        "token_budget": job["token_budget"],
+        "window": job["window"],
+        "seed": job["seed"],
+        "max_steps_per_round": job["max_steps_per_round"],
+    }
+    assert simulate(job["rank_lengths"], **kwargs) == simulate(job["rank_lengths"], **kwargs)
+
+
+def test_step_order_changes_with_the_seed() -> None:
+    lengths = [[(i * 37) % 97 + 1 for i in range(200)]]
+    a = simulate(lengths, token_budget=400, window=64, seed=1)
+    b = simulate(lengths, token_budget=400, window=64, seed=2)
+    assert sorted(map(sorted, a[0])) == sorted(map(sorted, b[0])) and a != b
+
+
+def test_over_budget_sample_is_its_own_step_and_counted() -> None:
+    result = simulate_epoch([[5, 50, 4, 3]], LoaderSettings(token_budget=16, outstanding_depth=4))
+    groups = [sorted(s.sample_id for s in st_.group.samples) for st_ in result.steps[0]]
+    assert [1] in groups
+    assert result.over_budget == [1]
+
+
+def test_1024_ranks_finish_fast_and_align() -> None:
+    rng = make_rng(7, "scale")
+    rank_lengths = [
+        [max(1, min(4096, int(rng.lognormvariate(6.9, 0.5)))) for _ in range(200)]
+        for _ in range(1024)
+    ]
+    start = time.perf_counter()
+    result = simulate_epoch(rank_lengths, LoaderSettings(token_budget=16384, outstanding_depth=64))
+    elapsed = time.perf_counter() - start
+    assert elapsed < 60
+    job = {"rank_lengths": rank_lengths, "token_budget": 16384}
+    check_steps_aligned(result, job)
+    for rank_steps in result.steps:
+        ids = sorted(s.sample_id for st_ in rank_steps if st_.group for s in st_.group.samples)
+        assert ids == list(range(200))

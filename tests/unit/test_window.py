@@ -1,0 +1,80 @@
+"""The grouping window state machine: filling, readiness, arrival-order independence."""
+
+from __future__ import annotations
+
+import pytest
+
+from odb_lightning.core.alignment import AlignmentError, plan_round
+from odb_lightning.core.order import make_rng
+from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.types import SampleInfo
+from odb_lightning.core.window import GroupingWindow, exchange_round
+
+SETTINGS = LoaderSettings(token_budget=64, outstanding_depth=6, max_steps_per_round=4)
+LENGTHS = [9, 30, 2, 17, 5, 40, 8, 3, 12, 21]
+
+
+def info(position: int) -> SampleInfo:
+    return SampleInfo(position, LENGTHS[position], LENGTHS[position] // 2, position)
+
+
+def drain(window: GroupingWindow, arrival_seed: int | None) -> list[list[int]]:
+    """Run one rank to the end of its epoch; arrivals shuffled by ``arrival_seed``."""
+    emitted = []
+    while not window.epoch_over:
+        positions = list(window.request())
+        if arrival_seed is not None:
+            make_rng(arrival_seed, window.round_index).shuffle(positions)
+        for position in positions:
+            window.add(info(position))
+        outcome = exchange_round(window, lambda message: [message], free_slots=4)
+        emitted += [[s.sample_id for s in step.group.samples] for step in outcome.steps]
+    return emitted
+
+
+def test_request_respects_depth_and_shard() -> None:
+    window = GroupingWindow(SETTINGS, shard_size=len(LENGTHS))
+    assert list(window.request()) == [0, 1, 2, 3, 4, 5]
+    assert list(window.request()) == []
+    assert not window.is_ready()
+    for position in range(6):
+        window.add(info(position))
+    assert window.is_ready() and window.num_buffered == 6
+
+
+def test_arrival_order_does_not_change_the_steps() -> None:
+    reference = drain(GroupingWindow(SETTINGS, len(LENGTHS)), arrival_seed=None)
+    for seed in range(5):
+        assert drain(GroupingWindow(SETTINGS, len(LENGTHS)), arrival_seed=seed) == reference
+    assert sorted(i for step in reference for i in step) == list(range(len(LENGTHS)))
+
+
+def test_unrequested_sample_and_early_report_are_refused() -> None:
+    window = GroupingWindow(SETTINGS, shard_size=len(LENGTHS))
+    with pytest.raises(ValueError, match="was not requested"):
+        window.add(info(0))
+    window.request()
+    with pytest.raises(RuntimeError, match="not ready"):
+        window.make_report(4)
+
+
+def test_apply_checks_its_row_of_the_plan() -> None:
+    window = GroupingWindow(SETTINGS, shard_size=len(LENGTHS))
+    for position in window.request():
+        window.add(info(position))
+    other = GroupingWindow(SETTINGS, shard_size=1, rank=0)
+    other.request()
+    other.add(SampleInfo(0, 5, 1, 0))
+    mine = window.make_report(4)
+    # A plan computed from someone else's report must not be silently accepted.
+    plan = plan_round([other.make_report(4)], join=True)
+    with pytest.raises(AlignmentError, match="plan says"):
+        window.apply(plan)
+    assert mine.buffered == 6
+
+
+def test_empty_shard_is_finished_at_once() -> None:
+    window = GroupingWindow(SETTINGS, shard_size=0)
+    assert window.is_ready() and window.is_finished()
+    outcome = exchange_round(window, lambda message: [message], free_slots=4)
+    assert outcome.epoch_over and outcome.dropped == 0
