@@ -1,0 +1,44 @@
+"""The training application: the only layer that reads a Hydra ``DictConfig``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+from omegaconf import DictConfig, OmegaConf
+
+from odb_lightning.app.validation import instantiate_checked, validate_config
+from odb_lightning.lit import strategy as _register_strategy  # noqa: F401  (registers odb_ddp)
+
+log = logging.getLogger(__name__)
+
+
+def instantiate_group(cfg: DictConfig | None) -> list[Any]:
+    """Instantiate every ``_target_`` entry of a dict-of-configs group (callbacks, logger)."""
+    if not cfg:
+        return []
+    return [hydra.utils.instantiate(entry) for entry in cfg.values() if "_target_" in entry]
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Build everything from ``cfg``, fit, and return the run summary."""
+    validate_config(cfg)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
+    batching = instantiate_checked(cfg.batching, "batching")
+    datamodule = instantiate_checked(
+        cfg.data, "data", tokenizer=tokenizer, batching=batching, seed=cfg.seed
+    )
+    model = instantiate_checked(cfg.model, "model")
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    loggers = instantiate_group(cfg.get("logger"))
+    trainer: pl.Trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False
+    )
+    for logger in loggers:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    summaries = [c.summary for c in callbacks if getattr(c, "summary", None)]
+    return summaries[0] if summaries else {}

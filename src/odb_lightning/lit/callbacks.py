@@ -1,0 +1,257 @@
+"""Run metrics: literal emitted samples and tokens per wall second, padding efficiency,
+budget fill, IDLE steps and loader wait; an end-of-run table and ``summary.json``.
+
+Counts come from each batch's step metadata and are summed over ranks at the end, so the
+throughput figures are emitted samples over wall time, never ``batch_size x steps``.
+(Lightning's ``ThroughputMonitor`` multiplies one device's rate by the world size, which
+is wrong when ranks emit different batch sizes, as they do here.)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from rich.console import Console
+from rich.table import Table
+from typing_extensions import override
+
+
+@dataclass
+class RankTotals:
+    """Counters of one rank, summed over the run."""
+
+    steps: int = 0
+    idle_steps: int = 0
+    samples: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    loss_tokens: int = 0
+    loader_wait_s: float = 0.0
+
+    def add(self, meta: Any, wait_s: float) -> None:
+        self.steps += 1
+        self.loader_wait_s += wait_s
+        if meta.is_idle:
+            self.idle_steps += 1
+            return
+        self.samples += meta.local_samples
+        self.real_tokens += meta.local_real_tokens
+        self.padded_tokens += meta.local_padded_tokens
+        self.loss_tokens += meta.local_loss_tokens
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
+class ODBMetricsCallback(pl.Callback):
+    """Collects step metadata, logs throughput, writes the summary and the id audit.
+
+    Args:
+        output_dir: Directory of the run (``summary.json`` and audit files go here).
+        token_budget: ``L_max``, for the budget fill.
+        audit_ids: Write ``emitted_ids_rank{r}.jsonl``: one line per step with its sample
+            ids (``[]`` for IDLE).
+        log_every_n_steps: How often throughput is logged (a cross-rank reduction).
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        token_budget: int,
+        audit_ids: bool = False,
+        log_every_n_steps: int = 10,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.token_budget = token_budget
+        self.audit_ids = audit_ids
+        self.log_every_n_steps = log_every_n_steps
+        self.totals = RankTotals()
+        self.summary: dict[str, Any] = {}
+        self._train_s = 0.0
+        self._epoch_start: float | None = None
+        self._last_batch_end: float | None = None
+        self._wait_s = 0.0
+        self._audit_file: Any = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if self.audit_ids:
+            path = self.output_dir / f"emitted_ids_rank{trainer.global_rank}.jsonl"
+            self._audit_file = path.open("w", encoding="utf-8")
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start = self._last_batch_end = time.perf_counter()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        self._wait_s = now - (self._last_batch_end or now)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        meta = batch.meta
+        self.totals.add(meta, self._wait_s)
+        self._last_batch_end = time.perf_counter()
+        if self._audit_file is not None:
+            self._audit_file.write(json.dumps(list(meta.sample_ids)) + "\n")
+        if self.totals.steps % self.log_every_n_steps == 0:
+            self._log_rates(trainer, pl_module)
+
+    def _log_rates(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        elapsed = self._train_s + time.perf_counter() - (self._epoch_start or 0.0)
+        local = torch.tensor(
+            [self.totals.real_tokens, self.totals.padded_tokens, self.totals.samples],
+            dtype=torch.float64,
+            device=pl_module.device,
+        )
+        real, padded, samples = trainer.strategy.reduce(local, reduce_op="sum").tolist()
+        pl_module.log("perf/real_tokens_per_s", real / elapsed, prog_bar=True, rank_zero_only=True)
+        pl_module.log("perf/samples_per_s", samples / elapsed, rank_zero_only=True)
+        pl_module.log("odb/padding_efficiency", _ratio(real, padded), rank_zero_only=True)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._epoch_start is not None and self._last_batch_end is not None:
+            self._train_s += self._last_batch_end - self._epoch_start
+        self._epoch_start = None
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._audit_file is not None:
+            self._audit_file.close()
+            self._audit_file = None
+        per_rank = self._gather_totals(trainer, pl_module)
+        self.summary = self._summarize(trainer, per_rank)
+        if trainer.is_global_zero:
+            (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
+            for logger in trainer.loggers:
+                logger.log_metrics({f"summary/{k}": v for k, v in self._numeric().items()})
+                experiment_summary = getattr(getattr(logger, "experiment", None), "summary", None)
+                if experiment_summary is not None and hasattr(experiment_summary, "update"):
+                    experiment_summary.update(self._numeric())
+            print_summary(self.summary)
+
+    def _gather_totals(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> list[RankTotals]:
+        names = [f.name for f in fields(RankTotals)]
+        local = torch.tensor(
+            [float(getattr(self.totals, n)) for n in names],
+            dtype=torch.float64,
+            device=pl_module.device,
+        )
+        gathered = trainer.strategy.all_gather(local).reshape(-1, len(names)).cpu().tolist()
+        return [
+            RankTotals(**{n: (v if n == "loader_wait_s" else int(v)) for n, v in zip(names, row)})
+            for row in gathered
+        ]
+
+    def _summarize(self, trainer: pl.Trainer, per_rank: list[RankTotals]) -> dict[str, Any]:
+        total = {f.name: sum(getattr(r, f.name) for r in per_rank) for f in fields(RankTotals)}
+        wall_s = self._train_s
+        padded_per_rank = [r.padded_tokens for r in per_rank]
+        mean_padded = statistics.fmean(padded_per_rank) if padded_per_rank else 0.0
+        facts = _datamodule_facts(trainer)
+        steps = per_rank[0].steps if per_rank else 0
+        summary: dict[str, Any] = {
+            **facts,
+            "token_budget": self.token_budget,
+            "world_size": trainer.world_size,
+            "optimizer_steps": trainer.global_step,
+            "steps_per_rank": steps,
+            "emitted_samples": total["samples"],
+            "idle_steps": total["idle_steps"],
+            "real_tokens": total["real_tokens"],
+            "padded_tokens": total["padded_tokens"],
+            "loss_tokens": total["loss_tokens"],
+            "padding_efficiency": _ratio(total["real_tokens"], total["padded_tokens"]),
+            "budget_fill": _ratio(mean_padded, self.token_budget * steps),
+            "rank_imbalance": _ratio(max(padded_per_rank, default=0), mean_padded),
+            "wall_s": wall_s,
+            "emitted_samples_per_s": _ratio(total["samples"], wall_s),
+            "real_tokens_per_s": _ratio(total["real_tokens"], wall_s),
+            "padded_tokens_per_s": _ratio(total["padded_tokens"], wall_s),
+            "loader_wait_share": _ratio(
+                max(r.loader_wait_s for r in per_rank) if per_rank else 0.0, wall_s
+            ),
+            "train_loss": _metric(trainer, "train/loss"),
+            "val_loss": _metric(trainer, "val/loss"),
+        }
+        summary["per_rank"] = [asdict(r) for r in per_rank]
+        return summary
+
+    def _numeric(self) -> dict[str, float]:
+        return {
+            k: float(v)
+            for k, v in self.summary.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and v is not None
+        }
+
+
+def _metric(trainer: pl.Trainer, name: str) -> float | None:
+    value = trainer.callback_metrics.get(name)
+    return None if value is None else float(value)
+
+
+def _datamodule_facts(trainer: pl.Trainer) -> dict[str, Any]:
+    """Mode, depth and loader counters (dropped, over budget, skipped) from the data module."""
+    datamodule = getattr(trainer, "datamodule", None)
+    describe = getattr(datamodule, "run_facts", None)
+    return describe() if callable(describe) else {}
+
+
+SUMMARY_ROWS = (
+    ("mode", "mode", "{}"),
+    ("world_size", "ranks", "{}"),
+    ("optimizer_steps", "optimizer steps", "{}"),
+    ("emitted_samples", "emitted samples", "{:,}"),
+    ("emitted_samples_per_s", "emitted samples/s", "{:.2f}"),
+    ("real_tokens_per_s", "real tokens/s", "{:,.0f}"),
+    ("padded_tokens_per_s", "padded tokens/s", "{:,.0f}"),
+    ("padding_efficiency", "padding efficiency", "{:.3f}"),
+    ("budget_fill", "budget fill", "{:.3f}"),
+    ("loss_tokens", "supervised tokens", "{:,}"),
+    ("idle_steps", "IDLE steps", "{}"),
+    ("rank_imbalance", "rank imbalance (max/mean padded)", "{:.3f}"),
+    ("loader_wait_share", "loader wait share", "{:.3f}"),
+    ("alignment_round_ms_median", "alignment round ms (median)", "{:.2f}"),
+    ("alignment_round_ms_p99", "alignment round ms (p99)", "{:.2f}"),
+    ("over_budget_samples", "over-budget samples", "{}"),
+    ("dropped_samples", "dropped samples", "{}"),
+    ("skipped_bad_samples", "skipped bad samples", "{}"),
+    ("length_cache_s", "length cache build s", "{:.2f}"),
+    ("train_loss", "train loss", "{:.4f}"),
+    ("val_loss", "val loss (token-weighted)", "{:.4f}"),
+    ("wall_s", "train wall s", "{:.1f}"),
+)
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """The end-of-run table."""
+    table = Table(title="odb_lightning run summary", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, label, fmt in SUMMARY_ROWS:
+        value = summary.get(key)
+        if value is not None:
+            table.add_row(label, fmt.format(value))
+    (console or Console()).print(table)
