@@ -29,7 +29,17 @@ THIRD_PARTY = {
         "rich",
         "tqdm",
     },
-    "lit": {"torch", "numpy", "lightning", "torchmetrics", "wandb", "rich", "psutil"},
+    "lit": {
+        "torch",
+        "numpy",
+        "lightning",
+        "torchmetrics",
+        "wandb",
+        "rich",
+        "psutil",
+        "typing_extensions",
+        "transformers",
+    },
 }
 OWN_LAYERS = {
     "core": {"core"},

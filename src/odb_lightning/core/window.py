@@ -93,6 +93,7 @@ class GroupingWindow:
         self.num_emitted = 0
         self.num_over_budget = 0
         self.num_dropped = 0
+        self.num_skipped = 0
         self.epoch_over = False
 
     # -- filling ---------------------------------------------------------------------
@@ -118,10 +119,23 @@ class GroupingWindow:
 
     def add(self, sample: SampleInfo) -> None:
         """A requested sample has arrived (in any order)."""
-        if not 0 <= sample.position < self._num_requested or self.num_in_flight == 0:
-            raise ValueError(f"sample at shard position {sample.position} was not requested")
+        self._check_requested(sample.position)
         self._buffer.append(sample)
         self._num_received += 1
+
+    def skip(self, position: int) -> None:
+        """A requested sample will never arrive (the runtime skipped it as bad input).
+
+        It counts as received, so the window can become ready, and it is neither emitted
+        nor dropped: ``shard_size == num_emitted + num_skipped + num_dropped``.
+        """
+        self._check_requested(position)
+        self._num_received += 1
+        self.num_skipped += 1
+
+    def _check_requested(self, position: int) -> None:
+        if not 0 <= position < self._num_requested or self.num_in_flight == 0:
+            raise ValueError(f"sample at shard position {position} was not requested")
 
     def is_ready(self) -> bool:
         """Every requested sample arrived and the window cannot take more."""
@@ -225,7 +239,7 @@ class GroupingWindow:
 
     def _end_epoch(self) -> RoundOutcome:
         self.epoch_over = True
-        self.num_dropped = self.shard_size - self.num_emitted
+        self.num_dropped = self.shard_size - self.num_emitted - self.num_skipped
         self._buffer = []
         return RoundOutcome(epoch_over=True, dropped=self.num_dropped)
 

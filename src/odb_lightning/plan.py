@@ -1,0 +1,287 @@
+"""``odb-plan``: compare batching modes on a length distribution, offline.
+
+Reads token lengths (a file, a synthetic lognormal profile, or a data source), plans one
+epoch per batching mode and token budget, and prints steps per epoch, batch sizes, padding
+efficiency and budget fill, plus the seed case study's bucket table for ``bucketed``::
+
+    odb-plan --synthetic 1456,0.54,17545 --budget 16384,49152
+    python -m odb_lightning.plan --lengths lengths.npy --modes sorted,bucketed --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
+from odb_lightning.core.plan import BatchingMode, plan_epoch, summarize_plan, validate_lengths
+from odb_lightning.core.profiles import lognormal_lengths
+
+DEFAULT_BUDGET = 16384
+
+
+class PlanCliError(Exception):
+    """Bad input the user can fix; printed without a traceback."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _synthetic(text: str) -> tuple[float, float, int]:
+    parts = text.split(",")
+    try:
+        mean, cv, n = float(parts[0]), float(parts[1]), int(parts[2])
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(
+            f"expected MEAN,CV,N (e.g. 1456,0.54,17545), got {text!r}"
+        ) from None
+    if len(parts) != 3 or not (mean > 0 and cv >= 0 and n > 0):
+        raise argparse.ArgumentTypeError(f"need MEAN > 0, CV >= 0, N > 0, got {text!r}")
+    return mean, cv, n
+
+
+def _modes(text: str) -> list[BatchingMode]:
+    try:
+        return [BatchingMode(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        valid = ",".join(m.value for m in BatchingMode)
+        raise argparse.ArgumentTypeError(f"modes must be among {valid}, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="odb-plan", description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--lengths", type=Path, help=".npy, or text with one int per token")
+    source.add_argument("--synthetic", type=_synthetic, metavar="MEAN,CV,N")
+    source.add_argument("--source", help="a data source name (odb_lightning.data.lengths)")
+    parser.add_argument("--max-seq-len", type=int, help="truncate lengths to this many tokens")
+    parser.add_argument("--max-samples", type=int, help="first N samples of --source")
+    parser.add_argument("--budget", type=_int_list, action="append", help="token budget(s)")
+    parser.add_argument(
+        "--modes", type=_modes, default=_modes("standard,sorted,bucketed,oracle,odb")
+    )
+    parser.add_argument("--batch-size", type=int, default=8, help="standard/sorted")
+    parser.add_argument("--window", type=int, default=512, help="odb outstanding depth D")
+    parser.add_argument("--buckets", type=int, default=6, help="k for the bucket optimizer")
+    parser.add_argument("--boundaries", type=_int_list, help="fixed bucket edges (no optimizer)")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="bucketed batch cap")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+    return parser
+
+
+def read_lengths_file(path: Path) -> list[int]:
+    """Lengths from a ``.npy`` array (integer dtype) or whitespace-separated integers."""
+    if not path.is_file():
+        raise PlanCliError(f"--lengths: no such file {path}")
+    if path.suffix == ".npy":
+        import numpy as np
+
+        array = np.load(path, allow_pickle=False)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise PlanCliError(f"--lengths: {path} has dtype {array.dtype}, expected integers")
+        return [int(v) for v in array.reshape(-1)]
+    lengths = []
+    for position, token in enumerate(path.read_text().split()):
+        try:
+            lengths.append(int(token))
+        except ValueError:
+            raise PlanCliError(
+                f"--lengths: {path} entry {position} is not an integer: {token!r}"
+            ) from None
+    return lengths
+
+
+def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
+    """The lengths the command plans over, and a description of where they came from.
+
+    ``--max-seq-len`` truncates file lengths and synthetic draws, and is handed to
+    ``--source`` (default 4096 there).
+    """
+    if args.lengths is not None:
+        lengths, origin = read_lengths_file(args.lengths), str(args.lengths)
+    elif args.synthetic is not None:
+        mean, cv, n = args.synthetic
+        lengths = lognormal_lengths(n, mean, cv, args.seed, max_len=args.max_seq_len)
+        origin = f"lognormal(mean={mean:g}, cv={cv:g}, n={n}, seed={args.seed})"
+    else:
+        try:
+            from odb_lightning.data.lengths import source_lengths
+        except ImportError as error:
+            raise PlanCliError(
+                f"--source needs the data layer (odb_lightning.data.lengths): {error}"
+            ) from error
+        max_seq_len = args.max_seq_len or 4096
+        lengths = list(
+            source_lengths(args.source, max_seq_len=max_seq_len, max_samples=args.max_samples)
+        )
+        origin = f"source {args.source} (max_seq_len={max_seq_len})"
+    if not lengths:
+        raise PlanCliError(f"no lengths in {origin}")
+    try:
+        validate_lengths(lengths)
+    except ValueError as error:
+        raise PlanCliError(f"{origin}: {error}") from None
+    if args.max_seq_len is not None:
+        lengths = [min(n, args.max_seq_len) for n in lengths]
+    return lengths, origin
+
+
+def _describe(lengths: list[int], origin: str) -> dict[str, Any]:
+    mean = statistics.fmean(lengths)
+    return {
+        "origin": origin,
+        "n": len(lengths),
+        "mean": mean,
+        "cv": statistics.pstdev(lengths) / mean,
+        "min": min(lengths),
+        "max": max(lengths),
+    }
+
+
+def _bucket_report(lengths: list[int], budget: int, args: argparse.Namespace) -> dict[str, Any]:
+    start = time.perf_counter()
+    boundaries = args.boundaries or optimize_boundaries(
+        lengths, args.buckets, token_budget=budget, max_batch_size=args.max_batch_size
+    )
+    optimizer_s = 0.0 if args.boundaries else time.perf_counter() - start
+    kwargs = {"token_budget": budget, "max_batch_size": args.max_batch_size}
+    rows = bucket_table(lengths, boundaries, seed=args.seed, **kwargs)
+    return {
+        "boundaries": boundaries,
+        "optimized": not args.boundaries,
+        "optimizer_s": optimizer_s,
+        "predicted_efficiency": predict_efficiency(lengths, boundaries, **kwargs),
+        "table": [dataclasses.asdict(row) for row in rows],
+    }
+
+
+def evaluate_budget(lengths: list[int], budget: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Plan epoch 0 in every requested mode under one budget; stats as plain dicts."""
+    report: dict[str, Any] = {"token_budget": budget, "modes": {}}
+    if BatchingMode.BUCKETED in args.modes:
+        report["buckets"] = _bucket_report(lengths, budget, args)
+    for mode in args.modes:
+        batches = plan_epoch(
+            lengths,
+            mode,
+            token_budget=budget,
+            batch_size=args.batch_size,
+            max_batch_size=args.max_batch_size if mode is BatchingMode.BUCKETED else None,
+            boundaries=report.get("buckets", {}).get("boundaries"),
+            window=args.window,
+            seed=args.seed,
+        )
+        stats = summarize_plan(lengths, batches, budget, packed=mode is BatchingMode.ODB_PACKED)
+        report["modes"][mode.value] = dataclasses.asdict(stats)
+    report["comparison"] = {
+        name: report["modes"][name]["padding_efficiency"]
+        for name in ("sorted", "standard", "bucketed")
+        if name in report["modes"]
+    }
+    return report
+
+
+MODE_COLUMNS = ("mode", "steps", "batch", "pad. eff.", "budget fill", "over budget")
+BUCKET_COLUMNS = ("range", "count", "mean len", "batch", "predicted eff.", "measured eff.")
+
+
+def _mode_table(report: dict[str, Any]) -> Table:
+    table = Table(title=f"token_budget = {report['token_budget']} (one epoch)")
+    for column in MODE_COLUMNS:
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for mode, s in report["modes"].items():
+        table.add_row(
+            mode,
+            str(s["steps"]),
+            f"{s['mean_batch_size']:.1f}",
+            f"{s['padding_efficiency']:.1%}",
+            f"{s['budget_fill']:.1%}",
+            str(s["over_budget_batches"]),
+        )
+    return table
+
+
+def _bucket_table(buckets: dict[str, Any]) -> Table:
+    how = f"optimized in {buckets['optimizer_s']:.2f} s" if buckets["optimized"] else "given"
+    table = Table(title=escape(f"buckets {buckets['boundaries']} ({how})"))
+    for column in BUCKET_COLUMNS:
+        table.add_column(column, justify="right")
+    for row in buckets["table"]:
+        table.add_row(
+            escape(f"[{row['lo']}, {row['hi']})"),
+            str(row["count"]),
+            f"{row['mean_length']:.0f}",
+            str(row["batch_size"]),
+            f"{row['predicted_efficiency']:.1%}",
+            f"{row['efficiency']:.1%}",
+        )
+    return table
+
+
+def _render(result: dict[str, Any], console: Console) -> None:
+    info = result["lengths"]
+    console.print(
+        f"[bold]{escape(info['origin'])}[/]: n={info['n']}, mean={info['mean']:.0f}, "
+        f"cv={info['cv']:.2f}, min={info['min']}, max={info['max']}"
+    )
+    for report in result["budgets"]:
+        console.print(_mode_table(report))
+        if "buckets" in report:
+            console.print(_bucket_table(report["buckets"]))
+            predicted = report["buckets"]["predicted_efficiency"]
+            console.print(f"bucketed: predicted padding efficiency {predicted:.1%}")
+        names = {"standard": "random (standard)"}
+        console.print(
+            "comparison: "
+            + " / ".join(f"{names.get(k, k)} {v:.1%}" for k, v in report["comparison"].items())
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``odb-plan``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    budgets = [b for group in (args.budget or [[DEFAULT_BUDGET]]) for b in group]
+    try:
+        lengths, origin = load_lengths(args)
+        result = {
+            "lengths": _describe(lengths, origin),
+            "settings": {
+                "batch_size": args.batch_size,
+                "window": args.window,
+                "buckets": args.buckets,
+                "max_batch_size": args.max_batch_size,
+                "seed": args.seed,
+                "modes": [m.value for m in args.modes],
+            },
+            "budgets": [evaluate_budget(lengths, budget, args) for budget in budgets],
+        }
+    except (PlanCliError, ValueError) as error:
+        print(f"odb-plan: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(result, sys.stdout, indent=2, allow_nan=False)
+        print()
+    else:
+        _render(result, Console())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
