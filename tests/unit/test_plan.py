@@ -137,15 +137,14 @@ def test_bucketed_equal_lengths_fill_to_budget_or_cap():
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=LENGTHS, budget=BUDGETS, cap=st.none() | st.integers(1, 20), packed=st.booleans())
-def test_pack_in_order_closes_a_batch_only_when_it_must(lengths, budget, cap, packed):
+@given(lengths=LENGTHS, budget=BUDGETS, cap=st.none() | st.integers(1, 20))
+def test_pack_in_order_closes_a_batch_only_when_it_must(lengths, budget, cap):
     order = list(range(len(lengths)))
-    batches = pack_in_order(order, lengths, Budget(budget), max_batch_size=cap, packed=packed)
+    batches = pack_in_order(order, lengths, Budget(budget), max_batch_size=cap)
     assert [i for b in batches for i in b] == order  # never reorders
     for batch, following in zip(batches, batches[1:], strict=False):
         grown = [lengths[i] for i in [*batch, following[0]]]
-        cost = sum(grown) if packed else len(grown) * max(grown)
-        assert cost > budget or (cap is not None and len(batch) == cap)
+        assert len(grown) * max(grown) > budget or (cap is not None and len(batch) == cap)
 
 
 @settings(max_examples=40, deadline=None)
@@ -159,12 +158,15 @@ def test_oracle_is_longest_first_greedy(lengths, budget, cap):
         assert len(batch) == expected
 
 
-def test_odb_packed_groups_only_samples_of_one_window():
+def test_odb_packed_fills_a_real_token_budget():
     lengths = lognormal_lengths(500, 700, 0.9, seed=8)
-    order = epoch_permutation(500, 3, 0)
-    window_of = {index: position // 64 for position, index in enumerate(order)}
     batches = _plan(lengths, "odb_packed", 8192, seed=3, window=64)
-    assert all(len({window_of[i] for i in batch}) == 1 for batch in batches)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    assert all(sum(lengths[i] for i in b) <= 8192 for b in batches if len(b) > 1)
+    packed = summarize_plan(lengths, batches, 8192, packed=True)
+    padded = summarize_plan(lengths, _plan(lengths, "odb", 8192, seed=3, window=64), 8192)
+    assert packed.padding_efficiency == 1.0
+    assert packed.steps < padded.steps  # the same budget buys more real tokens
 
 
 def test_odb_and_oracle_efficiency_on_lognormal():

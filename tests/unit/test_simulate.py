@@ -129,3 +129,23 @@ def test_1024_ranks_finish_fast_and_align() -> None:
     for rank_steps in result.steps:
         ids = sorted(s.sample_id for st_ in rank_steps if st_.group for s in st_.group.samples)
         assert ids == list(range(200))
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs())
+def test_packed_groups_fit_a_real_token_budget_and_cover_every_sample(job: dict) -> None:
+    settings_ = LoaderSettings(
+        token_budget=job["token_budget"],
+        outstanding_depth=job["window"],
+        max_steps_per_round=job["max_steps_per_round"],
+        seed=job["seed"],
+        packed=True,
+    )
+    result = simulate_epoch(job["rank_lengths"], settings_, loss_tokens=job["loss_tokens"])
+    assert len({len(rank_steps) for rank_steps in result.steps}) == 1
+    for rank, rank_steps in enumerate(result.steps):
+        lengths = job["rank_lengths"][rank]
+        groups = [[s.sample_id for s in st_.group.samples] for st_ in rank_steps if st_.group]
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for group in groups:
+            assert len(group) == 1 or sum(lengths[i] for i in group) <= job["token_budget"]

@@ -17,6 +17,7 @@ from enum import StrEnum
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation, make_rng
+from odb_lightning.core.simulate import simulate
 
 
 class BatchingMode(StrEnum):
@@ -106,33 +107,25 @@ def pack_in_order(
     budget: Budget,
     *,
     max_batch_size: int | None = None,
-    packed: bool = False,
 ) -> list[list[int]]:
-    """Cut ``order`` into consecutive batches greedily, never reordering it.
+    """Cut ``order`` into consecutive padded batches greedily, never reordering it.
 
-    A batch closes when the next sample would push it over the budget or when it already
-    has ``max_batch_size`` samples. Padded batches cost ``g * row_cost(L_max)``; packed
-    batches (one padding-free row, block-diagonal attention) cost ``sum(row_cost(L_i))``,
-    i.e. real tokens plus each sample's own attention term. A sample that alone exceeds
-    the budget gets a batch of its own.
+    A batch closes when the next sample would push ``g * row_cost(L_max)`` over the
+    budget or when it already has ``max_batch_size`` samples. A sample that alone
+    exceeds the budget gets a batch of its own.
     """
     batches: list[list[int]] = []
     batch: list[int] = []
     longest = 0
-    packed_cost = 0.0
     for index in order:
         length = lengths[index]
-        if packed:
-            fits = packed_cost + budget.row_cost(length) <= budget.token_budget
-        else:
-            fits = budget.fits(len(batch) + 1, max(longest, length))
+        fits = budget.fits(len(batch) + 1, max(longest, length))
         full = max_batch_size is not None and len(batch) >= max_batch_size
         if batch and (full or not fits):
             batches.append(batch)
-            batch, longest, packed_cost = [], 0, 0.0
+            batch, longest = [], 0
         batch.append(index)
         longest = max(longest, length)
-        packed_cost += budget.row_cost(length)
     if batch:
         batches.append(batch)
     return batches
@@ -170,25 +163,13 @@ def _plan_bucketed(
 def _plan_oracle(
     lengths: Sequence[int], budget: Budget, max_batch_size: int | None, seed: int, epoch: int
 ) -> list[list[int]]:
-    if max_batch_size is None:
-        batches = group_lengths(list(lengths), budget)
-    else:
-        # Longest-first greedy as in grouping.group_window, each group also capped.
-        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-        batches, start = [], 0
-        while start < len(order):
-            size = min(max_batch_size, budget.max_group_size(lengths[order[start]]))
-            batches.append(order[start : start + size])
-            start += size
+    batches = group_lengths(list(lengths), budget, max_group_size=max_batch_size)
     return _shuffled(batches, seed, epoch)
 
 
 def _plan_odb(
-    lengths: Sequence[int], budget: Budget, window: int, seed: int, epoch: int
+    lengths: Sequence[int], budget: Budget, window: int, seed: int, epoch: int, *, packed: bool
 ) -> list[list[int]]:
-    # Imported here: the simulator pulls in the whole alignment stack.
-    from odb_lightning.core.simulate import simulate
-
     order = epoch_permutation(len(lengths), seed, epoch)
     (steps,) = simulate(
         [[lengths[i] for i in order]],
@@ -196,30 +177,11 @@ def _plan_odb(
         window=window,
         seed=seed,
         attention_weight=budget.attention_weight,
+        packed=packed,
         epoch=epoch,
     )
-    # Single rank: alignment never idles, but drop IDLE ([]) steps defensively anyway.
-    return [[order[j] for j in step] for step in steps if step]
-
-
-def _plan_odb_packed(
-    lengths: Sequence[int],
-    budget: Budget,
-    window: int,
-    max_batch_size: int | None,
-    seed: int,
-    epoch: int,
-) -> list[list[int]]:
-    # Each window of D arrivals is sorted longest first and packed next-fit under a
-    # real-token budget: no padding, so the budget buys real tokens only.
-    order = epoch_permutation(len(lengths), seed, epoch)
-    batches: list[list[int]] = []
-    for start in range(0, len(order), window):
-        arrived = sorted(order[start : start + window], key=lambda i: (-lengths[i], i))
-        batches += pack_in_order(
-            arrived, lengths, budget, max_batch_size=max_batch_size, packed=True
-        )
-    return batches
+    # One rank never idles: T never exceeds its own group count.
+    return [[order[j] for j in step] for step in steps]
 
 
 def plan_epoch(
@@ -244,17 +206,16 @@ def plan_epoch(
     the batch list; ``oracle`` groups the global longest-first sort under the budget
     (capped by ``max_batch_size`` when given) and shuffles the batch order; ``odb`` runs
     the single-rank simulator over the epoch permutation with window ``window``;
-    ``odb_packed`` packs each window of ``window`` arrivals longest first under a
-    *real-token* budget (see :func:`pack_in_order`). Arguments a mode does not use are
-    ignored.
+    ``odb_packed`` is the same with a *real-token* budget (a group fits while the sum of
+    its lengths does; see :func:`~odb_lightning.core.grouping.group_window`). Arguments a
+    mode does not use are ignored.
 
     Args:
         lengths: Token length of every sample (positive integers).
         mode: A :class:`BatchingMode` or its string value.
         token_budget: ``L_max``: most padded tokens per batch.
         batch_size: Samples per batch (``standard``, ``sorted``).
-        max_batch_size: Optional cap on samples per batch (``bucketed``, ``oracle``,
-            ``odb_packed``).
+        max_batch_size: Optional cap on samples per batch (``bucketed``, ``oracle``).
         boundaries: Bucket edges ``[e_0, ..., e_k]`` (``bucketed``).
         window: Outstanding depth ``D`` (``odb``, ``odb_packed``).
         seed: Seed of every shuffle.
@@ -296,8 +257,8 @@ def plan_epoch(
         raise ValueError(f"window (outstanding depth) is required for mode '{mode}'")
     _check_positive_int("window", window)
     if mode is BatchingMode.ODB:
-        return _plan_odb(lengths, budget, window, seed, epoch)
-    return _plan_odb_packed(lengths, budget, window, max_batch_size, seed, epoch)
+        return _plan_odb(lengths, budget, window, seed, epoch, packed=False)
+    return _plan_odb(lengths, budget, window, seed, epoch, packed=True)
 
 
 def summarize_plan(

@@ -23,6 +23,8 @@ class LoaderSettings:
         join: Join mode (exactly-once coverage) or non-join (shortest-rank closure).
         seed: Seed of the shard order and of the step order inside a round.
         attention_weight: Quadratic attention term of the budget (0 = plain padding).
+        packed: Groups are emitted padding-free (one row per group), so the budget counts
+            real tokens: a group fits while the sum of its lengths does.
     """
 
     token_budget: int
@@ -31,6 +33,7 @@ class LoaderSettings:
     join: bool = True
     seed: int = 0
     attention_weight: float = 0.0
+    packed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "outstanding_depth", "max_steps_per_round"):
@@ -54,6 +57,7 @@ class LoaderSettings:
             int(self.join),
             self.seed,
             round(self.attention_weight * 1e9),
+            int(self.packed),
         ]
 
 

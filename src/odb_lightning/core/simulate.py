@@ -97,6 +97,7 @@ def simulate(
     max_steps_per_round: int = 8,
     loss_tokens: list[list[int]] | None = None,
     attention_weight: float = 0.0,
+    packed: bool = False,
     epoch: int = 0,
 ) -> list[list[list[int]]]:
     """Steps every rank emits for one epoch, in order.
@@ -110,6 +111,7 @@ def simulate(
         max_steps_per_round: ``Q``, most steps a round emits per rank.
         loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
         attention_weight: Quadratic attention term of the budget.
+        packed: Budget counts real tokens (``odb_packed``) instead of padded ones.
         epoch: Epoch number (changes the step order).
 
     Returns:
@@ -123,6 +125,7 @@ def simulate(
         join=join,
         seed=seed,
         attention_weight=attention_weight,
+        packed=packed,
     )
     result = simulate_epoch(rank_lengths, settings, loss_tokens=loss_tokens, epoch=epoch)
     return [

@@ -154,7 +154,8 @@ class GroupingWindow:
         if not self.is_ready():
             raise RuntimeError("the window is not ready: samples are still in flight")
         max_steps = self.settings.max_steps_per_round
-        groups = sorted(group_window(self._buffer, self._budget), key=lambda g: g.age)
+        groups = group_window(self._buffer, self._budget, packed=self.settings.packed)
+        groups.sort(key=lambda g: g.age)
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups))
