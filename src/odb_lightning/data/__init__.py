@@ -1,0 +1,90 @@
+"""The input pipeline that runs inside DataLoader workers.
+
+Sources yield conversations (:class:`ChatRecord`); :class:`ChatDataset` applies the ChatML
+template and tokenizer per item; :func:`validate_sample` checks each sample; the collates
+pad or pack a group. Imports torch and tokenizer/data libraries, never Lightning or Hydra.
+"""
+
+from odb_lightning.data.collate import pack_collate, pad_collate
+from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, Role
+from odb_lightning.data.dataset import ChatDataset, TokenizedDataset
+from odb_lightning.data.hf_tokenizer import HFTokenizer, export_hf_tokenizer
+from odb_lightning.data.lengths import (
+    LengthReport,
+    LengthStats,
+    OverLength,
+    measure_source,
+    source_lengths,
+)
+from odb_lightning.data.sample import (
+    IGNORE_INDEX,
+    BadSampleError,
+    Sample,
+    SampleStats,
+    validate_sample,
+)
+from odb_lightning.data.sources import (
+    ShareGPTRegime,
+    SourceName,
+    SourceRecords,
+    chitchat_records,
+    jsonl_records,
+    load_source,
+    sharegpt_records,
+    ultrachat_records,
+)
+from odb_lightning.data.synthetic import (
+    LENGTH_PROFILES,
+    LengthProfile,
+    SyntheticDataset,
+    lognormal_lengths,
+)
+from odb_lightning.data.template import (
+    QWEN25_SYSTEM_PROMPT,
+    ChatMLTemplate,
+    TokenizedChat,
+    count_loss_tokens,
+)
+from odb_lightning.data.tokenizer import ChatTokenizer, QwenTokenizer, load_tokenizer
+
+__all__ = [
+    "IGNORE_INDEX",
+    "LENGTH_PROFILES",
+    "QWEN25_SYSTEM_PROMPT",
+    "BadRecordError",
+    "BadSampleError",
+    "ChatDataset",
+    "ChatMLTemplate",
+    "ChatRecord",
+    "ChatTokenizer",
+    "HFTokenizer",
+    "LengthProfile",
+    "LengthReport",
+    "LengthStats",
+    "Message",
+    "OverLength",
+    "QwenTokenizer",
+    "Role",
+    "Sample",
+    "SampleStats",
+    "ShareGPTRegime",
+    "SourceName",
+    "SourceRecords",
+    "SyntheticDataset",
+    "TokenizedChat",
+    "TokenizedDataset",
+    "chitchat_records",
+    "count_loss_tokens",
+    "export_hf_tokenizer",
+    "jsonl_records",
+    "load_source",
+    "load_tokenizer",
+    "lognormal_lengths",
+    "measure_source",
+    "pack_collate",
+    "pad_collate",
+    "sharegpt_records",
+    "source_lengths",
+    "ultrachat_records",
+    "validate_sample",
+]

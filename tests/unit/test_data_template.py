@@ -1,0 +1,104 @@
+"""ChatML rendering, SFT label masking, truncation and message errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from odb_lightning.data import (
+    IGNORE_INDEX,
+    QWEN25_SYSTEM_PROMPT,
+    BadSampleError,
+    ChatMLTemplate,
+    QwenTokenizer,
+    count_loss_tokens,
+)
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2? <|im_end|>"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": "Six, written as 6."},
+]
+
+
+@pytest.fixture(scope="module")
+def template() -> ChatMLTemplate:
+    return ChatMLTemplate(QwenTokenizer())
+
+
+def supervised_spans(labels: list[int]) -> list[list[int]]:
+    spans: list[list[int]] = []
+    previous = IGNORE_INDEX
+    for label in labels:
+        if label != IGNORE_INDEX:
+            if previous == IGNORE_INDEX:
+                spans.append([])
+            spans[-1].append(label)
+        previous = label
+    return spans
+
+
+def test_render_and_ids_agree(template: ChatMLTemplate) -> None:
+    chat = template.tokenize(CONVERSATION)
+    text = template.tokenizer.decode(chat.input_ids)
+    assert text == template.render(CONVERSATION)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+    assert text.endswith("<|im_start|>assistant\nSix, written as 6.<|im_end|>\n")
+    # 5 messages -> exactly 5 control <|im_start|> and 5 <|im_end|>; user text stays text.
+    assert chat.input_ids.count(151644) == 5
+    assert chat.input_ids.count(151645) == 5
+
+
+def test_only_assistant_content_and_im_end_are_supervised(template: ChatMLTemplate) -> None:
+    chat = template.tokenize(CONVERSATION)
+    assert len(chat.labels) == len(chat.input_ids)
+    decode = template.tokenizer.decode
+    spans = [decode(span) for span in supervised_spans(chat.labels)]
+    assert spans == ["4.<|im_end|>", "Six, written as 6.<|im_end|>"]
+    for t, label in enumerate(chat.labels):
+        assert label in (IGNORE_INDEX, chat.input_ids[t])
+    expected = len(template.tokenizer.encode_text("4.")) + 1
+    expected += len(template.tokenizer.encode_text("Six, written as 6.")) + 1
+    assert chat.num_loss_tokens == expected == count_loss_tokens(chat.labels)
+    assert not chat.truncated
+
+
+def test_default_system_prompt(template: ChatMLTemplate) -> None:
+    qwen = ChatMLTemplate(template.tokenizer, QWEN25_SYSTEM_PROMPT)
+    no_system = CONVERSATION[1:]
+    assert qwen.render(no_system).startswith(f"<|im_start|>system\n{QWEN25_SYSTEM_PROMPT}")
+    assert qwen.render(CONVERSATION) == template.render(CONVERSATION)  # own system wins
+    assert template.render(no_system).startswith("<|im_start|>user\n")
+
+
+def test_right_truncation_and_shifted_loss_count(template: ChatMLTemplate) -> None:
+    full = template.tokenize(CONVERSATION)
+    first_target = next(t for t, label in enumerate(full.labels) if label != IGNORE_INDEX)
+    cut = template.tokenize(CONVERSATION, max_seq_len=first_target + 2)
+    assert cut.input_ids == full.input_ids[: first_target + 2]
+    assert cut.labels == full.labels[: first_target + 2]
+    assert cut.truncated and cut.full_length == full.length
+    assert cut.num_loss_tokens == 2
+    none_left = template.tokenize(CONVERSATION, max_seq_len=first_target)
+    assert none_left.length == first_target and none_left.num_loss_tokens == 0
+
+
+def test_count_loss_tokens_is_shifted() -> None:
+    assert count_loss_tokens([5, -100, 7, 8]) == 2
+    assert count_loss_tokens([5, -100]) == 0  # labels[0] is never a target
+    assert count_loss_tokens([]) == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"role": "robot", "content": "x"}, "messages[1].role"),
+        ({"role": "user", "content": None}, "messages[1].content"),
+        ("not a dict", "messages[1]"),
+    ],
+)
+def test_bad_messages_name_the_field(template: ChatMLTemplate, message, field: str) -> None:
+    with pytest.raises(BadSampleError) as info:
+        template.tokenize([{"role": "user", "content": "hi"}, message])
+    assert info.value.field == field and field in str(info.value)
