@@ -1,0 +1,236 @@
+"""``ODBDataModule``: a chat source, the tokenizer and a batching mode, as one Lightning
+data module that builds one loader per rank with explicit per-rank sharding."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import Dataset, Subset
+from typing_extensions import override
+
+from odb_lightning.core.order import epoch_permutation
+from odb_lightning.core.plan import BatchingMode, plan_epoch
+from odb_lightning.data import ChatDataset, ChatTokenizer, SyntheticDataset, load_source
+from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.lit.strategy import ODBStrategy
+from odb_lightning.runtime.loader import ODBLoader
+from odb_lightning.runtime.planned import PlannedLoader
+from odb_lightning.runtime.rendezvous import Rendezvous
+
+ONLINE_MODES = (BatchingMode.ODB, BatchingMode.ODB_PACKED)
+
+
+class _EpochHandle:
+    """Lightning sets the epoch through ``loader.sampler.set_epoch`` (as for any
+    ``DataLoader``); this forwards it to a loader that is a plain iterable."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+
+class LightningLoader:
+    """A plain iterable over an ODB or planned loader, with the ``sampler`` handle
+    through which Lightning sets the epoch."""
+
+    def __init__(self, loader: ODBLoader | PlannedLoader) -> None:
+        self.loader = loader
+        self.sampler = _EpochHandle(loader)
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class ODBDataModule(pl.LightningDataModule):
+    """Chat data, tokenized in the loader workers, batched by the configured mode.
+
+    Args:
+        source: ``sharegpt``, ``chitchat``, ``ultrachat``, ``jsonl`` or ``synthetic``.
+        tokenizer: The chat tokenizer (``tokenizer`` config group).
+        batching: The batching mode and its knobs (``batching`` config group).
+        path: ``ultrachat`` parquet file/dir or hub name; ``jsonl`` file.
+        regime: ShareGPT ``whole``, ``first_exchange`` or ``mix``; for ``synthetic`` a
+            length profile name (``sharegpt_whole``, ``sharegpt_first_exchange``,
+            ``sharegpt_mix``).
+        max_seq_len: Samples are right-truncated to this many tokens.
+        max_samples: Cap on the records read from the source (train + validation).
+        val_samples: Records held out for validation (a seeded choice).
+        num_workers: Loader worker processes per rank (0 = in process, for debugging).
+        seed: Seed of the split, the shard order and the step order.
+        system_prompt: Default system prompt for conversations without one.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        tokenizer: ChatTokenizer,
+        batching: BatchingConfig,
+        *,
+        path: str | None = None,
+        regime: str = "whole",
+        max_seq_len: int = 4096,
+        max_samples: int | None = None,
+        val_samples: int = 64,
+        num_workers: int = 2,
+        seed: int = 0,
+        system_prompt: str | None = None,
+    ) -> None:
+        super().__init__()
+        if max_seq_len > batching.token_budget:
+            raise ValueError(
+                f"max_seq_len ({max_seq_len}) must not exceed token_budget "
+                f"({batching.token_budget})"
+            )
+        if val_samples < 0:
+            raise ValueError(f"val_samples must be >= 0, got {val_samples}")
+        self.source, self.tokenizer, self.batching = source, tokenizer, batching
+        self.path, self.regime, self.max_seq_len = path, regime, max_seq_len
+        self.max_samples, self.val_samples = max_samples, val_samples
+        self.num_workers, self.seed, self.system_prompt = num_workers, seed, system_prompt
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self._loaders: list[LightningLoader] = []
+        self._train_loader: LightningLoader | None = None
+
+    # -- data ---------------------------------------------------------------------------
+    def _load_dataset(self) -> Dataset:
+        if self.source == "synthetic":
+            return SyntheticDataset.from_profile(
+                self.regime, self.max_samples or 1024, max_seq_len=self.max_seq_len, seed=self.seed
+            )
+        records = load_source(
+            self.source,
+            path=self.path,
+            regime=self.regime,
+            max_samples=self.max_samples,
+            seed=self.seed,
+        )
+        return ChatDataset(records.records, self.tokenizer, self.max_seq_len, self.system_prompt)
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.train_set is not None:
+            return
+        dataset = self._load_dataset()
+        if self.val_samples >= len(dataset):
+            raise ValueError(
+                f"val_samples ({self.val_samples}) leaves no training data: the source has "
+                f"{len(dataset)} records"
+            )
+        order = epoch_permutation(len(dataset), self.seed, epoch=-1)
+        self.val_set = Subset(dataset, sorted(order[: self.val_samples]))
+        self.train_set = Subset(dataset, sorted(order[self.val_samples :]))
+
+    # -- loaders ------------------------------------------------------------------------
+    def _world(self) -> tuple[int, int]:
+        trainer = self._trainer
+        return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+
+    def _rendezvous(self, name: str) -> Rendezvous | None:
+        strategy = self._trainer.strategy if self._trainer else None
+        return strategy.metadata_rendezvous(name) if isinstance(strategy, ODBStrategy) else None
+
+    def _online_loader(self, name: str) -> ODBLoader:
+        b = self.batching
+        return ODBLoader(
+            self.train_set,
+            token_budget=b.token_budget,
+            outstanding_depth=b.outstanding_depth,
+            num_workers=self.num_workers,
+            join=b.join,
+            seed=self.seed,
+            multiprocessing_context=b.multiprocessing_context,
+            max_steps_per_round=b.max_steps_per_round,
+            max_seq_len=self.max_seq_len,
+            on_bad_sample=b.on_bad_sample,
+            timeout_s=b.timeout_s,
+            alignment_timeout_s=b.alignment_timeout_s,
+            persistent_workers=b.persistent_workers,
+            rendezvous=self._rendezvous(name),
+            pad_id=self.tokenizer.pad_id,
+            attention_weight=b.attention_weight,
+            packed=b.mode is BatchingMode.ODB_PACKED,
+        )
+
+    def _planned_loader(self, dataset: Dataset, mode: BatchingMode, shuffle: bool) -> PlannedLoader:
+        b = self.batching
+        num = len(dataset)
+
+        def plan(epoch: int) -> list[list[int]]:
+            if not shuffle:
+                return [list(range(i, min(i + b.batch_size, num))) for i in range(0, num, b.batch_size)]
+            return plan_epoch([1] * num, mode, token_budget=b.token_budget, batch_size=b.batch_size, seed=self.seed, epoch=epoch)
+
+        world_size, rank = self._world()
+        return PlannedLoader(
+            dataset,
+            plan,
+            world_size=world_size,
+            rank=rank,
+            num_workers=self.num_workers,
+            pad_id=self.tokenizer.pad_id,
+            max_seq_len=self.max_seq_len,
+            multiprocessing_context=b.multiprocessing_context,
+            persistent_workers=b.persistent_workers,
+            timeout_s=b.timeout_s,
+        )
+
+    def _keep(self, loader: ODBLoader | PlannedLoader) -> LightningLoader:
+        wrapped = LightningLoader(loader)
+        self._loaders.append(wrapped)
+        return wrapped
+
+    @override
+    def train_dataloader(self) -> LightningLoader:
+        if self._train_loader is None:
+            mode = self.batching.mode
+            if mode in ONLINE_MODES:
+                loader: ODBLoader | PlannedLoader = self._online_loader("train")
+            elif mode is BatchingMode.STANDARD:
+                loader = self._planned_loader(self.train_set, mode, shuffle=True)
+            else:
+                raise NotImplementedError(f"batching mode '{mode}' needs the length cache")
+            self._train_loader = self._keep(loader)
+        return self._train_loader
+
+    @override
+    def val_dataloader(self) -> LightningLoader:
+        return self._keep(self._planned_loader(self.val_set, BatchingMode.STANDARD, shuffle=False))
+
+    @override
+    def teardown(self, stage: str) -> None:
+        loaders, self._loaders, self._train_loader = self._loaders, [], None
+        for loader in loaders:
+            loader.close()
+
+    # -- reporting ----------------------------------------------------------------------
+    def run_facts(self) -> dict[str, Any]:
+        """Mode, depth and the train loader's counters, for the run summary."""
+        facts: dict[str, Any] = {
+            "mode": self.batching.mode.value,
+            "outstanding_depth": self.batching.outstanding_depth,
+            "source": self.source,
+            "max_seq_len": self.max_seq_len,
+        }
+        loader = self._train_loader.loader if self._train_loader else None
+        stats = getattr(loader, "last_epoch_stats", None)
+        if stats is not None:
+            latency_ms = sorted(1000 * s for s in stats.round_latency_s)
+            facts.update(
+                dropped_samples=stats.dropped,
+                over_budget_samples=stats.over_budget,
+                skipped_bad_samples=len(stats.skipped_ids),
+                alignment_rounds=stats.rounds,
+                alignment_round_ms_median=statistics.median(latency_ms) if latency_ms else None,
+                alignment_round_ms_p99=latency_ms[int(0.99 * (len(latency_ms) - 1))]
+                if latency_ms
+                else None,
+            )
+        return facts

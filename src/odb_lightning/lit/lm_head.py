@@ -1,0 +1,68 @@
+"""Chunked LM head: cross-entropy of the supervised positions only, without full logits.
+
+A causal LM predicts token ``t + 1`` from the hidden state at ``t``, so the loss needs the
+head only at positions ``t`` whose shifted label ``labels[t + 1]`` is supervised (not
+``-100``). Running the head on every position of a 16k-token batch against a 152k
+vocabulary would create a 16k x 152k logits tensor (about 10 GB in float32) and keep it,
+plus its log-softmax, for backward. Here the supervised rows are gathered first, then pushed
+through the head in chunks of ``chunk_tokens`` rows, each under non-reentrant activation
+checkpointing: forward keeps only the chunk's inputs, and backward recomputes one chunk's
+logits at a time. The peak is ``chunk_tokens x vocab`` whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from odb_lightning.runtime.samples import IGNORE_INDEX
+
+
+def chunked_lm_loss(
+    hidden: Tensor, labels: Tensor, lm_head: nn.Module, chunk_tokens: int
+) -> tuple[Tensor, int]:
+    """Summed token cross-entropy of a causal LM, computed on supervised positions only.
+
+    Args:
+        hidden: Final hidden states ``[..., L, H]`` (after the body's last norm).
+        labels: Targets ``[..., L]`` aligned with the inputs, ``-100`` where unsupervised;
+            position ``t`` is scored against ``labels[..., t + 1]``.
+        lm_head: Maps ``[n, H]`` to logits ``[n, V]``.
+        chunk_tokens: Most rows sent through the head at once.
+
+    Returns:
+        ``(loss_sum, num_loss_tokens)``: the sum (not the mean) of the token losses, in at
+        least float32, and how many tokens it covers. With no supervised token the sum is a
+        zero that still depends on the head, so that every parameter takes part in backward
+        (DDP expects a gradient for each one, including an untied head).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    targets = labels[..., 1:]
+    supervised = targets != IGNORE_INDEX
+    # Gather the rows that reach the head: [n, H] instead of [..., L, H].
+    rows = hidden[..., :-1, :][supervised]
+    targets = targets[supervised]
+    num_loss_tokens = targets.numel()
+    if num_loss_tokens == 0:
+        return _upcast(lm_head(hidden[..., :1, :])).sum() * 0.0, 0
+    loss_sum = None
+    for start in range(0, num_loss_tokens, chunk_tokens):
+        stop = start + chunk_tokens
+        chunk = checkpoint(
+            _chunk_loss, lm_head, rows[start:stop], targets[start:stop], use_reentrant=False
+        )
+        loss_sum = chunk if loss_sum is None else loss_sum + chunk
+    return loss_sum, num_loss_tokens
+
+
+def _chunk_loss(lm_head: nn.Module, rows: Tensor, targets: Tensor) -> Tensor:
+    """Summed cross-entropy of one chunk; its logits live only inside this call."""
+    return F.cross_entropy(_upcast(lm_head(rows)), targets, reduction="sum")
+
+
+def _upcast(logits: Tensor) -> Tensor:
+    """Softmax in at least float32: bf16 logits lose the tail of a 152k-way softmax."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))

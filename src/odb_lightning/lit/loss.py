@@ -1,0 +1,133 @@
+"""Exact token-weighted loss for a LightningModule under DDP and gradient accumulation."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from odb_lightning.core.loss_weights import gradient_scale
+from odb_lightning.runtime.batch import StepMeta
+
+
+class TokenWeightedLossMixin(pl.LightningModule):
+    """Makes an optimizer step descend the mean loss over every supervised token it saw.
+
+    Implements the two-factor form of :mod:`odb_lightning.core.loss_weights` (the algebra
+    lives in that module's docstring): ``training_step`` returns
+    :meth:`token_weighted_loss` of its summed token loss, which backpropagates
+    ``W * sum_t l``; :meth:`on_before_optimizer_step` then multiplies every gradient by
+    ``1 / N``, ``N`` being the global supervised-token count of the micro-batches since the
+    last optimizer step (``meta.global_loss_tokens``; counted locally, and summed over ranks
+    with one collective per optimizer step, for a plain dict batch or when the metadata has
+    no global count, as in the planned modes).
+
+    Lightning's automatic optimization divides the returned loss by
+    ``accumulate_grad_batches``; the returned loss is multiplied by it to undo that, which
+    also keeps a short last accumulation window of an epoch exact (``N`` counts only the
+    micro-batches it really had). Lightning calls the module's ``on_before_optimizer_step``
+    after ``backward`` of the last micro-batch (and after AMP unscaling) and before gradient
+    clipping, so clipping and the optimizer see the scaled gradients; callbacks'
+    ``on_before_optimizer_step`` hooks run before the module's and see unscaled ones.
+
+    IDLE micro-batches (``meta.is_idle``) run a real forward/backward so that DDP's
+    gradient all-reduce stays aligned across ranks, with their loss multiplied by 0; their
+    dummy tokens are not counted (``meta.global_loss_tokens`` is the other ranks' count at
+    that step, which every rank adds to ``N``). A step whose ``N`` is 0 zeroes the
+    gradients.
+
+    Logged per optimizer step: ``train/loss``, the token-weighted mean loss of the step,
+    ``sum_{r,k,t} l / N``. Each rank logs ``W * (its summed loss) / N`` and Lightning's
+    ``sync_dist`` averages these over ranks, which is exactly that global mean (``N`` is the
+    same on every rank). Also ``lr``, the learning rate of the first parameter group.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # Global supervised tokens of each micro-batch since the last optimizer step.
+        self._pending_loss_tokens: list[int] = []
+        # Local supervised tokens of micro-batches whose global count is not in their
+        # metadata (plain batches, planned modes): summed over ranks once per step.
+        self._pending_local_tokens: int | None = None
+        # This rank's summed token loss (detached) over the same micro-batches.
+        self._pending_loss_sum: Tensor | None = None
+
+    def token_weighted_loss(
+        self, loss_sum: Tensor, num_loss_tokens: int, meta: StepMeta | None = None
+    ) -> Tensor:
+        """The loss ``training_step`` returns for one micro-batch.
+
+        Args:
+            loss_sum: Sum (reduction ``"sum"``) of this micro-batch's token losses.
+            num_loss_tokens: Supervised tokens in ``loss_sum`` on this rank.
+            meta: The step metadata of an ODB batch, or ``None`` for a plain batch.
+
+        Returns:
+            ``loss_sum * W * accumulate_grad_batches``, or ``loss_sum * 0`` when IDLE.
+
+        Raises:
+            ValueError: If ``meta.local_loss_tokens`` disagrees with ``num_loss_tokens``
+                (the global count would then be wrong too).
+        """
+        if meta is not None and meta.is_idle:
+            # This rank adds no token, but the step's global count (other ranks' tokens at
+            # this step position) still belongs to N: every rank must divide by the same N.
+            self._count_tokens(0, meta)
+            return loss_sum * 0.0
+        self._count_tokens(num_loss_tokens, meta)
+        detached = loss_sum.detach()
+        pending = self._pending_loss_sum
+        self._pending_loss_sum = detached if pending is None else pending + detached
+        # W undoes DDP's average over ranks (core algebra); accumulate_grad_batches undoes
+        # Lightning's division of the returned loss. 1 / N follows in the gradient hook.
+        return loss_sum * (self.trainer.world_size * self.trainer.accumulate_grad_batches)
+
+    def scale_accumulated_gradients(self) -> Tensor:
+        """Multiply every gradient by ``1 / N`` and start a new optimizer step.
+
+        Returns:
+            This rank's share of the step's mean loss, ``W * (summed loss) / N``; its mean
+            over ranks is the global token-weighted mean loss.
+        """
+        scale = gradient_scale([*self._pending_loss_tokens, self._reduce_local_tokens()])
+        for parameter in self.parameters():
+            if parameter.grad is not None:
+                parameter.grad.mul_(scale)
+        pending = self._pending_loss_sum
+        local_sum = torch.zeros((), device=self.device) if pending is None else pending
+        self._pending_loss_tokens = []
+        self._pending_loss_sum = None
+        return local_sum * (self.trainer.world_size * scale)
+
+    @override
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)
+        step_loss = self.scale_accumulated_gradients()
+        self.log("train/loss", step_loss, on_step=True, sync_dist=True, prog_bar=True)
+        self.log("lr", optimizer.param_groups[0]["lr"], on_step=True)
+
+    def _count_tokens(self, num_loss_tokens: int, meta: StepMeta | None) -> None:
+        """Add this micro-batch's ``n`` to ``N``: the global count from the metadata, or
+        the local count, summed over ranks at the optimizer step."""
+        if meta is not None and meta.local_loss_tokens != num_loss_tokens:
+            raise ValueError(
+                f"step metadata says {meta.local_loss_tokens} local loss tokens but the "
+                f"labels have {num_loss_tokens} (shifted labels != -100) at step {meta.step}"
+            )
+        if meta is not None and meta.global_loss_tokens is not None:
+            self._pending_loss_tokens.append(int(meta.global_loss_tokens))
+        else:
+            self._pending_local_tokens = (self._pending_local_tokens or 0) + num_loss_tokens
+
+    def _reduce_local_tokens(self) -> int:
+        """Sum the locally counted tokens over ranks: one collective per optimizer step,
+        taken on every rank alike (all ranks get the same kind of batches)."""
+        local, self._pending_local_tokens = self._pending_local_tokens, None
+        if local is None:
+            return 0
+        if self.trainer.world_size == 1:
+            return local
+        count = torch.tensor(local, device=self.device)
+        return int(self.trainer.strategy.reduce(count, reduce_op="sum").item())

@@ -1,0 +1,307 @@
+"""Causal-LM LightningModule over Hugging Face ``transformers`` with a chunked LM head."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from functools import partial
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, Qwen2Config
+from typing_extensions import override
+
+from odb_lightning.lit.lm_head import chunked_lm_loss
+from odb_lightning.lit.loss import TokenWeightedLossMixin
+from odb_lightning.runtime.batch import ODBBatch, StepMeta
+from odb_lightning.runtime.samples import IGNORE_INDEX
+
+
+class ModelDType(StrEnum):
+    """Parameter dtype of the model."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT64 = "float64"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+
+class LRSchedule(StrEnum):
+    """Learning-rate shape after the linear warmup."""
+
+    COSINE = "cosine"
+    CONSTANT = "constant"
+
+
+def lr_factor(
+    step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float, schedule: LRSchedule
+) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
+
+    Linear warmup over ``warmup_steps`` (step 0 already trains at ``1 / warmup_steps``),
+    then either constant, or a cosine from 1 down to ``min_lr_ratio`` reached at
+    ``decay_steps`` and held after it.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule is LRSchedule.CONSTANT:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, decay_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def flops_per_token(config: PretrainedConfig, context_tokens: float = 0.0) -> dict[str, float]:
+    """Training FLOPs (forward + backward) per token of a dense Qwen2/Llama-style decoder.
+
+    The ``6 N`` rule: a weight matrix with ``N`` entries costs ``2 N`` FLOPs per token
+    forward and ``4 N`` backward (gradients of inputs and of weights). Attention scores and
+    their weighted sum add ``2 * 2 * d_attn`` FLOPs per attended key per layer forward,
+    ``12 * d_attn * context_tokens`` per layer for forward + backward. Embedding lookups,
+    norms, biases and the softmax are left out (lower order).
+
+    Args:
+        config: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+            ``num_key_value_heads``, ``intermediate_size``, ``vocab_size`` (and
+            ``head_dim`` when it is not ``hidden_size / num_attention_heads``).
+        context_tokens: Mean number of keys a token attends to: ``(L + 1) / 2`` for a
+            causal sequence of length ``L`` with a causal kernel, ``L`` for a kernel that
+            computes the full masked square; 0 gives the ``6 N`` part alone.
+
+    Returns:
+        ``{"body": ..., "head": ...}``: the transformer layers (with attention) and the LM
+        head, for one token that is run through the head.
+    """
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q_width = config.num_attention_heads * head_dim
+    kv_width = config.num_key_value_heads * head_dim
+    # q and o projections, k and v projections, gate/up/down of the SwiGLU MLP.
+    layer_weights = (
+        2 * hidden * q_width + 2 * hidden * kv_width + 3 * hidden * config.intermediate_size
+    )
+    layers = config.num_hidden_layers
+    body = 6.0 * layers * layer_weights + 12.0 * layers * q_width * context_tokens
+    head = 6.0 * config.vocab_size * hidden
+    return {"body": body, "head": head}
+
+
+def build_causal_lm(
+    pretrained_path: str | None,
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    attn_implementation: str,
+) -> PreTrainedModel:
+    """Load ``pretrained_path`` (a local directory), or initialise ``config`` at random."""
+    if pretrained_path is not None:
+        return AutoModelForCausalLM.from_pretrained(
+            pretrained_path, dtype=dtype, attn_implementation=attn_implementation
+        )
+    return AutoModelForCausalLM.from_config(
+        config, dtype=dtype, attn_implementation=attn_implementation
+    )
+
+
+def split_batch(batch: Any) -> tuple[Mapping[str, Tensor], StepMeta | None]:
+    """Model inputs and step metadata of an ``ODBBatch``, or a plain dict and ``None``."""
+    if isinstance(batch, Mapping):
+        return batch, None
+    if isinstance(batch, ODBBatch):
+        return batch.inputs, batch.meta
+    raise TypeError(f"expected an ODBBatch or a dict of tensors, got {type(batch).__name__}")
+
+
+def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str, Tensor]:
+    """Inputs with ``input_ids`` and supervised ``labels`` taken modulo ``token_id_fold``."""
+    folded = dict(inputs)
+    folded["input_ids"] = inputs["input_ids"].remainder(token_id_fold)
+    if "labels" in inputs:
+        labels = inputs["labels"]
+        folded["labels"] = torch.where(
+            labels == IGNORE_INDEX, labels, labels.remainder(token_id_fold)
+        )
+    return folded
+
+
+class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
+    """Trains a causal LM with the exact token-weighted loss of :class:`TokenWeightedLossMixin`.
+
+    Builds a randomly initialised Qwen2-architecture model from the architecture arguments,
+    or loads ``pretrained_path`` (a local ``save_pretrained`` directory; the architecture
+    arguments are then unused). The body runs through ``model.get_decoder()``
+    (``model.model``) for hidden states; the LM head and the cross-entropy run only on
+    supervised positions, in checkpointed chunks
+    (:func:`odb_lightning.lit.lm_head.chunked_lm_loss`). Every input except ``labels``
+    (``attention_mask``, ``position_ids`` of packed rows, ...) goes to the body unchanged.
+
+    Args:
+        pretrained_path: Local checkpoint directory, or ``None`` for a random init.
+        vocab_size: Vocabulary of the random init (ignored with ``token_id_fold``).
+        hidden_size: Width of the random init.
+        num_hidden_layers: Decoder layers of the random init.
+        num_attention_heads: Query heads of the random init.
+        num_key_value_heads: Key/value heads of the random init (grouped-query attention).
+        intermediate_size: MLP width of the random init.
+        max_position_embeddings: Longest position of the random init.
+        tie_word_embeddings: Share the embedding and LM-head matrix.
+        token_id_fold: CPU benchmark stand-in (SPEC 6): token ids are taken modulo this and
+            the vocabulary shrinks to it, so the head stops dominating the cost while the
+            real tokenizer and lengths are kept. Random init only.
+        model_dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float64``.
+        attn_implementation: ``transformers`` attention backend.
+        loss_chunk_tokens: Supervised rows per LM-head chunk (peak logits memory).
+        lr: Peak learning rate of AdamW.
+        weight_decay: Decoupled weight decay of matrices (vectors are not decayed).
+        betas: AdamW betas.
+        warmup_steps: Optimizer steps of linear warmup.
+        min_lr_ratio: Final learning rate of the cosine as a fraction of ``lr``.
+        scheduler: ``cosine`` or ``constant`` after warmup.
+        decay_steps: Optimizer steps of warmup plus cosine; ``None`` takes the trainer's
+            estimate (``trainer.max_steps`` when set).
+    """
+
+    def __init__(
+        self,
+        pretrained_path: str | None = None,
+        vocab_size: int = 151936,
+        hidden_size: int = 64,
+        num_hidden_layers: int = 2,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        intermediate_size: int = 128,
+        max_position_embeddings: int = 32768,
+        tie_word_embeddings: bool = True,
+        token_id_fold: int | None = None,
+        model_dtype: ModelDType | str = ModelDType.FLOAT32,
+        attn_implementation: str = "sdpa",
+        loss_chunk_tokens: int = 1024,
+        lr: float = 3e-4,
+        weight_decay: float = 0.0,
+        betas: Sequence[float] = (0.9, 0.95),
+        warmup_steps: int = 0,
+        min_lr_ratio: float = 0.1,
+        scheduler: LRSchedule | str = LRSchedule.COSINE,
+        decay_steps: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        _check_arguments(token_id_fold, pretrained_path, loss_chunk_tokens, lr, betas, min_lr_ratio)
+        self.token_id_fold = token_id_fold
+        self.loss_chunk_tokens = loss_chunk_tokens
+        self.lr, self.weight_decay = lr, weight_decay
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
+        self.scheduler, self.decay_steps = LRSchedule(scheduler), decay_steps
+        random_init = Qwen2Config(
+            vocab_size=token_id_fold or vocab_size,
+            hidden_size=hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            intermediate_size=intermediate_size,
+            max_position_embeddings=max_position_embeddings,
+            tie_word_embeddings=tie_word_embeddings,
+        )
+        self.model = build_causal_lm(
+            pretrained_path, random_init, ModelDType(model_dtype).torch_dtype, attn_implementation
+        )
+        self.val_loss = MeanMetric()
+
+    @override
+    def forward(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, int]:
+        """Summed token cross-entropy of a batch and its supervised-token count."""
+        if "labels" not in inputs:
+            raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")
+        if self.token_id_fold is not None:
+            inputs = fold_token_ids(inputs, self.token_id_fold)
+        body_inputs = {key: value for key, value in inputs.items() if key != "labels"}
+        body = self.model.get_decoder()
+        hidden = body(**body_inputs, use_cache=False).last_hidden_state
+        return chunked_lm_loss(
+            hidden, inputs["labels"], self.model.get_output_embeddings(), self.loss_chunk_tokens
+        )
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        inputs, meta = split_batch(batch)
+        loss_sum, num_loss_tokens = self(inputs)
+        # An IDLE batch is a dummy: the mixin weights it 0 and counts none of its tokens.
+        return self.token_weighted_loss(loss_sum, num_loss_tokens, meta)
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        inputs, meta = split_batch(batch)
+        if meta is not None and meta.is_idle:
+            return
+        loss_sum, num_loss_tokens = self(inputs)
+        if num_loss_tokens:
+            # A mean weighted by token counts, summed over ranks when computed:
+            # sum(loss_sum) / sum(count) over every rank, not a mean of rank means.
+            self.val_loss.update(loss_sum.detach() / num_loss_tokens, num_loss_tokens)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+
+    @override
+    def configure_optimizers(self) -> dict[str, Any]:
+        matrices = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        vectors = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": matrices, "weight_decay": self.weight_decay},
+                {"params": vectors, "weight_decay": 0.0},
+            ],
+            lr=self.lr,
+            betas=self.betas,
+        )
+        factor = partial(
+            lr_factor,
+            warmup_steps=self.warmup_steps,
+            decay_steps=self._decay_steps(),
+            min_lr_ratio=self.min_lr_ratio,
+            schedule=self.scheduler,
+        )
+        scheduler = LambdaLR(optimizer, factor)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def _decay_steps(self) -> int:
+        """Length of the cosine in optimizer steps (unused by a constant schedule)."""
+        if self.decay_steps is not None or self.scheduler is LRSchedule.CONSTANT:
+            return self.decay_steps or 0
+        estimate = self.trainer.estimated_stepping_batches
+        if math.isinf(estimate):
+            raise ValueError(
+                "a cosine schedule needs a length: set trainer.max_steps or model.decay_steps "
+                "(ODB epochs have no length before they run)"
+            )
+        return int(estimate)
+
+
+def _check_arguments(
+    token_id_fold: int | None,
+    pretrained_path: str | None,
+    loss_chunk_tokens: int,
+    lr: float,
+    betas: Sequence[float],
+    min_lr_ratio: float,
+) -> None:
+    if token_id_fold is not None and token_id_fold < 1:
+        raise ValueError(f"token_id_fold must be >= 1 or null, got {token_id_fold}")
+    if token_id_fold is not None and pretrained_path is not None:
+        raise ValueError("token_id_fold is a random-init benchmark stand-in; unset pretrained_path")
+    if loss_chunk_tokens < 1:
+        raise ValueError(f"loss_chunk_tokens must be >= 1, got {loss_chunk_tokens}")
+    if lr <= 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if len(betas) != 2:
+        raise ValueError(f"betas must have two entries, got {list(betas)}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")

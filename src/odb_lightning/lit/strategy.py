@@ -1,0 +1,93 @@
+"""``ODBStrategy`` (``strategy="odb_ddp"``): DDP plus the ODB metadata rendezvous and
+zero-weight IDLE steps.
+
+Lightning has no DDP ``Join``, so a rank whose shard is exhausted must still take part in
+every gradient all-reduce. The ODB loader gives it IDLE batches (a one-token dummy); this
+strategy runs them through the model like any step and multiplies their loss by 0, so
+the all-reduce stays aligned and the IDLE step adds nothing to the gradient, whatever the
+LightningModule returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from typing_extensions import override
+
+from odb_lightning.runtime.batch import ODBBatch
+from odb_lightning.runtime.rendezvous import Rendezvous, host_rendezvous
+
+
+class ODBStrategy(DDPStrategy):
+    """DDP that owns the ODB metadata rendezvous and neutralizes IDLE steps.
+
+    After the default process group is up, rank 0 starts a dedicated ``TCPStore`` (a
+    free port) and every rank learns its address once; each ODB loader then builds its
+    own Gloo channel from it (see :meth:`metadata_rendezvous`). The training group (NCCL
+    or Gloo) is never used for the per-round metadata.
+    """
+
+    strategy_name = "odb_ddp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rendezvous: Rendezvous | None = None
+        self._store: dist.TCPStore | None = None
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._rendezvous, self._store = host_rendezvous(self.world_size, self.global_rank)
+
+    def metadata_rendezvous(self, name: str) -> Rendezvous:
+        """The rendezvous for the loader called ``name`` (unique per loader in a job).
+
+        Every rank builds its loaders in the same order with the same names, so the
+        derived key prefix agrees across ranks without another collective.
+        """
+        if self._rendezvous is None:
+            raise RuntimeError("the ODB rendezvous exists only after setup_environment()")
+        base = self._rendezvous
+        return Rendezvous(base.host, base.port, base.rank, base.world_size, f"{base.prefix}-{name}")
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().training_step(*args, **kwargs)
+        batch = args[0] if args else kwargs.get("batch")
+        if isinstance(batch, ODBBatch) and batch.meta.is_idle:
+            return _zero_weight(output)
+        return output
+
+    @override
+    def teardown(self) -> None:
+        super().teardown()
+        self._store = None
+        self._rendezvous = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            description="DDP with the ODB metadata rendezvous and zero-weight IDLE steps",
+        )
+
+
+def _zero_weight(output: Any) -> Any:
+    """The step output with its loss multiplied by 0 (the graph, and so the all-reduce,
+    is kept)."""
+    if isinstance(output, torch.Tensor):
+        return output * 0.0
+    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+        return {**output, "loss": output["loss"] * 0.0}
+    raise TypeError(
+        "training_step must return a loss tensor or a dict with 'loss' for IDLE steps to be "
+        f"run as zero-weight steps, got {type(output).__name__}"
+    )
+
+
+ODBStrategy.register_strategies(StrategyRegistry)

@@ -1,0 +1,177 @@
+"""Loader for modes whose epoch plan is made up front (``standard``, ``sorted``,
+``bucketed``, ``oracle``): the whole job's batch list comes from
+:func:`~odb_lightning.core.plan.plan_epoch`, is dealt to ranks round-robin, and a plain
+``torch.utils.data.DataLoader`` runs this rank's share.
+
+Ranks that get fewer batches are topped up with IDLE batches, so every rank yields the
+same number of steps, as with :class:`~odb_lightning.runtime.loader.ODBLoader`, and no
+sample is duplicated (``DistributedSampler`` pads by repeating samples instead).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from odb_lightning.runtime.batch import CollateFn, ODBBatch, StepMeta, idle_sample, pad_collate
+from odb_lightning.runtime.samples import inspect_sample
+
+PlanFn = Callable[[int], list[list[int]]]
+"""``plan(epoch)``: the whole job's batches for an epoch, dataset indices."""
+
+
+def deal_batches(batches: list[list[int]], world_size: int, rank: int) -> list[list[int]]:
+    """Rank ``rank``'s batches: every ``world_size``-th, topped up with IDLE (``[]``)."""
+    steps = -(-len(batches) // world_size)
+    mine = batches[rank::world_size]
+    return mine + [[] for _ in range(steps - len(mine))]
+
+
+class _IndexedDataset(Dataset):
+    """``dataset[i]`` together with ``i``, so the collate can name bad samples."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        return index, self.dataset[index]
+
+
+class _EpochBatches:
+    """Batch sampler over this rank's share of the current epoch's plan."""
+
+    def __init__(self, plan: PlanFn, world_size: int, rank: int) -> None:
+        self.plan, self.world_size, self.rank = plan, world_size, rank
+        self.epoch = 0
+        self._epoch_batches: tuple[int, list[list[int]], list[int]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def current(self) -> tuple[list[list[int]], list[int]]:
+        """This rank's batches and the global sample count of every step position."""
+        if self._epoch_batches is None or self._epoch_batches[0] != self.epoch:
+            everything = self.plan(self.epoch)
+            shares = [deal_batches(everything, self.world_size, r) for r in range(self.world_size)]
+            global_samples = [sum(len(s[i]) for s in shares) for i in range(len(shares[0]))]
+            self._epoch_batches = (self.epoch, shares[self.rank], global_samples)
+        return self._epoch_batches[1], self._epoch_batches[2]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.current()[0])
+
+    def __len__(self) -> int:
+        return len(self.current()[0])
+
+
+class _PlannedCollate:
+    """Validates and collates one planned batch into an :class:`ODBBatch`."""
+
+    def __init__(
+        self,
+        batches: _EpochBatches,
+        collate_fn: CollateFn,
+        pad_id: int,
+        max_seq_len: int | None,
+        packed: bool,
+    ) -> None:
+        self.batches, self.collate_fn, self.pad_id = batches, collate_fn, pad_id
+        self.max_seq_len, self.packed = max_seq_len, packed
+
+    def __call__(self, items: Sequence[tuple[int, Mapping[str, Any]]]) -> ODBBatch:
+        ids = tuple(index for index, _ in items)
+        counts = [inspect_sample(sample, index, self.max_seq_len) for index, sample in items]
+        samples = [sample for _, sample in items] or [idle_sample(self.pad_id)]
+        lengths = [length for length, _ in counts]
+        real = sum(lengths)
+        meta = StepMeta(
+            sample_ids=ids,
+            is_idle=not ids,
+            local_samples=len(ids),
+            local_real_tokens=real,
+            local_padded_tokens=real if self.packed else len(ids) * max(lengths, default=0),
+            local_loss_tokens=sum(loss for _, loss in counts),
+            global_samples=0,  # filled in per step from the plan, see PlannedLoader.__iter__
+            global_loss_tokens=None,
+            round_index=0,
+            step=0,
+            epoch=self.batches.epoch,
+        )
+        return ODBBatch(inputs=self.collate_fn(samples), meta=meta)
+
+
+class PlannedLoader:
+    """Runs a precomputed epoch plan with a ``DataLoader``; yields :class:`ODBBatch`.
+
+    Args:
+        dataset: Map-style dataset of ``{"input_ids", "labels"}`` samples.
+        plan: ``plan(epoch)``: the whole job's batches for that epoch.
+        world_size: Ranks sharing the plan.
+        rank: This rank.
+        num_workers: DataLoader workers (0 = in process).
+        collate_fn: Model inputs from a list of samples (default: pad to the longest).
+        pad_id: Padding id (default collate and IDLE batches).
+        max_seq_len: Longer samples are bad samples.
+        multiprocessing_context: DataLoader start method.
+        persistent_workers: Keep the workers across epochs.
+        timeout_s: Most seconds to wait for one batch from the workers.
+        packed: Batches are packed padding-free (padded tokens = real tokens).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        plan: PlanFn,
+        *,
+        world_size: int = 1,
+        rank: int = 0,
+        num_workers: int = 2,
+        collate_fn: CollateFn | None = None,
+        pad_id: int = 0,
+        max_seq_len: int | None = None,
+        multiprocessing_context: str | None = None,
+        persistent_workers: bool = False,
+        timeout_s: float = 60.0,
+        packed: bool = False,
+    ) -> None:
+        self.batches = _EpochBatches(plan, world_size, rank)
+        collate = _PlannedCollate(
+            self.batches,
+            collate_fn or functools.partial(pad_collate, pad_id=pad_id),
+            pad_id,
+            max_seq_len,
+            packed,
+        )
+        self._loader = DataLoader(
+            _IndexedDataset(dataset),
+            batch_sampler=self.batches,
+            collate_fn=collate,
+            num_workers=num_workers,
+            multiprocessing_context=multiprocessing_context if num_workers else None,
+            persistent_workers=persistent_workers and num_workers > 0,
+            timeout=timeout_s if num_workers else 0,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Epoch of the next iteration; equal on every rank."""
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[ODBBatch]:
+        _, global_samples = self.batches.current()
+        for step, batch in enumerate(self._loader):
+            yield batch._replace(
+                meta=batch.meta._replace(step=step, global_samples=global_samples[step])
+            )
+
+    def close(self) -> None:
+        """Stop persistent workers (the DataLoader owns and joins them)."""
+        self._loader = None  # type: ignore[assignment]
