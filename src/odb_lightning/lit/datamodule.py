@@ -40,6 +40,8 @@ class LightningLoader:
     def __init__(self, loader: ODBLoader | PlannedLoader) -> None:
         self.loader = loader
         self.sampler = _EpochHandle(loader)
+        # Lightning inspects ``batch_sampler`` beside ``sampler`` (shuffle checks).
+        self.batch_sampler = None
 
     def __iter__(self) -> Any:
         return iter(self.loader)
@@ -128,13 +130,18 @@ class ODBDataModule(pl.LightningDataModule):
         self.val_set = Subset(dataset, sorted(order[: self.val_samples]))
         self.train_set = Subset(dataset, sorted(order[self.val_samples :]))
 
+    @property
+    def num_train_samples(self) -> int | None:
+        """Training samples per epoch (known after ``setup``)."""
+        return None if self.train_set is None else len(self.train_set)
+
     # -- loaders ------------------------------------------------------------------------
     def _world(self) -> tuple[int, int]:
-        trainer = self._trainer
+        trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
 
     def _rendezvous(self, name: str) -> Rendezvous | None:
-        strategy = self._trainer.strategy if self._trainer else None
+        strategy = self.trainer.strategy if self.trainer else None
         return strategy.metadata_rendezvous(name) if isinstance(strategy, ODBStrategy) else None
 
     def _online_loader(self, name: str) -> ODBLoader:

@@ -84,14 +84,16 @@ class TokenWeightedLossMixin(pl.LightningModule):
         # Lightning's division of the returned loss. 1 / N follows in the gradient hook.
         return loss_sum * (self.trainer.world_size * self.trainer.accumulate_grad_batches)
 
-    def scale_accumulated_gradients(self) -> Tensor:
+    def scale_accumulated_gradients(self) -> Tensor | None:
         """Multiply every gradient by ``1 / N`` and start a new optimizer step.
 
         Returns:
             This rank's share of the step's mean loss, ``W * (summed loss) / N``; its mean
-            over ranks is the global token-weighted mean loss.
+            over ranks is the global token-weighted mean loss. ``None`` when ``N`` is 0
+            (no supervised token anywhere: there is no loss to report).
         """
-        scale = gradient_scale([*self._pending_loss_tokens, self._reduce_local_tokens()])
+        total_tokens = sum(self._pending_loss_tokens) + self._reduce_local_tokens()
+        scale = gradient_scale([total_tokens])
         for parameter in self.parameters():
             if parameter.grad is not None:
                 parameter.grad.mul_(scale)
@@ -99,13 +101,14 @@ class TokenWeightedLossMixin(pl.LightningModule):
         local_sum = torch.zeros((), device=self.device) if pending is None else pending
         self._pending_loss_tokens = []
         self._pending_loss_sum = None
-        return local_sum * (self.trainer.world_size * scale)
+        return local_sum * (self.trainer.world_size * scale) if total_tokens else None
 
     @override
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         super().on_before_optimizer_step(optimizer)
         step_loss = self.scale_accumulated_gradients()
-        self.log("train/loss", step_loss, on_step=True, sync_dist=True, prog_bar=True)
+        if step_loss is not None:  # the same on every rank: N is global
+            self.log("train/loss", step_loss, on_step=True, sync_dist=True, prog_bar=True)
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True)
 
     def _count_tokens(self, num_loss_tokens: int, meta: StepMeta | None) -> None:

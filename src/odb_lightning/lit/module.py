@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -42,19 +42,27 @@ class LRSchedule(StrEnum):
 
 
 def lr_factor(
-    step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float, schedule: LRSchedule
+    step: int,
+    warmup_steps: int,
+    decay_steps: int,
+    min_lr_ratio: float,
+    schedule: LRSchedule,
+    progress: float | None = None,
 ) -> float:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
 
     Linear warmup over ``warmup_steps`` (step 0 already trains at ``1 / warmup_steps``),
     then either constant, or a cosine from 1 down to ``min_lr_ratio`` reached at
-    ``decay_steps`` and held after it.
+    ``decay_steps`` and held after it. With ``progress`` (the fraction of the run done,
+    e.g. samples seen / samples planned) the cosine follows it instead of the step count.
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule is LRSchedule.CONSTANT:
         return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, decay_steps - warmup_steps))
+    if progress is None:
+        progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)
+    progress = min(1.0, progress)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -199,6 +207,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         self.betas = (float(betas[0]), float(betas[1]))
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
         self.scheduler, self.decay_steps = LRSchedule(scheduler), decay_steps
+        self._samples_seen = 0
         random_init = Qwen2Config(
             vocab_size=token_id_fold or vocab_size,
             hidden_size=hidden_size,
@@ -231,6 +240,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         inputs, meta = split_batch(batch)
+        if meta is not None:
+            # The same on every rank: global_samples is this step position's total.
+            self._samples_seen += meta.global_samples
         loss_sum, num_loss_tokens = self(inputs)
         # An IDLE batch is a dummy: the mixin weights it 0 and counts none of its tokens.
         return self.token_weighted_loss(loss_sum, num_loss_tokens, meta)
@@ -238,13 +250,13 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         inputs, meta = split_batch(batch)
-        if meta is not None and meta.is_idle:
-            return
-        loss_sum, num_loss_tokens = self(inputs)
-        if num_loss_tokens:
-            # A mean weighted by token counts, summed over ranks when computed:
-            # sum(loss_sum) / sum(count) over every rank, not a mean of rank means.
-            self.val_loss.update(loss_sum.detach() / num_loss_tokens, num_loss_tokens)
+        if meta is None or not meta.is_idle:
+            loss_sum, num_loss_tokens = self(inputs)
+            if num_loss_tokens:
+                # A mean weighted by token counts, summed over ranks when computed:
+                # sum(loss_sum) / sum(count) over every rank, not a mean of rank means.
+                self.val_loss.update(loss_sum.detach() / num_loss_tokens, num_loss_tokens)
+        # Logged on IDLE steps too: every rank must take part in the epoch-end sync.
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
 
     @override
@@ -259,30 +271,45 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             lr=self.lr,
             betas=self.betas,
         )
-        factor = partial(
-            lr_factor,
-            warmup_steps=self.warmup_steps,
-            decay_steps=self._decay_steps(),
-            min_lr_ratio=self.min_lr_ratio,
-            schedule=self.scheduler,
-        )
-        scheduler = LambdaLR(optimizer, factor)
+        scheduler = LambdaLR(optimizer, self._schedule())
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
-    def _decay_steps(self) -> int:
-        """Length of the cosine in optimizer steps (unused by a constant schedule)."""
+    def _schedule(self) -> Callable[[int], float]:
+        """The LR multiplier by optimizer step.
+
+        The cosine runs over ``decay_steps``, else over the trainer's estimated steps,
+        else (ODB epochs have no length before they run) over the planned samples:
+        ``progress = samples seen / (training samples x max_epochs)``, a sample-budget
+        schedule that closes exactly because every sample is emitted once per epoch.
+        """
+        factor = partial(
+            lr_factor,
+            warmup_steps=self.warmup_steps,
+            min_lr_ratio=self.min_lr_ratio,
+            schedule=self.scheduler,
+        )
         if self.decay_steps is not None or self.scheduler is LRSchedule.CONSTANT:
-            return self.decay_steps or 0
+            return partial(factor, decay_steps=self.decay_steps or 0)
+        # Lightning answers max_steps (-1 when unset) for a loader without a length.
         estimate = self.trainer.estimated_stepping_batches
-        if math.isinf(estimate):
+        if not math.isinf(estimate) and estimate > 0:
+            return partial(factor, decay_steps=int(estimate))
+        planned = self._planned_samples()
+        return lambda step: factor(step, decay_steps=0, progress=self._samples_seen / planned)
+
+    def _planned_samples(self) -> int:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        per_epoch = getattr(datamodule, "num_train_samples", None)
+        epochs = self.trainer.max_epochs
+        if not per_epoch or epochs is None or epochs < 1:
             raise ValueError(
-                "a cosine schedule needs a length: set trainer.max_steps or model.decay_steps "
-                "(ODB epochs have no length before they run)"
+                "a cosine schedule needs a length: set model.decay_steps or trainer.max_steps, "
+                "or train with a data module that reports num_train_samples and a max_epochs"
             )
-        return int(estimate)
+        return per_epoch * epochs
 
 
 def _check_arguments(
