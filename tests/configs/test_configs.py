@@ -1,0 +1,99 @@
+"""Every experiment, sweep and preset composes, and its groups instantiate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from odb_lightning.app.validation import ConfigError, instantiate_checked, validate_config
+from odb_lightning.core.plan import BatchingMode
+from odb_lightning.lit.batching import BatchingConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
+TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
+
+
+def compose_train(tmp_path: Path, overrides: list[str]) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path)
+            cfg.paths.root_dir = str(tmp_path)
+    return cfg
+
+
+def test_every_config_group_is_covered() -> None:
+    assert {"sharegpt_odb", "sharegpt_standard", "chitchat_odb", "ultrachat_odb"} <= set(
+        EXPERIMENTS
+    )
+    assert {"cpu", "ddp_cpu", "gpu8"} <= set(TRAINERS)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_composes_and_instantiates(experiment: str, tmp_path: Path) -> None:
+    overrides = [f"experiment={experiment}"]
+    if experiment.startswith("ultrachat"):
+        overrides.append("data.path=/nonexistent/ultrachat")
+    cfg = compose_train(tmp_path, overrides)
+    validate_config(cfg)
+    batching = instantiate_checked(cfg.batching, "batching")
+    assert isinstance(batching, BatchingConfig)
+    assert batching.mode in set(BatchingMode)
+    assert cfg.experiment_name == experiment
+    model = instantiate_checked(cfg.model, "model")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    for logger in cfg.logger.values():
+        assert hydra.utils.instantiate(logger) is not None
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_trainer_preset_composes(trainer: str, tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, [f"trainer={trainer}"])
+    assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
+    if trainer in ("ddp_cpu", "gpu8"):
+        assert cfg.trainer.strategy._target_.endswith("ODBStrategy")
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_sweep_composes(sweep: str, tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, [f"sweep={sweep}"])
+    params = cfg.hydra.sweeper.params
+    assert len(params) == 1 and "," in next(iter(params.values()))
+
+
+def test_default_run_is_sharegpt_odb_on_cpu(tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, [])
+    assert cfg.experiment_name == "sharegpt_odb"
+    assert cfg.batching.mode == "odb" and cfg.trainer.accelerator == "cpu"
+    assert cfg.logger.wandb.offline is True
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("batching.outstanding_depth=0", "outstanding_depth"),
+        ("batching.mode=fastest", "mode"),
+        ("batching.token_budget=-5", "token_budget"),
+        ("batching.on_bad_sample=ignore", "on_bad_sample"),
+    ],
+)
+def test_invalid_batching_value_names_the_key(override: str, key: str, tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, [override])
+    with pytest.raises(ConfigError, match=rf"'batching'.*{key}"):
+        instantiate_checked(cfg.batching, "batching")
+
+
+def test_max_seq_len_over_budget_fails_at_startup(tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, ["data.max_seq_len=8192", "batching.token_budget=4096"])
+    with pytest.raises(ConfigError, match=r"data.max_seq_len \(8192\).*batching.token_budget"):
+        validate_config(cfg)
