@@ -141,6 +141,7 @@ class ODBMetricsCallback(pl.Callback):
             self._audit_file = None
         per_rank = self._gather_totals(trainer, pl_module)
         self.summary = self._summarize(trainer, per_rank)
+        self.summary.update(_gather_loader_counters(trainer, pl_module))
         if trainer.is_global_zero:
             (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             for logger in trainer.loggers:
@@ -154,15 +155,15 @@ class ODBMetricsCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> list[RankTotals]:
         names = [f.name for f in fields(RankTotals)]
-        local = torch.tensor(
-            [float(getattr(self.totals, n)) for n in names],
-            dtype=torch.float64,
-            device=pl_module.device,
-        )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, len(names)).cpu().tolist()
+        rows = _gather_rows(trainer, pl_module, [float(getattr(self.totals, n)) for n in names])
         return [
-            RankTotals(**{n: (v if n == "loader_wait_s" else int(v)) for n, v in zip(names, row)})
-            for row in gathered
+            RankTotals(
+                **{
+                    n: (v if n == "loader_wait_s" else int(v))
+                    for n, v in zip(names, row, strict=True)
+                }
+            )
+            for row in rows
         ]
 
     def _summarize(self, trainer: pl.Trainer, per_rank: list[RankTotals]) -> dict[str, Any]:
@@ -213,10 +214,32 @@ def _metric(trainer: pl.Trainer, name: str) -> float | None:
 
 
 def _datamodule_facts(trainer: pl.Trainer) -> dict[str, Any]:
-    """Mode, depth and loader counters (dropped, over budget, skipped) from the data module."""
-    datamodule = getattr(trainer, "datamodule", None)
-    describe = getattr(datamodule, "run_facts", None)
+    """Mode, depth, source and round latency from the data module, if it tells them."""
+    describe = getattr(getattr(trainer, "datamodule", None), "run_facts", None)
     return describe() if callable(describe) else {}
+
+
+def _gather_rows(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, values: list[float]
+) -> list[list[float]]:
+    """``values`` of every rank, by rank (one all-gather; every rank must call it)."""
+    local = torch.tensor(values, dtype=torch.float64, device=pl_module.device)
+    return trainer.strategy.all_gather(local).reshape(-1, len(values)).cpu().tolist()
+
+
+def _gather_loader_counters(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, int]:
+    """The data module's per-rank loader counters (dropped, over budget, skipped bad
+    samples), summed over ranks; alignment rounds are the same on every rank."""
+    counters = getattr(getattr(trainer, "datamodule", None), "loader_counters", None)
+    if not callable(counters):
+        return {}
+    local = counters()
+    names = sorted(local)
+    rows = _gather_rows(trainer, pl_module, [float(local[n]) for n in names])
+    totals = {n: int(sum(row[i] for row in rows)) for i, n in enumerate(names)}
+    if "alignment_rounds" in totals:
+        totals["alignment_rounds"] = int(max(row[names.index("alignment_rounds")] for row in rows))
+    return totals
 
 
 SUMMARY_ROWS = (

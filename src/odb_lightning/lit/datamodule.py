@@ -3,7 +3,9 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -15,9 +17,11 @@ from odb_lightning.core.plan import BatchingMode, plan_epoch
 from odb_lightning.data import ChatDataset, ChatTokenizer, SyntheticDataset, load_source
 from odb_lightning.lit.batching import BatchingConfig
 from odb_lightning.lit.strategy import ODBStrategy
+from odb_lightning.runtime.batch import ODBBatch
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlannedLoader
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.stats import EpochStats
 
 ONLINE_MODES = (BatchingMode.ODB, BatchingMode.ODB_PACKED)
 
@@ -42,9 +46,13 @@ class LightningLoader:
         self.sampler = _EpochHandle(loader)
         # Lightning inspects ``batch_sampler`` beside ``sampler`` (shuffle checks).
         self.batch_sampler = None
+        self.epoch_stats: list[EpochStats] = []
 
-    def __iter__(self) -> Any:
-        return iter(self.loader)
+    def __iter__(self) -> Iterator[ODBBatch]:
+        yield from self.loader
+        stats = getattr(self.loader, "last_epoch_stats", None)
+        if stats is not None:
+            self.epoch_stats.append(stats)
 
     def close(self) -> None:
         self.loader.close()
@@ -172,8 +180,17 @@ class ODBDataModule(pl.LightningDataModule):
 
         def plan(epoch: int) -> list[list[int]]:
             if not shuffle:
-                return [list(range(i, min(i + b.batch_size, num))) for i in range(0, num, b.batch_size)]
-            return plan_epoch([1] * num, mode, token_budget=b.token_budget, batch_size=b.batch_size, seed=self.seed, epoch=epoch)
+                return [
+                    list(range(i, min(i + b.batch_size, num))) for i in range(0, num, b.batch_size)
+                ]
+            return plan_epoch(
+                [1] * num,
+                mode,
+                token_budget=b.token_budget,
+                batch_size=b.batch_size,
+                seed=self.seed,
+                epoch=epoch,
+            )
 
         world_size, rank = self._world()
         return PlannedLoader(
@@ -218,26 +235,33 @@ class ODBDataModule(pl.LightningDataModule):
             loader.close()
 
     # -- reporting ----------------------------------------------------------------------
+    def _train_epoch_stats(self) -> list[EpochStats]:
+        return self._train_loader.epoch_stats if self._train_loader else []
+
     def run_facts(self) -> dict[str, Any]:
-        """Mode, depth and the train loader's counters, for the run summary."""
+        """What the run was, and this rank's alignment round latency, for the summary."""
+        latency_ms = sorted(1000 * t for s in self._train_epoch_stats() for t in s.round_latency_s)
         facts: dict[str, Any] = {
             "mode": self.batching.mode.value,
             "outstanding_depth": self.batching.outstanding_depth,
             "source": self.source,
+            "regime": self.regime,
             "max_seq_len": self.max_seq_len,
+            "train_samples": self.num_train_samples,
         }
-        loader = self._train_loader.loader if self._train_loader else None
-        stats = getattr(loader, "last_epoch_stats", None)
-        if stats is not None:
-            latency_ms = sorted(1000 * s for s in stats.round_latency_s)
-            facts.update(
-                dropped_samples=stats.dropped,
-                over_budget_samples=stats.over_budget,
-                skipped_bad_samples=len(stats.skipped_ids),
-                alignment_rounds=stats.rounds,
-                alignment_round_ms_median=statistics.median(latency_ms) if latency_ms else None,
-                alignment_round_ms_p99=latency_ms[int(0.99 * (len(latency_ms) - 1))]
-                if latency_ms
-                else None,
-            )
+        if latency_ms:
+            facts["alignment_round_ms_median"] = statistics.median(latency_ms)
+            # Nearest-rank percentile.
+            facts["alignment_round_ms_p99"] = latency_ms[math.ceil(0.99 * len(latency_ms)) - 1]
         return facts
+
+    def loader_counters(self) -> dict[str, int]:
+        """This rank's loader counters over every finished epoch (summed over ranks by
+        the metrics callback). Always the same keys, so ranks can all-gather them."""
+        stats = self._train_epoch_stats()
+        return {
+            "dropped_samples": sum(s.dropped for s in stats),
+            "over_budget_samples": sum(s.over_budget for s in stats),
+            "skipped_bad_samples": sum(len(s.skipped_ids) for s in stats),
+            "alignment_rounds": sum(s.rounds for s in stats),
+        }
