@@ -5,10 +5,18 @@ template and tokenizer per item; :func:`validate_sample` checks each sample; the
 pad or pack a group. Imports torch and tokenizer/data libraries, never Lightning or Hydra.
 """
 
+from odb_lightning.data.augment import DEFAULT_SYSTEM_PROMPTS, Augmentation, augment_messages
 from odb_lightning.data.collate import pack_collate, pad_collate
 from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, Role
 from odb_lightning.data.dataset import ChatDataset, TokenizedDataset
 from odb_lightning.data.hf_tokenizer import HFTokenizer, export_hf_tokenizer
+from odb_lightning.data.length_cache import (
+    CachedLengths,
+    LengthCache,
+    length_fingerprint,
+    source_parts,
+    source_version,
+)
 from odb_lightning.data.lengths import (
     LengthReport,
     LengthStats,
@@ -48,16 +56,20 @@ from odb_lightning.data.template import (
 from odb_lightning.data.tokenizer import ChatTokenizer, QwenTokenizer, load_tokenizer
 
 __all__ = [
+    "DEFAULT_SYSTEM_PROMPTS",
     "IGNORE_INDEX",
     "LENGTH_PROFILES",
     "QWEN25_SYSTEM_PROMPT",
+    "Augmentation",
     "BadRecordError",
     "BadSampleError",
+    "CachedLengths",
     "ChatDataset",
     "ChatMLTemplate",
     "ChatRecord",
     "ChatTokenizer",
     "HFTokenizer",
+    "LengthCache",
     "LengthProfile",
     "LengthReport",
     "LengthStats",
@@ -73,10 +85,12 @@ __all__ = [
     "SyntheticDataset",
     "TokenizedChat",
     "TokenizedDataset",
+    "augment_messages",
     "chitchat_records",
     "count_loss_tokens",
     "export_hf_tokenizer",
     "jsonl_records",
+    "length_fingerprint",
     "load_source",
     "load_tokenizer",
     "lognormal_lengths",
@@ -85,6 +99,8 @@ __all__ = [
     "pad_collate",
     "sharegpt_records",
     "source_lengths",
+    "source_parts",
+    "source_version",
     "ultrachat_records",
     "validate_sample",
 ]

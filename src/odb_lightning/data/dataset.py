@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from odb_lightning.data.augment import Augmentation, augment_messages
 from odb_lightning.data.conversation import ChatRecord
 from odb_lightning.data.sample import BadSampleError, Sample
 from odb_lightning.data.template import ChatMLTemplate
@@ -31,13 +32,17 @@ class ChatDataset(Dataset[Sample]):
 
     Tokenization happens in ``__getitem__``, i.e. inside DataLoader workers, which is where
     online batching observes lengths. The dataset pickles as its records, the tokenizer's
-    name or path and the template settings; each worker loads the tokenizer once.
+    name or path and the template and augmentation settings; each worker loads the
+    tokenizer once.
 
     Args:
         records: Conversations (any random-access sequence of :class:`ChatRecord`).
         tokenizer: The tokenizer.
         max_seq_len: Samples are right-truncated to this many tokens.
-        system_prompt: Default system prompt for conversations that have none.
+        system_prompt: Default system prompt for conversations that have none (after
+            augmentation, which may already have given one).
+        augmentation: Seeded per-epoch augmentation, applied before the template; it
+            depends on :meth:`set_epoch`, so workers must see the current epoch.
     """
 
     def __init__(
@@ -46,12 +51,32 @@ class ChatDataset(Dataset[Sample]):
         tokenizer: ChatTokenizer,
         max_seq_len: int,
         system_prompt: str | None = None,
+        augmentation: Augmentation | None = None,
     ) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         self.records = records
         self.max_seq_len = max_seq_len
         self.template = ChatMLTemplate(tokenizer, system_prompt)
+        self.augmentation = augmentation
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose augmentation ``__getitem__`` applies."""
+        self.epoch = epoch
+
+    def length_settings(self) -> dict[str, object]:
+        """Everything in this dataset that decides sample lengths, for a length-cache key
+        (the source's own identity is added by the caller)."""
+        augmented = self.augmentation is not None and self.augmentation.enabled
+        return {
+            "num_records": len(self.records),
+            "tokenizer": self.template.tokenizer.fingerprint,
+            "template": "chatml",
+            "system_prompt": self.template.system_prompt,
+            "max_seq_len": self.max_seq_len,
+            "augmentation": self.augmentation.fingerprint if augmented else None,
+        }
 
     def __len__(self) -> int:
         return len(self.records)
@@ -64,8 +89,11 @@ class ChatDataset(Dataset[Sample]):
         record: Any = self.records[index]
         if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
             raise BadSampleError(index, "messages", "record must be a dict with a messages list")
+        messages = record["messages"]
+        if self.augmentation is not None:
+            messages = augment_messages(messages, self.augmentation, self.epoch, index)
         try:
-            chat = self.template.tokenize(record["messages"], self.max_seq_len)
+            chat = self.template.tokenize(messages, self.max_seq_len)
         except BadSampleError as error:
             raise error.at_index(index) from error
         return as_sample(chat.input_ids, chat.labels)

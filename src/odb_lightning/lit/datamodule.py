@@ -71,7 +71,7 @@ class ODBDataModule(pl.LightningDataModule):
             ``sharegpt_mix``).
         max_seq_len: Samples are right-truncated to this many tokens.
         max_samples: Cap on the records read from the source (train + validation).
-        val_samples: Records held out for validation (a seeded choice).
+        val_samples: Records held out for validation (a seeded choice); 0 = no validation.
         num_workers: Loader worker processes per rank (0 = in process, for debugging).
         seed: Seed of the split, the shard order and the step order.
         system_prompt: Default system prompt for conversations without one.
@@ -129,7 +129,7 @@ class ODBDataModule(pl.LightningDataModule):
         if self.train_set is not None:
             return
         dataset = self._load_dataset()
-        if self.val_samples >= len(dataset):
+        if self.val_samples and self.val_samples >= len(dataset):
             raise ValueError(
                 f"val_samples ({self.val_samples}) leaves no training data: the source has "
                 f"{len(dataset)} records"
@@ -225,7 +225,9 @@ class ODBDataModule(pl.LightningDataModule):
         return self._train_loader
 
     @override
-    def val_dataloader(self) -> LightningLoader:
+    def val_dataloader(self) -> LightningLoader | list:
+        if not self.val_samples:
+            return []  # Lightning runs no validation for an empty list
         return self._keep(self._planned_loader(self.val_set, BatchingMode.STANDARD, shuffle=False))
 
     @override

