@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 train: setup
-	$(PY) -m odb_lightning.plan --source sharegpt
+	$(PY) train.py
 
 test: setup
 	$(PY) -m pytest -m "not slow and not gpu" -q

@@ -13,13 +13,23 @@ from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.plan import BatchingMode, plan_epoch
-from odb_lightning.data import ChatDataset, ChatTokenizer, SyntheticDataset, load_source
+from odb_lightning.core.plan import BatchingMode
+from odb_lightning.data import (
+    Augmentation,
+    ChatDataset,
+    ChatTokenizer,
+    LengthCache,
+    SyntheticDataset,
+    length_fingerprint,
+    load_source,
+)
+from odb_lightning.data.length_cache import source_parts
 from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.lit.plans import LENGTH_PASS_MODES, epoch_plan, in_order_plan
 from odb_lightning.lit.strategy import ODBStrategy
 from odb_lightning.runtime.batch import ODBBatch
 from odb_lightning.runtime.loader import ODBLoader
-from odb_lightning.runtime.planned import PlannedLoader
+from odb_lightning.runtime.planned import PlanFn, PlannedLoader
 from odb_lightning.runtime.rendezvous import Rendezvous
 from odb_lightning.runtime.stats import EpochStats
 
@@ -75,6 +85,9 @@ class ODBDataModule(pl.LightningDataModule):
         num_workers: Loader worker processes per rank (0 = in process, for debugging).
         seed: Seed of the split, the shard order and the step order.
         system_prompt: Default system prompt for conversations without one.
+        augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
+            length-pass modes refuse it).
+        length_cache_dir: Where length-pass modes keep their length caches.
     """
 
     def __init__(
@@ -91,6 +104,8 @@ class ODBDataModule(pl.LightningDataModule):
         num_workers: int = 2,
         seed: int = 0,
         system_prompt: str | None = None,
+        augmentation: Augmentation | None = None,
+        length_cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         if max_seq_len > batching.token_budget:
@@ -104,8 +119,12 @@ class ODBDataModule(pl.LightningDataModule):
         self.path, self.regime, self.max_seq_len = path, regime, max_seq_len
         self.max_samples, self.val_samples = max_samples, val_samples
         self.num_workers, self.seed, self.system_prompt = num_workers, seed, system_prompt
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
+        self.augmentation, self.length_cache_dir = augmentation, length_cache_dir
+        self.train_set: Subset | None = None
+        self.train_lengths: list[int] = []
+        self.train_loss_tokens: list[int] | None = None
+        self.length_cache_s: float | None = None
+        self.val_set: Subset | None = None
         self._loaders: list[LightningLoader] = []
         self._train_loader: LightningLoader | None = None
 
@@ -122,7 +141,49 @@ class ODBDataModule(pl.LightningDataModule):
             max_samples=self.max_samples,
             seed=self.seed,
         )
-        return ChatDataset(records.records, self.tokenizer, self.max_seq_len, self.system_prompt)
+        return ChatDataset(
+            records.records,
+            self.tokenizer,
+            self.max_seq_len,
+            self.system_prompt,
+            augmentation=self.augmentation,
+        )
+
+    def _exact_lengths(self, dataset: Dataset) -> tuple[list[int], list[int]]:
+        """Lengths and loss tokens of every sample from the length cache (rank 0 builds
+        it while the others wait, then they read it)."""
+        if isinstance(dataset, SyntheticDataset):
+            samples = [dataset[i] for i in range(len(dataset))]
+            return [len(s["input_ids"]) for s in samples], [
+                int((s["labels"][1:] != -100).sum()) for s in samples
+            ]
+        if self.length_cache_dir is None:
+            raise ValueError(f"batching mode '{self.batching.mode}' needs data.length_cache_dir")
+        parts = {
+            **source_parts(
+                self.source,
+                path=self.path,
+                regime=self.regime,
+                max_samples=self.max_samples,
+                seed=self.seed,
+            ),
+            **dataset.length_settings(),
+        }
+        cache = LengthCache(self.length_cache_dir)
+        world_size, rank = self._world()
+        if rank != 0:
+            self.trainer.strategy.barrier("odb-length-cache")
+        cached = cache.load_or_build(
+            dataset,
+            length_fingerprint(**parts),
+            parts,
+            num_workers=self.num_workers,
+            multiprocessing_context=self.batching.multiprocessing_context,
+        )
+        if rank == 0 and world_size > 1:
+            self.trainer.strategy.barrier("odb-length-cache")
+        self.length_cache_s = cached.build_s
+        return cached.lengths, cached.num_loss_tokens
 
     @override
     def setup(self, stage: str) -> None:
@@ -137,6 +198,10 @@ class ODBDataModule(pl.LightningDataModule):
         order = epoch_permutation(len(dataset), self.seed, epoch=-1)
         self.val_set = Subset(dataset, sorted(order[: self.val_samples]))
         self.train_set = Subset(dataset, sorted(order[self.val_samples :]))
+        if self.batching.mode in LENGTH_PASS_MODES:
+            lengths, loss_tokens = self._exact_lengths(dataset)
+            self.train_lengths = [lengths[i] for i in self.train_set.indices]
+            self.train_loss_tokens = [loss_tokens[i] for i in self.train_set.indices]
 
     @property
     def num_train_samples(self) -> int | None:
@@ -174,24 +239,10 @@ class ODBDataModule(pl.LightningDataModule):
             packed=b.mode is BatchingMode.ODB_PACKED,
         )
 
-    def _planned_loader(self, dataset: Dataset, mode: BatchingMode, shuffle: bool) -> PlannedLoader:
+    def _planned_loader(
+        self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
+    ) -> PlannedLoader:
         b = self.batching
-        num = len(dataset)
-
-        def plan(epoch: int) -> list[list[int]]:
-            if not shuffle:
-                return [
-                    list(range(i, min(i + b.batch_size, num))) for i in range(0, num, b.batch_size)
-                ]
-            return plan_epoch(
-                [1] * num,
-                mode,
-                token_budget=b.token_budget,
-                batch_size=b.batch_size,
-                seed=self.seed,
-                epoch=epoch,
-            )
-
         world_size, rank = self._world()
         return PlannedLoader(
             dataset,
@@ -204,6 +255,7 @@ class ODBDataModule(pl.LightningDataModule):
             multiprocessing_context=b.multiprocessing_context,
             persistent_workers=b.persistent_workers,
             timeout_s=b.timeout_s,
+            loss_tokens=loss_tokens,
         )
 
     def _keep(self, loader: ODBLoader | PlannedLoader) -> LightningLoader:
@@ -217,10 +269,9 @@ class ODBDataModule(pl.LightningDataModule):
             mode = self.batching.mode
             if mode in ONLINE_MODES:
                 loader: ODBLoader | PlannedLoader = self._online_loader("train")
-            elif mode is BatchingMode.STANDARD:
-                loader = self._planned_loader(self.train_set, mode, shuffle=True)
             else:
-                raise NotImplementedError(f"batching mode '{mode}' needs the length cache")
+                plan = epoch_plan(self.train_lengths, self.batching, self.seed, len(self.train_set))
+                loader = self._planned_loader(self.train_set, plan, self.train_loss_tokens)
             self._train_loader = self._keep(loader)
         return self._train_loader
 
@@ -228,7 +279,8 @@ class ODBDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> LightningLoader | list:
         if not self.val_samples:
             return []  # Lightning runs no validation for an empty list
-        return self._keep(self._planned_loader(self.val_set, BatchingMode.STANDARD, shuffle=False))
+        plan = in_order_plan(len(self.val_set), self.batching.batch_size)
+        return self._keep(self._planned_loader(self.val_set, plan))
 
     @override
     def teardown(self, stage: str) -> None:
@@ -250,6 +302,7 @@ class ODBDataModule(pl.LightningDataModule):
             "regime": self.regime,
             "max_seq_len": self.max_seq_len,
             "train_samples": self.num_train_samples,
+            "length_cache_s": self.length_cache_s,
         }
         if latency_ms:
             facts["alignment_round_ms_median"] = statistics.median(latency_ms)

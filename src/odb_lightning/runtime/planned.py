@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, Dataset
 
@@ -28,6 +28,13 @@ def deal_batches(batches: list[list[int]], world_size: int, rank: int) -> list[l
     steps = -(-len(batches) // world_size)
     mine = batches[rank::world_size]
     return mine + [[] for _ in range(steps - len(mine))]
+
+
+class StepTotals(NamedTuple):
+    """Global counts of one step position, from the plan (loss tokens if known)."""
+
+    samples: int
+    loss_tokens: int | None
 
 
 class _IndexedDataset(Dataset):
@@ -46,22 +53,33 @@ class _IndexedDataset(Dataset):
 class _EpochBatches:
     """Batch sampler over this rank's share of the current epoch's plan."""
 
-    def __init__(self, plan: PlanFn, world_size: int, rank: int) -> None:
+    def __init__(
+        self, plan: PlanFn, world_size: int, rank: int, loss_tokens: Sequence[int] | None
+    ) -> None:
         self.plan, self.world_size, self.rank = plan, world_size, rank
+        self.loss_tokens = loss_tokens
         self.epoch = 0
-        self._epoch_batches: tuple[int, list[list[int]], list[int]] | None = None
+        self._epoch: tuple[int, list[list[int]], list[StepTotals]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def current(self) -> tuple[list[list[int]], list[int]]:
-        """This rank's batches and the global sample count of every step position."""
-        if self._epoch_batches is None or self._epoch_batches[0] != self.epoch:
+    def current(self) -> tuple[list[list[int]], list[StepTotals]]:
+        """This rank's batches and the global totals of every step position."""
+        if self._epoch is None or self._epoch[0] != self.epoch:
             everything = self.plan(self.epoch)
             shares = [deal_batches(everything, self.world_size, r) for r in range(self.world_size)]
-            global_samples = [sum(len(s[i]) for s in shares) for i in range(len(shares[0]))]
-            self._epoch_batches = (self.epoch, shares[self.rank], global_samples)
-        return self._epoch_batches[1], self._epoch_batches[2]
+            totals = [
+                self._totals([share[step] for share in shares]) for step in range(len(shares[0]))
+            ]
+            self._epoch = (self.epoch, shares[self.rank], totals)
+        return self._epoch[1], self._epoch[2]
+
+    def _totals(self, column: list[list[int]]) -> StepTotals:
+        samples = sum(len(batch) for batch in column)
+        if self.loss_tokens is None:
+            return StepTotals(samples, None)
+        return StepTotals(samples, sum(self.loss_tokens[i] for batch in column for i in batch))
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.current()[0])
@@ -97,7 +115,7 @@ class _PlannedCollate:
             local_real_tokens=real,
             local_padded_tokens=real if self.packed else len(ids) * max(lengths, default=0),
             local_loss_tokens=sum(loss for _, loss in counts),
-            global_samples=0,  # filled in per step from the plan, see PlannedLoader.__iter__
+            global_samples=0,  # both filled in per step from the plan: PlannedLoader.__iter__
             global_loss_tokens=None,
             round_index=0,
             step=0,
@@ -122,6 +140,8 @@ class PlannedLoader:
         persistent_workers: Keep the workers across epochs.
         timeout_s: Most seconds to wait for one batch from the workers.
         packed: Batches are packed padding-free (padded tokens = real tokens).
+        loss_tokens: Supervised tokens of every sample, when a length pass knows them:
+            then each step's global count is in its metadata (no collective needed).
     """
 
     def __init__(
@@ -139,8 +159,9 @@ class PlannedLoader:
         persistent_workers: bool = False,
         timeout_s: float = 60.0,
         packed: bool = False,
+        loss_tokens: Sequence[int] | None = None,
     ) -> None:
-        self.batches = _EpochBatches(plan, world_size, rank)
+        self.batches = _EpochBatches(plan, world_size, rank, loss_tokens)
         collate = _PlannedCollate(
             self.batches,
             collate_fn or functools.partial(pad_collate, pad_id=pad_id),
@@ -166,11 +187,14 @@ class PlannedLoader:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[ODBBatch]:
-        _, global_samples = self.batches.current()
+        _, totals = self.batches.current()
         for step, batch in enumerate(self._loader):
-            yield batch._replace(
-                meta=batch.meta._replace(step=step, global_samples=global_samples[step])
+            meta = batch.meta._replace(
+                step=step,
+                global_samples=totals[step].samples,
+                global_loss_tokens=totals[step].loss_tokens,
             )
+            yield batch._replace(meta=meta)
 
     def close(self) -> None:
         """Stop persistent workers (the DataLoader owns and joins them)."""

@@ -1,0 +1,97 @@
+"""Epoch plans of the planned modes (``standard``, ``sorted``, ``bucketed``, ``oracle``)
+for the data module: which ``plan_epoch`` call each mode makes, and the bucket edges."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from odb_lightning.core.buckets import bucket_table, optimize_boundaries
+from odb_lightning.core.plan import BatchingMode, plan_epoch
+from odb_lightning.lit.batching import BatchingConfig
+
+log = logging.getLogger(__name__)
+
+PlanFn = Callable[[int], list[list[int]]]
+
+LENGTH_PASS_MODES = (BatchingMode.SORTED, BatchingMode.BUCKETED, BatchingMode.ORACLE)
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
+def in_order_plan(num_samples: int, batch_size: int) -> PlanFn:
+    """Fixed consecutive batches, the same every epoch (validation)."""
+    batches = [
+        list(range(start, min(start + batch_size, num_samples)))
+        for start in range(0, num_samples, batch_size)
+    ]
+    return lambda epoch: [list(batch) for batch in batches]
+
+
+def resolve_boundaries(lengths: Sequence[int], batching: BatchingConfig) -> list[int]:
+    """The configured bucket edges, or edges optimized on the cached lengths (logged as
+    the case study's table: range, count, mean length, batch size, efficiency)."""
+    max_batch_size = batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+    if batching.boundaries:
+        edges = list(batching.boundaries)
+        how = "configured"
+    else:
+        started = time.perf_counter()
+        edges = optimize_boundaries(
+            lengths,
+            batching.num_buckets,
+            token_budget=batching.token_budget,
+            max_batch_size=max_batch_size,
+        )
+        how = f"optimized in {time.perf_counter() - started:.2f} s"
+    rows = bucket_table(
+        lengths, edges, token_budget=batching.token_budget, max_batch_size=max_batch_size
+    )
+    log.info("bucket edges %s (%s)", edges, how)
+    log.info("%16s %8s %9s %6s %11s", "range", "count", "mean len", "batch", "efficiency")
+    for row in rows:
+        log.info(
+            "%16s %8d %9.0f %6d %10.1f%%",
+            f"[{row.lo}, {row.hi})",
+            row.count,
+            row.mean_length,
+            row.batch_size,
+            100 * row.efficiency,
+        )
+    return edges
+
+
+def epoch_plan(
+    lengths: Sequence[int], batching: BatchingConfig, seed: int, num_samples: int
+) -> PlanFn:
+    """``plan(epoch)`` for a planned training mode over ``num_samples`` samples.
+
+    Args:
+        lengths: Exact lengths (length-pass modes); ignored by ``standard``.
+        batching: The mode and its knobs.
+        seed: Seed of every shuffle.
+        num_samples: Samples in the training set.
+    """
+    mode = batching.mode
+    if mode in LENGTH_PASS_MODES and len(lengths) != num_samples:
+        raise ValueError(f"mode '{mode}' needs {num_samples} lengths, got {len(lengths)}")
+    boundaries = resolve_boundaries(lengths, batching) if mode is BatchingMode.BUCKETED else None
+    plan_lengths = list(lengths) if mode in LENGTH_PASS_MODES else [1] * num_samples
+    cap = batching.max_batch_size
+    if mode is BatchingMode.BUCKETED:
+        cap = cap or DEFAULT_MAX_BATCH_SIZE
+
+    def plan(epoch: int) -> list[list[int]]:
+        return plan_epoch(
+            plan_lengths,
+            mode,
+            token_budget=batching.token_budget,
+            batch_size=batching.batch_size,
+            max_batch_size=cap,
+            boundaries=boundaries,
+            seed=seed,
+            epoch=epoch,
+            attention_weight=batching.attention_weight,
+        )
+
+    return plan
