@@ -62,7 +62,7 @@ def check_steps_aligned(result, job: dict) -> None:
                 assert step.group.size * longest <= job["token_budget"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(jobs())
 def test_join_emits_every_sample_exactly_once_with_equal_steps(job: dict) -> None:
     result = run(job, join=True)
@@ -75,7 +75,7 @@ def test_join_emits_every_sample_exactly_once_with_equal_steps(job: dict) -> Non
     assert result.rounds <= total + 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(jobs())
 def test_non_join_accounts_for_every_sample(job: dict) -> None:
     result = run(job, join=False)

@@ -1,0 +1,168 @@
+"""The collate process of one rank: owns the grouping window and the metadata channel.
+
+It serves :class:`~odb_lightning.runtime.messages.EpochStart` commands from the main
+process: requests samples from the workers (round robin, each worker has its own
+queue), runs the rounds with :class:`~odb_lightning.runtime.engine.EpochRunner` and
+puts batches, then :class:`EpochEnd`, on the output queue. Output capacity is a
+semaphore of ``2 Q`` slots; the main process releases one per batch it takes.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import traceback
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Semaphore
+
+from odb_lightning.runtime.batch import CollateFn
+from odb_lightning.runtime.engine import EpochRunner
+from odb_lightning.runtime.errors import SampleTimeoutError
+from odb_lightning.runtime.exchange import Channel, open_channel
+from odb_lightning.runtime.lifecycle import prepare_child
+from odb_lightning.runtime.messages import (
+    CollateFailed,
+    EpochEnd,
+    EpochStart,
+    FetchRequest,
+    FetchResult,
+    Shutdown,
+)
+from odb_lightning.runtime.options import LoaderOptions
+from odb_lightning.runtime.rendezvous import Rendezvous
+
+
+class WorkerQueues:
+    """Sample source backed by the worker processes."""
+
+    def __init__(self, requests: list[Queue], results: Queue, timeout_s: float) -> None:
+        self._requests = requests
+        self._results = results
+        self._timeout_s = timeout_s
+        self._next_worker = 0
+        self._in_flight: dict[int, tuple[int, int]] = {}  # position -> (index, worker)
+
+    def submit(self, request: FetchRequest) -> None:
+        worker = self._next_worker
+        self._next_worker = (worker + 1) % len(self._requests)
+        self._in_flight[request.position] = (request.dataset_index, worker)
+        self._requests[worker].put(request)
+
+    def receive(self) -> FetchResult:
+        try:
+            result: FetchResult = self._results.get(timeout=self._timeout_s)
+        except queue.Empty:
+            oldest = list(self._in_flight.values())[:8]  # in request order
+            described = ", ".join(f"index {i} (worker {w})" for i, w in oldest)
+            raise SampleTimeoutError(
+                f"no sample arrived from the workers within timeout_s={self._timeout_s}; "
+                f"{len(self._in_flight)} in flight, oldest first: {described}"
+            ) from None
+        self._in_flight.pop(result.position, None)
+        return result
+
+
+class SemaphoreSlots:
+    """Output slots shared with the main process (which releases them)."""
+
+    def __init__(self, semaphore: Semaphore) -> None:
+        self._semaphore = semaphore
+
+    def acquire(self, count: int) -> None:
+        for _ in range(count):
+            self._semaphore.acquire()
+
+    def release(self, count: int) -> None:
+        for _ in range(count):
+            self._semaphore.release()
+
+
+@dataclass(frozen=True, slots=True)
+class CollateProcessSpec:
+    """Everything the collate process needs (picklable, for spawn).
+
+    Attributes:
+        options: Loader options.
+        rank: This rank.
+        rendezvous: Channel address, ``None`` for a single rank.
+        generation: Index of the channel among those this loader opened.
+        collate_fn: Builds model inputs from one step's samples.
+        requests: One request queue per worker.
+        results: Results of all workers.
+        commands: Commands from the main process.
+        outputs: Batches and epoch ends to the main process.
+        slots: The ``2 Q`` output slots.
+    """
+
+    options: LoaderOptions
+    rank: int
+    rendezvous: Rendezvous | None
+    generation: int
+    collate_fn: CollateFn
+    requests: list[Queue]
+    results: Queue
+    commands: Queue
+    outputs: Queue
+    slots: Semaphore
+
+
+def _report_failure(outputs: Queue, error: Exception) -> None:
+    """Send ``error`` to the main process; if it does not pickle, send its text."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        sent: Exception = error
+    except Exception:  # arbitrary user exceptions may not survive pickling
+        sent = RuntimeError(f"{type(error).__name__}: {error}")
+    outputs.put(CollateFailed(sent, traceback.format_exc()))
+
+
+def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
+    runner = EpochRunner(
+        spec.options,
+        rank=spec.rank,
+        channel=channel,
+        source=WorkerQueues(spec.requests, spec.results, spec.options.timeout_s),
+        slots=SemaphoreSlots(spec.slots),
+        collate_fn=spec.collate_fn,
+    )
+    while True:
+        command = spec.commands.get()
+        if isinstance(command, Shutdown):
+            return
+        if not isinstance(command, EpochStart):
+            raise TypeError(f"the collate process got an unknown command {command!r}")
+        batches = runner.run(command.epoch, command.indices)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration as end:
+                spec.outputs.put(EpochEnd(end.value))
+                break
+            spec.outputs.put(batch)
+
+
+def collate_main(spec: CollateProcessSpec) -> None:
+    """Entry point of the collate process; a failure is reported to the main process."""
+    prepare_child()
+    try:
+        channel = open_channel(
+            spec.options.settings,
+            spec.rendezvous,
+            spec.generation,
+            spec.options.alignment_timeout_s,
+        )
+    except Exception as error:  # reported to the main process, which raises it
+        _report_failure(spec.outputs, error)
+        return
+    try:
+        _serve(spec, channel)
+    except Exception as error:  # reported to the main process, which raises it
+        _report_failure(spec.outputs, error)
+        channel.close()  # peers blocked on this rank fail now, not at their timeout
+        # Batches already queued share their tensors from this process, so it must
+        # outlive their transfer: wait until the main process stops it.
+        while not isinstance(spec.commands.get(), Shutdown):
+            continue
+    else:
+        channel.close()

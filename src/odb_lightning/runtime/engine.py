@@ -1,0 +1,242 @@
+"""One rank's epoch: fill the window, align a round with the other ranks, collate its
+steps. The same code runs in the collate process and, with ``num_workers=0``, in the
+main process; only where samples come from and where batches go differ.
+
+Determinism: a round starts only when the window is ready (every requested sample has
+arrived) and this rank holds ``Q = max_steps_per_round`` free output slots, and every
+rank always publishes ``free_slots = Q``. What a round sees therefore never depends on
+timing, and the steps equal :func:`odb_lightning.core.simulate.simulate` for the same
+per-rank inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from odb_lightning.core.alignment import AlignmentError, PeerFailedError
+from odb_lightning.core.settings import SettingsMismatchError
+from odb_lightning.core.types import SampleInfo
+from odb_lightning.core.window import GroupingWindow, RoundOutcome, Step, exchange_round
+from odb_lightning.core.wire import encode_report
+from odb_lightning.runtime.batch import CollateFn, ODBBatch, idle_sample, make_step_meta
+from odb_lightning.runtime.errors import (
+    BadSampleError,
+    MetadataChannelError,
+    RemoteTraceback,
+    SampleFetchError,
+)
+from odb_lightning.runtime.exchange import Channel
+from odb_lightning.runtime.messages import (
+    FetchedSample,
+    FetchRequest,
+    FetchResult,
+    SampleFailed,
+    SampleSkipped,
+)
+from odb_lightning.runtime.options import LoaderOptions
+from odb_lightning.runtime.stats import EpochStats
+from odb_lightning.runtime.transport import load_sample
+from odb_lightning.runtime.worker import MapDataset, fetch_sample
+
+SHARED_FAILURES = (MetadataChannelError, PeerFailedError, AlignmentError, SettingsMismatchError)
+"""Errors every rank already sees (or that broke the channel): no abort report is sent."""
+
+
+class SampleSource(Protocol):
+    """Where the window's samples come from."""
+
+    def submit(self, request: FetchRequest) -> None: ...
+
+    def receive(self) -> FetchResult:
+        """The next result, in any order; raises after the source's timeout."""
+        ...
+
+
+class OutputSlots(Protocol):
+    """Room for batches between the round loop and the consumer."""
+
+    def acquire(self, count: int) -> None: ...
+
+    def release(self, count: int) -> None: ...
+
+
+class InlineSource:
+    """``num_workers=0``: each sample is fetched in this process when it is received."""
+
+    def __init__(self, dataset: MapDataset, options: LoaderOptions) -> None:
+        self._dataset = dataset
+        self._options = options
+        self._pending: deque[FetchRequest] = deque()
+
+    def submit(self, request: FetchRequest) -> None:
+        self._pending.append(request)
+
+    def receive(self) -> FetchResult:
+        return fetch_sample(self._dataset, self._pending.popleft(), self._options)
+
+
+class InlineSlots:
+    """The consumer is the caller of the round loop itself: slots are always free."""
+
+    def acquire(self, count: int) -> None:
+        """Nothing to wait for."""
+
+    def release(self, count: int) -> None:
+        """Nothing to give back."""
+
+
+@dataclass
+class _EpochLog:
+    epoch: int
+    started: float
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    skipped_ids: list[int] = field(default_factory=list)
+    round_latency_s: list[float] = field(default_factory=list)
+    window_fill_s: float | None = None
+    steps: int = 0
+    idle_steps: int = 0
+
+    def finish(self, window: GroupingWindow) -> EpochStats:
+        return EpochStats(
+            epoch=self.epoch,
+            emitted_samples=window.num_emitted,
+            steps=self.steps,
+            idle_steps=self.idle_steps,
+            dropped=window.num_dropped,
+            skipped_ids=tuple(self.skipped_ids),
+            over_budget=window.num_over_budget,
+            rounds=len(self.round_latency_s),
+            round_latency_s=tuple(self.round_latency_s),
+            window_fill_s=self.window_fill_s or 0.0,
+        )
+
+
+class EpochRunner:
+    """Runs epochs for one rank (see the module docstring).
+
+    Args:
+        options: Loader options (the settings part is identical on every rank).
+        rank: This rank.
+        channel: The metadata exchange, already past its settings handshake.
+        source: Where samples come from.
+        slots: Output capacity; ``Q`` slots are held across each round.
+        collate_fn: Builds model inputs from one step's samples.
+    """
+
+    def __init__(
+        self,
+        options: LoaderOptions,
+        *,
+        rank: int,
+        channel: Channel,
+        source: SampleSource,
+        slots: OutputSlots,
+        collate_fn: CollateFn,
+    ) -> None:
+        self._options = options
+        self._settings = options.settings
+        self._rank = rank
+        self._channel = channel
+        self._source = source
+        self._slots = slots
+        self._collate_fn = collate_fn
+
+    def run(self, epoch: int, indices: Sequence[int]) -> Generator[ODBBatch, None, EpochStats]:
+        """Yield the epoch's batches, then return its statistics.
+
+        A local failure (a sample, the collate function, a timeout) is published as an
+        abort report in the next round, so every peer raises ``PeerFailedError`` instead
+        of waiting or finishing cleanly; then it is re-raised here.
+        """
+        window = GroupingWindow(self._settings, len(indices), rank=self._rank, epoch=epoch)
+        log = _EpochLog(epoch=epoch, started=time.monotonic())
+        try:
+            yield from self._rounds(window, indices, log)
+        except SHARED_FAILURES:
+            raise
+        except Exception as error:
+            self._publish_abort(window, error)
+            raise
+        return log.finish(window)
+
+    def _rounds(
+        self, window: GroupingWindow, indices: Sequence[int], log: _EpochLog
+    ) -> Iterator[ODBBatch]:
+        while True:
+            self._fill(window, indices, log)
+            outcome = self._align(window, log)
+            if outcome.epoch_over:
+                return
+            # Ask for the next window's samples before collating, so workers overlap.
+            self._request(window, indices)
+            for step in outcome.steps:
+                yield self._collate(step, log)
+
+    def _request(self, window: GroupingWindow, indices: Sequence[int]) -> None:
+        for position in window.request():
+            self._source.submit(FetchRequest(position, indices[position]))
+
+    def _fill(self, window: GroupingWindow, indices: Sequence[int], log: _EpochLog) -> None:
+        while True:
+            self._request(window, indices)  # also refills the room a skipped sample left
+            if window.is_ready():
+                break
+            result = self._source.receive()
+            if isinstance(result, FetchedSample):
+                info = SampleInfo(
+                    result.dataset_index, result.length, result.num_loss_tokens, result.position
+                )
+                window.add(info)
+                log.payloads[result.position] = result.payload
+            elif isinstance(result, SampleSkipped):
+                window.skip(result.position)
+                log.skipped_ids.append(result.dataset_index)
+            else:
+                self._raise_sample_failure(result)
+        if log.window_fill_s is None:
+            log.window_fill_s = time.monotonic() - log.started
+
+    def _raise_sample_failure(self, result: SampleFailed) -> None:
+        error_type = BadSampleError if result.bad_sample else SampleFetchError
+        error = error_type(f"{result.message} (on rank {self._rank})")
+        raise error from (RemoteTraceback(result.traceback) if result.traceback else None)
+
+    def _align(self, window: GroupingWindow, log: _EpochLog) -> RoundOutcome:
+        max_steps = self._settings.max_steps_per_round
+        context = f"epoch {window.epoch} round {window.round_index}"
+
+        def exchange(message: list[int]) -> list[list[int]]:
+            started = time.monotonic()
+            gathered = self._channel.allgather(message, context)
+            log.round_latency_s.append(time.monotonic() - started)
+            return gathered
+
+        self._slots.acquire(max_steps)
+        outcome = exchange_round(window, exchange, free_slots=max_steps)
+        self._slots.release(max_steps - len(outcome.steps))
+        return outcome
+
+    def _collate(self, step: Step, log: _EpochLog) -> ODBBatch:
+        if step.group is None:
+            samples = [idle_sample(self._options.pad_id)]
+        else:
+            samples = [load_sample(log.payloads.pop(s.position)) for s in step.group.samples]
+        meta = make_step_meta(
+            step, step_index=log.steps, epoch=log.epoch, packed=self._settings.packed
+        )
+        log.steps += 1
+        log.idle_steps += int(step.is_idle)
+        return ODBBatch(self._collate_fn(samples), meta)
+
+    def _publish_abort(self, window: GroupingWindow, error: Exception) -> None:
+        max_steps = self._settings.max_steps_per_round
+        message = encode_report(window.make_abort_report(), max_steps)
+        context = f"epoch {window.epoch} round {window.round_index} (abort report)"
+        try:
+            self._channel.allgather(message, context)
+        except MetadataChannelError as channel_error:
+            error.add_note(f"telling the other ranks about it also failed: {channel_error}")

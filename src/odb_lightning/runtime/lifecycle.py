@@ -1,0 +1,73 @@
+"""Process hygiene shared by the worker and collate processes, and their bounded stop."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+from multiprocessing.process import BaseProcess
+
+import torch
+
+GRACEFUL_JOIN_S = 5.0
+"""How long a child may take to exit on its own after a stop message, per step."""
+FORCED_JOIN_S = 2.0
+"""How long to wait after SIGTERM, then after SIGKILL."""
+
+
+def _exit_with_parent(parent_sentinel: int) -> None:
+    multiprocessing.connection.wait([parent_sentinel])
+    # The main process is gone: nobody will read our output or stop us. Exit at once, even
+    # if the main thread is blocked in a queue, a semaphore or a Gloo collective.
+    os._exit(1)
+
+
+def prepare_child() -> None:
+    """Call first in every child process.
+
+    SIGTERM gets its default action (``close()`` uses it) and SIGINT is ignored: on
+    Ctrl-C the main process stops its children itself. A daemon thread waits on the
+    parent's sentinel and exits the process when the parent dies, so no child outlives a
+    killed main process. Torch ops run single-threaded, as in DataLoader workers.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(
+            target=_exit_with_parent, args=(parent.sentinel,), name="odb-parent-watch", daemon=True
+        ).start()
+
+
+def _join_all(processes: list[BaseProcess], wait_s: float) -> list[BaseProcess]:
+    """Join all within ``wait_s`` seconds together; return those still alive."""
+    deadline = time.monotonic() + wait_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    return [process for process in processes if process.is_alive()]
+
+
+def stop_processes(processes: list[BaseProcess], *, graceful: bool) -> None:
+    """Stop started children of this process within bounded time.
+
+    If ``graceful`` (they were asked to exit), wait up to :data:`GRACEFUL_JOIN_S` for all
+    of them together; then SIGTERM the rest, then SIGKILL, each with a bounded join.
+    Processes that exited are closed (their handles released).
+    """
+    if graceful:
+        alive = _join_all(processes, GRACEFUL_JOIN_S)
+    else:
+        alive = [process for process in processes if process.is_alive()]
+    for process in alive:
+        process.terminate()
+    alive = _join_all(alive, FORCED_JOIN_S)
+    for process in alive:
+        process.kill()
+    alive = _join_all(alive, FORCED_JOIN_S)
+    for process in processes:
+        if process not in alive:
+            process.close()

@@ -1,0 +1,254 @@
+"""``ODBLoader``: online dynamic batching as a plain iterable, for Lightning or a plain loop."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
+
+import torch.distributed as dist
+
+from odb_lightning.core.order import shard_indices
+from odb_lightning.runtime.batch import CollateFn, ODBBatch, pad_collate
+from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
+from odb_lightning.runtime.exchange import Channel, open_channel
+from odb_lightning.runtime.messages import EpochEnd
+from odb_lightning.runtime.options import LoaderOptions, OnBadSample, StartMethod
+from odb_lightning.runtime.pipeline import Pipeline
+from odb_lightning.runtime.rendezvous import Rendezvous, default_world, host_rendezvous
+from odb_lightning.runtime.stats import EpochStats
+from odb_lightning.runtime.worker import MapDataset
+
+ShardFn = Callable[[int], list[int]]
+"""``shard(epoch)``: this rank's dataset indices for an epoch, in order."""
+
+
+class ODBLoader:
+    """Token-budget batches formed after preprocessing, aligned across ranks.
+
+    Workers fetch and validate samples; one collate process per rank keeps a window of
+    ``outstanding_depth`` samples, groups it under ``token_budget``, aligns each round
+    with the other ranks over its own Gloo channel and collates the steps. Every rank
+    yields the same number of :class:`~odb_lightning.runtime.batch.ODBBatch` per epoch;
+    IDLE batches (``meta.is_idle``) keep ranks in step. There is no ``__len__``: the step
+    count is known only at the end of the epoch (see :attr:`last_epoch_stats`).
+
+    World size and rank come from the initialized default process group, if any. With
+    several ranks, building the loader is a collective (rank 0 shares the address of the
+    channel's store) unless ``rendezvous`` is given. Call :meth:`set_epoch` before each
+    epoch, as with ``DistributedSampler``, and :meth:`close` (or use ``with``) at the end.
+
+    Args:
+        dataset: Map-style dataset of ``{"input_ids": LongTensor[L], "labels": ...}``.
+        token_budget: Most padded tokens per step (``g x longest``).
+        outstanding_depth: Samples in flight and in the grouping window (``D``).
+        num_workers: Worker processes; 0 runs everything in the main process (debug).
+        collate_fn: Builds model inputs from a list of samples (default: pad to longest).
+        join: Every sample once (IDLE steps for finished ranks) or stop at the first
+            finished rank, counting the rest as dropped.
+        seed: Seed of the default shard order and of the step order in a round.
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None``
+            (the platform default).
+        max_steps_per_round: Most steps per rank per alignment round (``Q``).
+        max_seq_len: Longer samples are bad samples; must not exceed ``token_budget``.
+        on_bad_sample: ``"raise"`` or ``"skip"`` (skipped ids are counted in the stats).
+        timeout_s: Most seconds without any sample arriving from the workers.
+        alignment_timeout_s: Most seconds for connecting and for one all-gather.
+        persistent_workers: Keep the processes (and the channel) across epochs.
+        shard: ``shard(epoch) -> indices`` of this rank; default: a seeded shuffle split
+            by rank (:func:`~odb_lightning.core.order.shard_indices`).
+        rendezvous: The metadata channel's store address and this rank's place.
+        pad_id: Padding token id of the default collate and of IDLE batches.
+        attention_weight: Quadratic attention term of the budget (0 = plain padding).
+        packed: Groups are emitted padding-free (``odb_packed``; pass a packing
+            ``collate_fn``): the budget counts real tokens, not ``g x longest``.
+    """
+
+    def __init__(
+        self,
+        dataset: MapDataset,
+        *,
+        token_budget: int,
+        outstanding_depth: int = 256,
+        num_workers: int = 2,
+        collate_fn: CollateFn | None = None,
+        join: bool = True,
+        seed: int = 0,
+        multiprocessing_context: StartMethod | str | None = None,
+        max_steps_per_round: int = 8,
+        max_seq_len: int | None = None,
+        on_bad_sample: OnBadSample | str = OnBadSample.RAISE,
+        timeout_s: float = 60.0,
+        alignment_timeout_s: float = 60.0,
+        persistent_workers: bool = False,
+        shard: ShardFn | None = None,
+        rendezvous: Rendezvous | None = None,
+        pad_id: int = 0,
+        attention_weight: float = 0.0,
+        packed: bool = False,
+    ) -> None:
+        self.options = LoaderOptions(
+            token_budget=token_budget,
+            outstanding_depth=outstanding_depth,
+            num_workers=num_workers,
+            join=join,
+            seed=seed,
+            multiprocessing_context=multiprocessing_context,  # type: ignore[arg-type]
+            max_steps_per_round=max_steps_per_round,
+            max_seq_len=max_seq_len,
+            on_bad_sample=on_bad_sample,  # type: ignore[arg-type]
+            timeout_s=timeout_s,
+            alignment_timeout_s=alignment_timeout_s,
+            persistent_workers=persistent_workers,
+            pad_id=pad_id,
+            attention_weight=attention_weight,
+            packed=packed,
+        )
+        self.dataset = dataset
+        self.collate_fn = collate_fn or functools.partial(pad_collate, pad_id=pad_id)
+        self._shard = shard
+        self._store: dist.TCPStore | None = None
+        if rendezvous is None:
+            world_size, rank = default_world()
+            if world_size > 1:
+                rendezvous, self._store = host_rendezvous(world_size, rank)
+        self._rendezvous = rendezvous
+        self.rank = 0 if rendezvous is None else rendezvous.rank
+        self.world_size = 1 if rendezvous is None else rendezvous.world_size
+        self._epoch = 0
+        self._generation = 0
+        self._pipeline: Pipeline | None = None
+        self._channel: Channel | None = None
+        self._epoch_active = False
+        self._closed = False
+        self.last_epoch_stats: EpochStats | None = None
+
+    # -- public surface ---------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Epoch of the next iteration (shard order, step order); equal on every rank."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self._epoch = epoch
+
+    def __iter__(self) -> Iterator[ODBBatch]:
+        if self._closed:
+            raise RuntimeError("this ODBLoader is closed; build a new one to iterate again")
+        if self.options.num_workers == 0:
+            return self._iterate_in_process()
+        return self._iterate_with_processes()
+
+    def child_pids(self) -> dict[str, int]:
+        """PIDs of the live worker and collate processes, by name (empty if none)."""
+        return {} if self._pipeline is None else self._pipeline.child_pids()
+
+    def close(self) -> None:
+        """Stop every child process (bounded joins), close the channel and queues.
+
+        Safe to call more than once; the loader cannot be iterated afterwards.
+        """
+        self._closed = True
+        self._close_pipeline(graceful=not self._epoch_active)
+        self._close_channel()
+        self._store = None  # the rank-0 store server stops when released
+
+    def __enter__(self) -> ODBLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------
+    def _indices(self, epoch: int) -> list[int]:
+        if self._shard is not None:
+            return list(self._shard(epoch))
+        return shard_indices(
+            len(self.dataset), self.world_size, self.rank, self.options.seed, epoch
+        )
+
+    def _next_generation(self) -> int:
+        self._generation += 1
+        return self._generation
+
+    def _close_pipeline(self, *, graceful: bool) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.close(graceful=graceful)
+
+    def _close_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
+    def _iterate_with_processes(self) -> Generator[ODBBatch, None, None]:
+        if self._pipeline is not None and self._epoch_active:
+            self._close_pipeline(graceful=False)  # the last epoch was abandoned midway
+        if self._pipeline is None:
+            self._pipeline = Pipeline(
+                self.dataset,
+                self.options,
+                self.collate_fn,
+                rank=self.rank,
+                rendezvous=self._rendezvous,
+                generation=self._next_generation(),
+            )
+        pipeline, epoch = self._pipeline, self._epoch
+        pipeline.start_epoch(epoch, self._indices(epoch))
+        self._epoch_active = True
+        waited_s = 0.0
+        try:
+            while True:
+                started = time.perf_counter()
+                message = pipeline.next_message()
+                waited_s += time.perf_counter() - started
+                if isinstance(message, EpochEnd):
+                    break
+                yield message
+        except Exception:
+            self._close_pipeline(graceful=False)  # peers then fail fast, not by timeout
+            self._epoch_active = False
+            raise
+        self._epoch_active = False
+        self.last_epoch_stats = replace(message.stats, loader_wait_s=waited_s)
+        if not self.options.persistent_workers:
+            self._close_pipeline(graceful=True)
+
+    def _iterate_in_process(self) -> Generator[ODBBatch, None, None]:
+        if self._epoch_active:
+            self._close_channel()  # the last epoch was abandoned midway
+        if self._channel is None:
+            self._channel = open_channel(
+                self.options.settings,
+                self._rendezvous,
+                self._next_generation(),
+                self.options.alignment_timeout_s,
+            )
+        runner = EpochRunner(
+            self.options,
+            rank=self.rank,
+            channel=self._channel,
+            source=InlineSource(self.dataset, self.options),
+            slots=InlineSlots(),
+            collate_fn=self.collate_fn,
+        )
+        epoch = self._epoch
+        batches = runner.run(epoch, self._indices(epoch))
+        self._epoch_active = True
+        waited_s = 0.0
+        try:
+            while True:
+                started = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration as end:
+                    stats = end.value
+                    break
+                finally:
+                    waited_s += time.perf_counter() - started
+                yield batch
+        except Exception:
+            self._close_channel()
+            self._epoch_active = False
+            raise
+        self._epoch_active = False
+        self.last_epoch_stats = replace(stats, loader_wait_s=waited_s)

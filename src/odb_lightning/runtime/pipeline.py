@@ -1,0 +1,180 @@
+"""The processes of one rank's loader and the queues between them, owned by the main
+process: N workers and one collate process, started together and stopped together."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import queue
+import signal
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+
+from odb_lightning.runtime.batch import CollateFn, ODBBatch
+from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
+from odb_lightning.runtime.errors import LoaderProcessError, RemoteTraceback
+from odb_lightning.runtime.lifecycle import stop_processes
+from odb_lightning.runtime.messages import (
+    CollateFailed,
+    EpochEnd,
+    EpochStart,
+    Shutdown,
+    StopWorker,
+)
+from odb_lightning.runtime.options import LoaderOptions
+from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.worker import MapDataset, worker_main
+
+POLL_S = 0.1
+"""How often the main process checks its children's liveness while it waits."""
+EXIT_WAIT_S = 2.0
+"""How long to wait for a child whose connection broke to be seen as exited."""
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
+
+
+def _raise_failure(message: CollateFailed) -> None:
+    raise message.error from RemoteTraceback(message.traceback)
+
+
+class Pipeline:
+    """Worker and collate processes of one rank (see the module docstring).
+
+    Args:
+        dataset: Map-style dataset (pickled to the workers under spawn).
+        options: Loader options.
+        collate_fn: Builds model inputs from one step's samples.
+        rank: This rank (named in errors).
+        rendezvous: Metadata channel address, ``None`` for a single rank.
+        generation: Index of this pipeline's channel among those the loader opened.
+    """
+
+    def __init__(
+        self,
+        dataset: MapDataset,
+        options: LoaderOptions,
+        collate_fn: CollateFn,
+        *,
+        rank: int,
+        rendezvous: Rendezvous | None,
+        generation: int,
+    ) -> None:
+        method = options.multiprocessing_context
+        context = multiprocessing.get_context(None if method is None else method.value)
+        self._rank = rank
+        self._requests = [context.Queue() for _ in range(options.num_workers)]
+        self._results = context.Queue()
+        self._commands = context.Queue()
+        self._outputs = context.Queue()
+        self._slots = context.Semaphore(options.output_slots)
+        self._workers = [
+            context.Process(
+                target=worker_main,
+                args=(dataset, options, requests, self._results),
+                name=f"odb-worker-{i}",
+                daemon=True,
+            )
+            for i, requests in enumerate(self._requests)
+        ]
+        spec = CollateProcessSpec(
+            options, rank, rendezvous, generation, collate_fn, self._requests,
+            self._results, self._commands, self._outputs, self._slots,
+        )  # fmt: skip
+        self._collate = context.Process(
+            target=collate_main, args=(spec,), name="odb-collate", daemon=True
+        )
+        self._start()
+
+    def _start(self) -> None:
+        started: list[BaseProcess] = []
+        try:
+            for process in self._processes().values():
+                process.start()  # under spawn this pickles the dataset and collate_fn
+                started.append(process)
+        except Exception:
+            stop_processes(started, graceful=False)
+            raise
+
+    def _processes(self) -> dict[str, BaseProcess]:
+        named = {f"worker {i}": worker for i, worker in enumerate(self._workers)}
+        return {**named, "collate process": self._collate}
+
+    def child_pids(self) -> dict[str, int]:
+        """PID of every child, by name (``"worker 0"``, ..., ``"collate process"``)."""
+        return {name: process.pid for name, process in self._processes().items()}
+
+    def start_epoch(self, epoch: int, indices: Sequence[int]) -> None:
+        self._commands.put(EpochStart(epoch, tuple(indices)))
+
+    def next_message(self) -> ODBBatch | EpochEnd:
+        """The next batch or end of epoch; raises what failed in a child.
+
+        Raises:
+            LoaderProcessError: A child died; the message names it and its pid.
+            Exception: What the collate process reported (sample, channel, peer errors).
+        """
+        while True:
+            try:
+                message = self._outputs.get(timeout=POLL_S)
+            except queue.Empty:
+                self._check_alive()
+                continue
+            except Exception:  # a batch whose sender died cannot be rebuilt: say who died
+                self._await_exit()
+                self._check_alive()
+                raise
+            if isinstance(message, CollateFailed):
+                _raise_failure(message)
+            if isinstance(message, ODBBatch):
+                self._slots.release()
+            return message
+
+    def _check_alive(self) -> None:
+        for name, process in self._processes().items():
+            if process.is_alive():
+                continue
+            self._raise_reported_failure()
+            raise LoaderProcessError(
+                f"the ODB {name} (pid {process.pid}) of rank {self._rank} "
+                f"{_describe_exit(process.exitcode)} while the loader was running"
+            )
+
+    def _await_exit(self) -> None:
+        """Give a child that is dying (its pipe already broke) time to be reaped."""
+        by_sentinel = {process.sentinel: process for process in self._processes().values()}
+        for sentinel in multiprocessing.connection.wait(list(by_sentinel), timeout=EXIT_WAIT_S):
+            # Its sentinel closes before the kernel marks it exited; a join reaps it, so
+            # that is_alive() is False afterwards.
+            by_sentinel[sentinel].join(EXIT_WAIT_S)
+
+    def _raise_reported_failure(self) -> None:
+        """A collate process that failed reported why before exiting: raise that."""
+        while True:
+            try:
+                message = self._outputs.get_nowait()
+            except queue.Empty:
+                return
+            except Exception:  # batches of a dead sender: the failure is reported below
+                return
+            if isinstance(message, CollateFailed):
+                _raise_failure(message)
+
+    def close(self, *, graceful: bool) -> None:
+        """Stop every child (bounded) and close the queues.
+
+        Args:
+            graceful: Between epochs: ask the children to exit before signalling them.
+        """
+        if graceful:
+            self._commands.put(Shutdown())
+            for requests in self._requests:
+                requests.put(StopWorker())
+        stop_processes(list(self._processes().values()), graceful=graceful)
+        for channel in (*self._requests, self._results, self._commands, self._outputs):
+            # Children are gone: do not let exit wait on a feeder thread that cannot flush.
+            channel.cancel_join_thread()
+            channel.close()

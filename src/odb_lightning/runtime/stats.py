@@ -1,0 +1,37 @@
+"""Per-epoch loader statistics (``ODBLoader.last_epoch_stats``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EpochStats:
+    """What one rank's loader did in one epoch.
+
+    Attributes:
+        epoch: Epoch number.
+        emitted_samples: Samples emitted in real (non-IDLE) steps.
+        steps: Batches yielded, IDLE ones included (equal on every rank).
+        idle_steps: IDLE batches among them.
+        dropped: Shard samples never emitted (non-join end of epoch).
+        skipped_ids: Dataset indices skipped as bad samples (``on_bad_sample="skip"``).
+        over_budget: Samples emitted alone because they exceed the token budget.
+        rounds: Alignment rounds, including the one that ended the epoch.
+        round_latency_s: Per round, seconds from publishing the report to holding the
+            plan (the all-gather, including waiting for the slowest rank).
+        window_fill_s: Seconds from the epoch start until the first window was ready.
+        loader_wait_s: Seconds the main process spent waiting for batches.
+    """
+
+    epoch: int
+    emitted_samples: int
+    steps: int
+    idle_steps: int
+    dropped: int
+    skipped_ids: tuple[int, ...]
+    over_budget: int
+    rounds: int
+    round_latency_s: tuple[float, ...]
+    window_fill_s: float
+    loader_wait_s: float = 0.0

@@ -1,0 +1,73 @@
+"""Worker processes: fetch ``dataset[i]``, validate it, measure it, serialize it."""
+
+from __future__ import annotations
+
+import traceback
+from multiprocessing.queues import Queue
+from typing import Any, Protocol
+
+from odb_lightning.runtime.errors import BadSampleError
+from odb_lightning.runtime.lifecycle import prepare_child
+from odb_lightning.runtime.messages import (
+    FetchedSample,
+    FetchRequest,
+    FetchResult,
+    SampleFailed,
+    SampleSkipped,
+    StopWorker,
+)
+from odb_lightning.runtime.options import LoaderOptions, OnBadSample
+from odb_lightning.runtime.samples import inspect_sample
+from odb_lightning.runtime.transport import dump_sample
+
+
+class MapDataset(Protocol):
+    """A map-style dataset: ``dataset[i]`` for ``i`` in ``range(len(dataset))``."""
+
+    def __getitem__(self, index: int) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+def _failure(request: FetchRequest, error: Exception, *, bad_sample: bool) -> SampleFailed:
+    return SampleFailed(
+        position=request.position,
+        dataset_index=request.dataset_index,
+        bad_sample=bad_sample,
+        message=str(error),
+        traceback=traceback.format_exc(),
+    )
+
+
+def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOptions) -> FetchResult:
+    """Run ``dataset[i]`` and turn the outcome into a typed result (never raises)."""
+    index = request.dataset_index
+    try:
+        sample = dataset[index]
+    except Exception as error:  # any user error is reported, with its traceback, by index
+        wrapped = RuntimeError(f"dataset[{index}] raised {type(error).__name__}: {error}")
+        return _failure(request, wrapped, bad_sample=False)
+    try:
+        length, num_loss_tokens = inspect_sample(sample, index, options.max_seq_len)
+    except BadSampleError as error:
+        if options.on_bad_sample is OnBadSample.SKIP:
+            return SampleSkipped(request.position, index, reason=str(error))
+        return _failure(request, error, bad_sample=True)
+    try:
+        payload = dump_sample(sample)
+    except Exception as error:  # e.g. an unpicklable value in the sample
+        wrapped = RuntimeError(f"sample {index} could not be serialized: {error}")
+        return _failure(request, wrapped, bad_sample=False)
+    return FetchedSample(request.position, index, length, num_loss_tokens, payload)
+
+
+def worker_main(
+    dataset: MapDataset, options: LoaderOptions, requests: Queue, results: Queue
+) -> None:
+    """Entry point of a worker: serve requests until :class:`StopWorker`."""
+    prepare_child()
+    while True:
+        request = requests.get()
+        if isinstance(request, StopWorker):
+            return
+        results.put(fetch_sample(dataset, request, options))

@@ -1,0 +1,140 @@
+"""Multi-rank alignment through real processes and a real Gloo channel.
+
+Every test checks the DGAP guarantees with numbers: equal step counts, exactly-once
+coverage (join) or exact dropped accounting (non-join), per-step global counts equal to
+the sum of the ranks' local counts, and the emitted groups equal to ``core.simulate`` on
+the same per-rank inputs (determinism).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from test_runtime_harness import RankJob, SyntheticChatDataset, expected_steps, run_ranks
+
+N_SAMPLES = 240
+# Ranks are forked from a forkserver, whose children default to forkserver too: name the
+# start method so that only the spawn tests pay for importing torch in every child.
+LOADER = {
+    "token_budget": 600,
+    "outstanding_depth": 32,
+    "max_steps_per_round": 4,
+    "multiprocessing_context": "fork",
+}
+
+
+def _job(**overrides: Any) -> RankJob:
+    kwargs = {**LOADER, "num_workers": 2, **overrides.pop("loader", {})}
+    fields = {"weights": (1, 3), "epochs": 2, **overrides}
+    return RankJob(SyntheticChatDataset.seeded(N_SAMPLES), kwargs, **fields)
+
+
+def _check_epoch(job: RankJob, ok: dict[int, list[dict[str, Any]]], epoch: int) -> None:
+    world_size = len(ok)
+    runs = [ok[rank][epoch] for rank in range(world_size)]
+    steps = [[s["meta"] for s in run["steps"]] for run in runs]
+    assert len({len(s) for s in steps}) == 1, "every rank runs the same number of steps"
+    for position in range(len(steps[0])):
+        metas = [rank_steps[position] for rank_steps in steps]
+        assert {m.global_samples for m in metas} == {sum(m.local_samples for m in metas)}
+        assert {m.global_loss_tokens for m in metas} == {sum(m.local_loss_tokens for m in metas)}
+        assert len({(m.round_index, m.step, m.epoch) for m in metas}) == 1
+    for run in runs:
+        for record in run["steps"]:
+            meta = record["meta"]
+            assert record["loss_tokens"] == meta.local_loss_tokens
+            if not meta.is_idle:
+                assert record["shape"][0] * record["shape"][1] == meta.local_padded_tokens
+                assert record["real_tokens"] == meta.local_real_tokens
+    emitted = [[list(m.sample_ids) for m in rank_steps] for rank_steps in steps]
+    assert emitted == expected_steps(job, world_size, epoch)
+    for run, rank_steps in zip(runs, steps, strict=True):
+        stats = run["stats"]
+        assert stats.steps == len(rank_steps)
+        assert stats.idle_steps == sum(m.is_idle for m in rank_steps)
+        assert stats.emitted_samples == sum(m.local_samples for m in rank_steps)
+        assert stats.emitted_samples + stats.dropped == len(run["shard"])
+        assert stats.rounds == len(stats.round_latency_s) >= 2
+
+
+def _check_join_coverage(ok: dict[int, list[dict[str, Any]]], epoch: int) -> None:
+    emitted = Counter(
+        i for rank in ok for s in ok[rank][epoch]["steps"] for i in s["meta"].sample_ids
+    )
+    assert sorted(emitted) == list(range(N_SAMPLES))
+    assert set(emitted.values()) == {1}, "every sample exactly once across ranks"
+
+
+def test_two_ranks_fork_join_matches_simulation_over_two_epochs() -> None:
+    job = _job()
+    outcome = run_ranks(job, world_size=2)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        _check_epoch(job, outcome.ok, epoch)
+        _check_join_coverage(outcome.ok, epoch)
+    assert any(s["meta"].is_idle for s in outcome.ok[0][0]["steps"]), "skew forces IDLE steps"
+
+
+def test_two_ranks_spawn_align() -> None:
+    # The reference package's collate process never joins the group under spawn.
+    job = _job(loader={"multiprocessing_context": "spawn", "num_workers": 1}, epochs=1)
+    outcome = run_ranks(job, world_size=2, timeout_s=120)
+    assert outcome.errors == {}
+    _check_epoch(job, outcome.ok, 0)
+    _check_join_coverage(outcome.ok, 0)
+
+
+def test_two_ranks_non_join_counts_dropped_exactly() -> None:
+    job = _job(loader={"join": False})
+    outcome = run_ranks(job, world_size=2)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        _check_epoch(job, outcome.ok, epoch)
+        assert sum(outcome.ok[r][epoch]["stats"].dropped for r in range(2)) > 0
+
+
+def test_two_ranks_in_process_channel() -> None:
+    job = _job(loader={"num_workers": 0})
+    outcome = run_ranks(job, world_size=2)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        _check_epoch(job, outcome.ok, epoch)
+        _check_join_coverage(outcome.ok, epoch)
+
+
+def test_persistent_workers_keep_processes_over_three_epochs() -> None:
+    job = _job(loader={"persistent_workers": True}, epochs=3)
+    outcome = run_ranks(job, world_size=2)
+    assert outcome.errors == {}
+    for rank in range(2):
+        pids = [run["pids"] for run in outcome.ok[rank]]
+        assert len(pids[0]) == 3 and pids[0] == pids[1] == pids[2]
+    for epoch in range(3):
+        _check_epoch(job, outcome.ok, epoch)
+        _check_join_coverage(outcome.ok, epoch)
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_four_ranks_skewed(join: bool) -> None:
+    job = _job(loader={"join": join, "num_workers": 1}, weights=(1, 2, 3, 6))
+    outcome = run_ranks(job, world_size=4, timeout_s=120)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        _check_epoch(job, outcome.ok, epoch)
+        if join:
+            _check_join_coverage(outcome.ok, epoch)
+
+
+@pytest.mark.slow
+def test_four_ranks_spawn_persistent() -> None:
+    job = _job(
+        loader={"multiprocessing_context": "spawn", "num_workers": 1, "persistent_workers": True},
+        weights=(3, 1, 2, 1),
+    )
+    outcome = run_ranks(job, world_size=4, timeout_s=240)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        _check_epoch(job, outcome.ok, epoch)
+        _check_join_coverage(outcome.ok, epoch)
