@@ -44,7 +44,7 @@ THIRD_PARTY = {
 OWN_LAYERS = {
     "core": {"core"},
     "runtime": {"core", "runtime"},
-    "data": {"core", "data"},
+    "data": {"core", "runtime", "data"},
     "lit": {"core", "runtime", "data", "lit"},
 }
 

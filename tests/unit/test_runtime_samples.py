@@ -20,7 +20,8 @@ def _ids(*values: int) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("sample", "message"),
     [
-        ([1, 2, 3], r"sample 9: expected a mapping with 'input_ids', got list"),
+        ([1, 2, 3], r"sample 9: field '<sample>' must be a mapping with 'input_ids', got list"),
+        ({"input_ids": _ids(3, -1)}, r"sample 9: field 'input_ids' contains negative token ids"),
         ({"labels": _ids(1)}, r"sample 9: field 'input_ids' is missing"),
         ({"input_ids": [1, 2]}, r"sample 9: field 'input_ids' must be a torch.Tensor"),
         ({"input_ids": torch.ones(3)}, r"sample 9: field 'input_ids' must have an integer dtype"),
@@ -33,8 +34,9 @@ def _ids(*values: int) -> torch.Tensor:
     ],
 )
 def test_bad_samples_name_index_and_field(sample: object, message: str) -> None:
-    with pytest.raises(BadSampleError, match=message):
+    with pytest.raises(BadSampleError, match=message) as info:
         inspect_sample(sample, 9, max_seq_len=8)
+    assert info.value.index == 9 and info.value.field in message
 
 
 def test_loss_tokens_count_shifted_supervised_labels() -> None:

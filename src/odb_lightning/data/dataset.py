@@ -1,7 +1,7 @@
 """Map-style datasets whose items are ready-to-batch samples.
 
 Every item is ``{"input_ids": LongTensor[L], "labels": LongTensor[L]}`` (1-D), the shape
-:func:`~odb_lightning.data.sample.validate_sample` checks and the collates consume.
+:func:`~odb_lightning.data.sample.inspect_sample` checks and the collates consume.
 """
 
 from __future__ import annotations

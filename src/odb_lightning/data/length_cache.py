@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -35,7 +34,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from odb_lightning.data.augment import Augmentation
-from odb_lightning.data.sample import validate_sample
+from odb_lightning.data.sample import inspect_sample
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +146,7 @@ class _SampleStats(Dataset[tuple[int, int]]):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[int, int]:
-        stats = validate_sample(self.dataset[index], index, max_seq_len=sys.maxsize)
+        stats = inspect_sample(self.dataset[index], index, max_seq_len=None)
         return stats.length, stats.num_loss_tokens
 
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
 from odb_lightning.data.sources import SourceName, load_source
-from odb_lightning.data.synthetic import LENGTH_PROFILES, lognormal_lengths
+from odb_lightning.data.synthetic import LENGTH_PROFILES
 from odb_lightning.data.template import ChatMLTemplate
 from odb_lightning.data.tokenizer import ChatTokenizer, QwenTokenizer
 
@@ -104,9 +105,7 @@ def _synthetic_report(
 ) -> LengthReport:
     profile = LENGTH_PROFILES[f"sharegpt_{regime}"]
     num_samples = SYNTHETIC_DEFAULT_SAMPLES if max_samples is None else max_samples
-    lengths = lognormal_lengths(
-        num_samples, profile.mean_length, profile.cv, seed=seed, max_length=max_seq_len
-    )
+    lengths = lognormal_lengths(num_samples, profile.mean_length, profile.cv, seed, max_seq_len)
     return LengthReport(lengths, Counter(read=num_samples, kept=num_samples))
 
 

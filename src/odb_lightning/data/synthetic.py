@@ -8,13 +8,12 @@ targets when the tail is clipped.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.sample import IGNORE_INDEX, Sample
 
 
@@ -32,34 +31,6 @@ LENGTH_PROFILES: dict[str, LengthProfile] = {
     "sharegpt_first_exchange": LengthProfile(501.0, 0.92),
     "sharegpt_mix": LengthProfile(977.0, 0.82),
 }
-
-
-def lognormal_lengths(
-    num_samples: int,
-    mean_length: float,
-    cv: float,
-    *,
-    seed: int = 0,
-    min_length: int = 2,
-    max_length: int | None = None,
-) -> list[int]:
-    """Draw ``num_samples`` integer lengths from a lognormal with the given mean and CV.
-
-    Args:
-        num_samples: How many lengths.
-        mean_length: Target mean in tokens (> 0).
-        cv: Target coefficient of variation (std / mean, >= 0).
-        seed: RNG seed; equal seeds give equal lengths.
-        min_length: Lower clip.
-        max_length: Upper clip (none when ``None``).
-    """
-    if mean_length <= 0 or cv < 0:
-        raise ValueError(f"need mean_length > 0 and cv >= 0, got {mean_length}, {cv}")
-    sigma2 = math.log1p(cv * cv)
-    mu = math.log(mean_length) - sigma2 / 2
-    draws = np.random.default_rng(seed).lognormal(mu, math.sqrt(sigma2), size=num_samples)
-    lengths = np.clip(np.rint(draws), min_length, max_length).astype(np.int64)
-    return lengths.tolist()
 
 
 class SyntheticDataset(Dataset[Sample]):
@@ -91,9 +62,10 @@ class SyntheticDataset(Dataset[Sample]):
     ) -> None:
         if not 0.0 <= prompt_fraction < 1.0:
             raise ValueError(f"prompt_fraction must be in [0, 1), got {prompt_fraction}")
-        self.lengths = lognormal_lengths(
-            num_samples, mean_length, cv, seed=seed, max_length=max_seq_len
-        )
+        # At least 2 tokens: a prompt token and a supervised one.
+        self.lengths = [
+            max(2, n) for n in lognormal_lengths(num_samples, mean_length, cv, seed, max_seq_len)
+        ]
         self.seed = seed
         self.vocab_size = vocab_size
         self.prompt_fraction = prompt_fraction

@@ -201,8 +201,12 @@ class EpochRunner:
             log.window_fill_s = time.monotonic() - log.started
 
     def _raise_sample_failure(self, result: SampleFailed) -> None:
-        error_type = BadSampleError if result.bad_sample else SampleFetchError
-        error = error_type(f"{result.message} (on rank {self._rank})")
+        where = f"(on rank {self._rank})"
+        if result.bad_sample:
+            problem = f"{result.problem} {where}"
+            error: Exception = BadSampleError(result.dataset_index, result.field, problem)
+        else:
+            error = SampleFetchError(f"{result.message} {where}")
         raise error from (RemoteTraceback(result.traceback) if result.traceback else None)
 
     def _align(self, window: GroupingWindow, log: _EpochLog) -> RoundOutcome:

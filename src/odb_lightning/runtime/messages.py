@@ -55,6 +55,8 @@ class SampleFailed:
     bad_sample: bool
     message: str
     traceback: str
+    field: str = ""  # for bad samples: which field, and what is wrong with it
+    problem: str = ""
 
 
 FetchResult = FetchedSample | SampleSkipped | SampleFailed

@@ -10,6 +10,7 @@ the first is supervised.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
@@ -18,55 +19,56 @@ from odb_lightning.runtime.errors import BadSampleError
 IGNORE_INDEX = -100
 
 
+class SampleStats(NamedTuple):
+    """What batching needs to know about a valid sample."""
+
+    length: int
+    num_loss_tokens: int
+
+
 def _check_token_tensor(value: object, index: int, field: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise BadSampleError(
-            f"sample {index}: field '{field}' must be a torch.Tensor of token ids, "
-            f"got {type(value).__name__}"
-        )
+        problem = f"must be a torch.Tensor of token ids, got {type(value).__name__}"
+        raise BadSampleError(index, field, problem)
     if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-        raise BadSampleError(
-            f"sample {index}: field '{field}' must have an integer dtype, got {value.dtype}"
-        )
+        raise BadSampleError(index, field, f"must have an integer dtype, got {value.dtype}")
     if value.dim() != 1:
-        raise BadSampleError(
-            f"sample {index}: field '{field}' must be 1-D, got shape {tuple(value.shape)}"
-        )
+        raise BadSampleError(index, field, f"must be 1-D, got shape {tuple(value.shape)}")
     return value
 
 
-def inspect_sample(sample: object, index: int, max_seq_len: int | None) -> tuple[int, int]:
-    """Validate a sample and return ``(length, num_loss_tokens)``.
+def inspect_sample(sample: object, index: int, max_seq_len: int | None) -> SampleStats:
+    """Validate a sample and measure it: the one check every sample passes.
 
     Args:
         sample: What ``dataset[index]`` returned.
         index: Its dataset index (named in every error).
         max_seq_len: Longest allowed ``input_ids``; ``None`` for no limit.
 
+    Returns:
+        ``(length, num_loss_tokens)``.
+
     Raises:
         BadSampleError: Naming the index and the field at fault.
     """
     if not isinstance(sample, Mapping):
-        raise BadSampleError(
-            f"sample {index}: expected a mapping with 'input_ids', got {type(sample).__name__}"
-        )
+        problem = f"must be a mapping with 'input_ids', got {type(sample).__name__}"
+        raise BadSampleError(index, "<sample>", problem)
     if "input_ids" not in sample:
-        raise BadSampleError(f"sample {index}: field 'input_ids' is missing")
+        raise BadSampleError(index, "input_ids", f"is missing (keys: {sorted(sample)})")
     input_ids = _check_token_tensor(sample["input_ids"], index, "input_ids")
     length = input_ids.numel()
     if length == 0:
-        raise BadSampleError(f"sample {index}: field 'input_ids' is empty")
+        raise BadSampleError(index, "input_ids", "is empty")
     if max_seq_len is not None and length > max_seq_len:
-        raise BadSampleError(
-            f"sample {index}: field 'input_ids' has {length} tokens, more than "
-            f"max_seq_len={max_seq_len}"
-        )
+        problem = f"has {length} tokens, more than max_seq_len={max_seq_len}"
+        raise BadSampleError(index, "input_ids", problem)
+    if int(input_ids.min()) < 0:
+        raise BadSampleError(index, "input_ids", "contains negative token ids")
     if "labels" not in sample:
-        return length, length - 1
+        return SampleStats(length, length - 1)
     labels = _check_token_tensor(sample["labels"], index, "labels")
     if labels.shape != input_ids.shape:
-        raise BadSampleError(
-            f"sample {index}: field 'labels' has shape {tuple(labels.shape)}, "
-            f"'input_ids' has {tuple(input_ids.shape)}"
-        )
-    return length, int((labels[1:] != IGNORE_INDEX).sum())
+        problem = f"has shape {tuple(labels.shape)}, 'input_ids' has {tuple(input_ids.shape)}"
+        raise BadSampleError(index, "labels", problem)
+    return SampleStats(length, int((labels[1:] != IGNORE_INDEX).sum()))

@@ -29,35 +29,50 @@ class MapDataset(Protocol):
     def __len__(self) -> int: ...
 
 
-def _failure(request: FetchRequest, error: Exception, *, bad_sample: bool) -> SampleFailed:
+def _failure(request: FetchRequest, error: Exception) -> SampleFailed:
+    bad = isinstance(error, BadSampleError)
     return SampleFailed(
         position=request.position,
         dataset_index=request.dataset_index,
-        bad_sample=bad_sample,
+        bad_sample=bad,
         message=str(error),
         traceback=traceback.format_exc(),
+        field=error.field if bad else "",
+        problem=error.problem if bad else "",
     )
 
 
+def _reject(request: FetchRequest, error: Exception, options: LoaderOptions) -> FetchResult:
+    """A sample that cannot be used: skipped and counted, or reported as a failure."""
+    if options.on_bad_sample is OnBadSample.SKIP:
+        return SampleSkipped(request.position, request.dataset_index, reason=str(error))
+    return _failure(request, error)
+
+
 def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOptions) -> FetchResult:
-    """Run ``dataset[i]`` and turn the outcome into a typed result (never raises)."""
+    """Run ``dataset[i]`` and turn the outcome into a typed result (never raises).
+
+    A record the data layer rejects (:class:`BadSampleError`) or a sample that fails
+    :func:`inspect_sample` is a bad sample; any other exception in ``dataset[i]`` is a
+    fetch failure. Under ``on_bad_sample="skip"`` both are skipped and counted.
+    """
     index = request.dataset_index
     try:
         sample = dataset[index]
+    except BadSampleError as error:
+        return _reject(request, error if error.index == index else error.at_index(index), options)
     except Exception as error:  # any user error is reported, with its traceback, by index
         wrapped = RuntimeError(f"dataset[{index}] raised {type(error).__name__}: {error}")
-        return _failure(request, wrapped, bad_sample=False)
+        return _reject(request, wrapped, options)
     try:
         length, num_loss_tokens = inspect_sample(sample, index, options.max_seq_len)
     except BadSampleError as error:
-        if options.on_bad_sample is OnBadSample.SKIP:
-            return SampleSkipped(request.position, index, reason=str(error))
-        return _failure(request, error, bad_sample=True)
+        return _reject(request, error, options)
     try:
         payload = dump_sample(sample)
     except Exception as error:  # e.g. an unpicklable value in the sample
         wrapped = RuntimeError(f"sample {index} could not be serialized: {error}")
-        return _failure(request, wrapped, bad_sample=False)
+        return _failure(request, wrapped)
     return FetchedSample(request.position, index, length, num_loss_tokens, payload)
 
 
