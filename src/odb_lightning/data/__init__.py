@@ -1,12 +1,12 @@
 """The input pipeline that runs inside DataLoader workers.
 
 Sources yield conversations (:class:`ChatRecord`); :class:`ChatDataset` applies the ChatML
-template and tokenizer per item; :func:`validate_sample` checks each sample; the collates
-pad or pack a group. Imports torch and tokenizer/data libraries, never Lightning or Hydra.
+template and tokenizer per item; :func:`inspect_sample` checks each sample. The collates
+that pad or pack a group live in :mod:`odb_lightning.runtime.batch`. Imports torch and
+tokenizer/data libraries, never Lightning or Hydra.
 """
 
 from odb_lightning.data.augment import DEFAULT_SYSTEM_PROMPTS, Augmentation, augment_messages
-from odb_lightning.data.collate import pack_collate, pad_collate
 from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, Role
 from odb_lightning.data.dataset import ChatDataset, TokenizedDataset
 from odb_lightning.data.hf_tokenizer import HFTokenizer, export_hf_tokenizer
@@ -29,7 +29,7 @@ from odb_lightning.data.sample import (
     BadSampleError,
     Sample,
     SampleStats,
-    validate_sample,
+    inspect_sample,
 )
 from odb_lightning.data.sources import (
     ShareGPTRegime,
@@ -45,7 +45,6 @@ from odb_lightning.data.synthetic import (
     LENGTH_PROFILES,
     LengthProfile,
     SyntheticDataset,
-    lognormal_lengths,
 )
 from odb_lightning.data.template import (
     QWEN25_SYSTEM_PROMPT,
@@ -93,14 +92,11 @@ __all__ = [
     "length_fingerprint",
     "load_source",
     "load_tokenizer",
-    "lognormal_lengths",
     "measure_source",
-    "pack_collate",
-    "pad_collate",
     "sharegpt_records",
     "source_lengths",
     "source_parts",
     "source_version",
     "ultrachat_records",
-    "validate_sample",
+    "inspect_sample",
 ]
