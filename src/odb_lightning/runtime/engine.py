@@ -178,7 +178,7 @@ class EpochRunner:
 
     def _request(self, window: GroupingWindow, indices: Sequence[int]) -> None:
         for position in window.request():
-            self._source.submit(FetchRequest(position, indices[position]))
+            self._source.submit(FetchRequest(position, indices[position], window.epoch))
 
     def _fill(self, window: GroupingWindow, indices: Sequence[int], log: _EpochLog) -> None:
         while True:

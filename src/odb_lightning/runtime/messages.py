@@ -15,10 +15,12 @@ from odb_lightning.runtime.stats import EpochStats
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
-    """Fetch ``dataset[dataset_index]``, the sample at ``position`` in this rank's shard."""
+    """Fetch ``dataset[dataset_index]``, the sample at ``position`` in this rank's shard,
+    for ``epoch`` (a dataset with ``set_epoch``, e.g. one that augments, is told first)."""
 
     position: int
     dataset_index: int
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,9 @@ class StepTotals(NamedTuple):
 
 
 class _IndexedDataset(Dataset):
-    """``dataset[i]`` together with ``i``, so the collate can name bad samples."""
+    """``dataset[i]`` together with ``i``, so the collate can name bad samples. Keys are
+    ``(epoch, i)``: a dataset with ``set_epoch`` (per-epoch augmentation) learns the epoch
+    in each worker's copy before the fetch."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -46,7 +48,11 @@ class _IndexedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[int, Any]:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, Any]:
+        epoch, index = key
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch) and getattr(self.dataset, "epoch", None) != epoch:
+            set_epoch(epoch)
         return index, self.dataset[index]
 
 
@@ -81,8 +87,9 @@ class _EpochBatches:
             return StepTotals(samples, None)
         return StepTotals(samples, sum(self.loss_tokens[i] for batch in column for i in batch))
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.current()[0])
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for batch in self.current()[0]:
+            yield [(self.epoch, index) for index in batch]
 
     def __len__(self) -> int:
         return len(self.current()[0])

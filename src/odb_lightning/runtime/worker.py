@@ -57,6 +57,9 @@ def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOpti
     fetch failure. Under ``on_bad_sample="skip"`` both are skipped and counted.
     """
     index = request.dataset_index
+    set_epoch = getattr(dataset, "set_epoch", None)
+    if callable(set_epoch) and getattr(dataset, "epoch", None) != request.epoch:
+        set_epoch(request.epoch)  # per-epoch augmentation, in this worker's copy
     try:
         sample = dataset[index]
     except BadSampleError as error:
