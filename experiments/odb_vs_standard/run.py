@@ -24,6 +24,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+from omegaconf import OmegaConf
 from transformers import Qwen2Config
 
 from odb_lightning.lit.module import flops_per_token
@@ -76,13 +77,14 @@ def main() -> None:
                 flush=True,
             )
             results[arm].append(summary)
+    bench = OmegaConf.load(ROOT / "conf" / "model" / "cpu_bench.yaml")
     config = Qwen2Config(
-        vocab_size=4096,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=1024,
+        vocab_size=bench.token_id_fold,
+        hidden_size=bench.hidden_size,
+        num_hidden_layers=bench.num_hidden_layers,
+        num_attention_heads=bench.num_attention_heads,
+        num_key_value_heads=bench.num_key_value_heads,
+        intermediate_size=bench.intermediate_size,
     )
     first = results["odb"][0]
     flops = flops_per_token(

@@ -7,6 +7,7 @@ from typing import Any
 
 import hydra
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.validation import instantiate_checked, validate_config
@@ -20,6 +21,18 @@ def instantiate_group(cfg: DictConfig | None) -> list[Any]:
     if not cfg:
         return []
     return [hydra.utils.instantiate(entry) for entry in cfg.values() if "_target_" in entry]
+
+
+def finish_wandb_runs(loggers: list[Any], exit_code: int = 0) -> None:
+    """Finish the W&B run of every ``WandbLogger`` (a no-op on ranks > 0).
+
+    ``WandbLogger`` never finishes its run, and a new ``WandbLogger`` reuses a run still
+    open in the process: without this, the next job of a Hydra multirun (same process)
+    would log into this job's W&B run and get no run directory of its own.
+    """
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.finish(exit_code=exit_code)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -39,6 +52,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except BaseException:
+        finish_wandb_runs(loggers, exit_code=1)
+        raise
+    finish_wandb_runs(loggers)
     summaries = [c.summary for c in callbacks if getattr(c, "summary", None)]
     return summaries[0] if summaries else {}

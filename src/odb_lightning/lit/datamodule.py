@@ -3,6 +3,8 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import statistics
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ import lightning.pytorch as pl
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
-from odb_lightning.core.order import epoch_permutation
+from odb_lightning.core.order import epoch_permutation, shard_indices
 from odb_lightning.core.plan import BatchingMode
 from odb_lightning.data import (
     Augmentation,
@@ -27,13 +29,41 @@ from odb_lightning.data.length_cache import source_parts
 from odb_lightning.lit.batching import BatchingConfig
 from odb_lightning.lit.plans import LENGTH_PASS_MODES, epoch_plan, in_order_plan
 from odb_lightning.lit.strategy import ODBStrategy
-from odb_lightning.runtime.batch import ODBBatch
+from odb_lightning.runtime.batch import ODBBatch, pack_collate
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
 from odb_lightning.runtime.rendezvous import Rendezvous
 from odb_lightning.runtime.stats import EpochStats
 
 ONLINE_MODES = (BatchingMode.ODB, BatchingMode.ODB_PACKED)
+
+
+class TrainShard:
+    """``shard(epoch)`` for the ODB loader: this rank's share of the training indices.
+
+    The loader then fetches ``dataset[i]`` by *dataset* index, so step metadata and the id
+    audit name the source records, and a dataset with ``set_epoch`` (augmentation) is
+    told the epoch in every worker.
+    """
+
+    def __init__(self, train_indices: list[int], world_size: int, rank: int, seed: int) -> None:
+        self.train_indices, self.world_size, self.rank = train_indices, world_size, rank
+        self.seed = seed
+
+    def __call__(self, epoch: int) -> list[int]:
+        positions = shard_indices(
+            len(self.train_indices), self.world_size, self.rank, self.seed, epoch
+        )
+        return [self.train_indices[p] for p in positions]
+
+
+def _without_augmentation(dataset: Dataset) -> Dataset:
+    """The same samples, never augmented: validation measures the unaugmented data."""
+    if getattr(dataset, "augmentation", None) is None:
+        return dataset
+    plain = copy.copy(dataset)
+    plain.augmentation = None
+    return plain
 
 
 class _EpochHandle:
@@ -120,9 +150,10 @@ class ODBDataModule(pl.LightningDataModule):
         self.max_samples, self.val_samples = max_samples, val_samples
         self.num_workers, self.seed, self.system_prompt = num_workers, seed, system_prompt
         self.augmentation, self.length_cache_dir = augmentation, length_cache_dir
-        self.train_set: Subset | None = None
+        self.dataset: Dataset | None = None
+        self.train_indices: list[int] = []
         self.train_lengths: list[int] = []
-        self.train_loss_tokens: list[int] | None = None
+        self.loss_tokens: list[int] | None = None  # by dataset index, from the length cache
         self.length_cache_s: float | None = None
         self.val_set: Subset | None = None
         self._loaders: list[LightningLoader] = []
@@ -187,7 +218,7 @@ class ODBDataModule(pl.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        if self.train_set is not None:
+        if self.dataset is not None:
             return
         dataset = self._load_dataset()
         if self.val_samples and self.val_samples >= len(dataset):
@@ -196,17 +227,18 @@ class ODBDataModule(pl.LightningDataModule):
                 f"{len(dataset)} records"
             )
         order = epoch_permutation(len(dataset), self.seed, epoch=-1)
-        self.val_set = Subset(dataset, sorted(order[: self.val_samples]))
-        self.train_set = Subset(dataset, sorted(order[self.val_samples :]))
+        self.dataset = dataset
+        self.val_set = Subset(_without_augmentation(dataset), sorted(order[: self.val_samples]))
+        self.train_indices = sorted(order[self.val_samples :])
         if self.batching.mode in LENGTH_PASS_MODES:
             lengths, loss_tokens = self._exact_lengths(dataset)
-            self.train_lengths = [lengths[i] for i in self.train_set.indices]
-            self.train_loss_tokens = [loss_tokens[i] for i in self.train_set.indices]
+            self.train_lengths = [lengths[i] for i in self.train_indices]
+            self.loss_tokens = loss_tokens
 
     @property
     def num_train_samples(self) -> int | None:
         """Training samples per epoch (known after ``setup``)."""
-        return None if self.train_set is None else len(self.train_set)
+        return len(self.train_indices) if self.dataset is not None else None
 
     # -- loaders ------------------------------------------------------------------------
     def _world(self) -> tuple[int, int]:
@@ -219,11 +251,16 @@ class ODBDataModule(pl.LightningDataModule):
 
     def _online_loader(self, name: str) -> ODBLoader:
         b = self.batching
+        packed = b.mode is BatchingMode.ODB_PACKED
+        # odb_packed emits each group as one padding-free row; odb keeps the default pad.
+        pack = functools.partial(pack_collate, pad_id=self.tokenizer.pad_id) if packed else None
         return ODBLoader(
-            self.train_set,
+            self.dataset,
+            shard=TrainShard(self.train_indices, *self._world(), self.seed),
             token_budget=b.token_budget,
             outstanding_depth=b.outstanding_depth,
             num_workers=self.num_workers,
+            collate_fn=pack,
             join=b.join,
             seed=self.seed,
             multiprocessing_context=b.multiprocessing_context,
@@ -236,7 +273,7 @@ class ODBDataModule(pl.LightningDataModule):
             rendezvous=self._rendezvous(name),
             pad_id=self.tokenizer.pad_id,
             attention_weight=b.attention_weight,
-            packed=b.mode is BatchingMode.ODB_PACKED,
+            packed=packed,
         )
 
     def _planned_loader(
@@ -270,8 +307,15 @@ class ODBDataModule(pl.LightningDataModule):
             if mode in ONLINE_MODES:
                 loader: ODBLoader | PlannedLoader = self._online_loader("train")
             else:
-                plan = epoch_plan(self.train_lengths, self.batching, self.seed, len(self.train_set))
-                loader = self._planned_loader(self.train_set, plan, self.train_loss_tokens)
+                positions = epoch_plan(
+                    self.train_lengths, self.batching, self.seed, len(self.train_indices)
+                )
+                indices = self.train_indices
+
+                def plan(epoch: int) -> list[list[int]]:
+                    return [[indices[p] for p in batch] for batch in positions(epoch)]
+
+                loader = self._planned_loader(self.dataset, plan, self.loss_tokens)
             self._train_loader = self._keep(loader)
         return self._train_loader
 

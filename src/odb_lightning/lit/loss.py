@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
@@ -9,6 +12,12 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from odb_lightning.core.loss_weights import gradient_scale
+from odb_lightning.lit.token_target import (
+    HOLD_ACCUMULATE_GRAD_BATCHES,
+    check_token_target_trainer,
+    check_tokens_per_step,
+    global_loss_tokens_of,
+)
 from odb_lightning.runtime.batch import StepMeta
 
 
@@ -42,10 +51,25 @@ class TokenWeightedLossMixin(pl.LightningModule):
     ``sum_{r,k,t} l / N``. Each rank logs ``W * (its summed loss) / N`` and Lightning's
     ``sync_dist`` averages these over ranks, which is exactly that global mean (``N`` is the
     same on every rank). Also ``lr``, the learning rate of the first parameter group.
+
+    Token-target steps (``tokens_per_step=N``): the optimizer steps once the global
+    supervised-token count since the last step reaches ``N`` (and at the epoch's end)
+    instead of every ``accumulate_grad_batches`` micro-batches; ``N`` above is then that
+    step's count, also logged as ``train/tokens_per_optimizer_step``. How this rides on
+    Lightning's automatic optimization (DDP ``no_sync``, ``global_step``, the scheduler) is
+    told in :mod:`odb_lightning.lit.token_target`. It needs ``ODBBatch`` batches (where
+    the metadata has no global count, as in the planned modes, ``meta.local_loss_tokens``
+    is all-reduced once per micro-batch; plain dict batches are refused) and
+    ``trainer.accumulate_grad_batches=1``.
+
+    Args:
+        tokens_per_step: Global supervised tokens per optimizer step, or ``None`` to step
+            every ``trainer.accumulate_grad_batches`` micro-batches.
     """
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, tokens_per_step: int | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
+        self.tokens_per_step = check_tokens_per_step(tokens_per_step)
         # Global supervised tokens of each micro-batch since the last optimizer step.
         self._pending_loss_tokens: list[int] = []
         # Local supervised tokens of micro-batches whose global count is not in their
@@ -106,10 +130,58 @@ class TokenWeightedLossMixin(pl.LightningModule):
     @override
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         super().on_before_optimizer_step(optimizer)
+        # Token-target mode counts every micro-batch globally in _pending_loss_tokens.
+        step_tokens = sum(self._pending_loss_tokens)
         step_loss = self.scale_accumulated_gradients()
         if step_loss is not None:  # the same on every rank: N is global
             self.log("train/loss", step_loss, on_step=True, sync_dist=True, prog_bar=True)
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True)
+        if self.tokens_per_step is not None:
+            self.log("train/tokens_per_optimizer_step", float(step_tokens), on_step=True)
+
+    @override
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        if self.tokens_per_step is not None:
+            check_token_target_trainer(self.trainer)
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        response = super().on_train_batch_start(batch, batch_idx)
+        if self.tokens_per_step is not None and response != -1:  # -1: the batch is skipped
+            # Counted here, before the batch runs: Lightning reads the decision below
+            # before it calls training_step. Every rank sees the same counts.
+            self._pending_loss_tokens.append(
+                global_loss_tokens_of(batch, self.trainer, self.device)
+            )
+            closes = sum(self._pending_loss_tokens) >= self.tokens_per_step
+            self.trainer.accumulate_grad_batches = 1 if closes else HOLD_ACCUMULATE_GRAD_BATCHES
+        return response
+
+    @override
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
+        # Token target: Lightning would zero before a closing micro-batch's backward and
+        # drop the step's accumulated gradients; optimizer_step zeroes them after the step.
+        if self.tokens_per_step is None:
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
+    @override
+    def optimizer_step(
+        self,
+        epoch: int,
+        batch_idx: int,
+        optimizer: Optimizer,
+        optimizer_closure: Callable[[], Any] | None = None,
+    ) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self.tokens_per_step is not None:
+            optimizer.zero_grad()
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.tokens_per_step is not None:
+            self.trainer.accumulate_grad_batches = 1  # as configured (on_fit_start checked)
 
     def _count_tokens(self, num_loss_tokens: int, meta: StepMeta | None) -> None:
         """Add this micro-batch's ``n`` to ``N``: the global count from the metadata, or
@@ -119,6 +191,8 @@ class TokenWeightedLossMixin(pl.LightningModule):
                 f"step metadata says {meta.local_loss_tokens} local loss tokens but the "
                 f"labels have {num_loss_tokens} (shifted labels != -100) at step {meta.step}"
             )
+        if self.tokens_per_step is not None:
+            return  # counted over all ranks in on_train_batch_start
         if meta is not None and meta.global_loss_tokens is not None:
             self._pending_loss_tokens.append(int(meta.global_loss_tokens))
         else:

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.loss import TokenWeightedLossMixin
-from odb_lightning.runtime.batch import ODBBatch, StepMeta
+from odb_lightning.runtime.batch import ODBBatch, StepMeta, block_causal_mask
 from odb_lightning.runtime.samples import IGNORE_INDEX
 
 
@@ -138,6 +138,47 @@ def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str
     return folded
 
 
+FLASH_VARLEN_BACKENDS = frozenset({"flash_attention_2", "flash_attention_3"})
+"""``transformers`` attention backends that take packed-row boundaries as varlen kwargs."""
+
+
+def body_inputs(
+    inputs: Mapping[str, Tensor | int], model: PreTrainedModel, attn_implementation: str
+) -> dict[str, Any]:
+    """Keyword arguments of the decoder body: every input but ``labels``, with the
+    boundaries of a packed row (``cu_seqlens``, ``max_seqlen``) in the backend's form.
+
+    Samples packed in one row must not attend to each other. ``flash_attention_2/3``
+    (which ``transformers`` only builds where flash-attn is installed) get the boundaries
+    as ``cu_seq_lens_q/k`` and ``max_length_q/k`` and run the varlen kernel, memory
+    linear in the row (UNTESTED here: no GPU, no flash-attn). Every other backend gets a
+    4-D block-diagonal causal mask (:func:`block_causal_mask`, ``N x N``: keep packed
+    rows to a few thousand tokens); ``transformers`` uses a 4-D mask as given instead of
+    building its causal one: bool for ``sdpa``, additive (0 or the dtype's min) for
+    ``eager``. Rotary positions come from the row's ``position_ids``.
+    """
+    body = {k: v for k, v in inputs.items() if k not in ("labels", "cu_seqlens", "max_seqlen")}
+    if "cu_seqlens" not in inputs:
+        return body
+    cu_seqlens, max_seqlen = inputs["cu_seqlens"], int(inputs["max_seqlen"])
+    if attn_implementation in FLASH_VARLEN_BACKENDS:
+        varlen = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
+        return body | varlen | {"max_length_q": max_seqlen, "max_length_k": max_seqlen}
+    if attn_implementation not in ("sdpa", "eager"):
+        raise ValueError(
+            f"packed rows need sdpa, eager or flash attention, not {attn_implementation}"
+        )
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
+        raise ValueError("the packed-row mask has no sliding window: use flash attention")
+    allowed = block_causal_mask(cu_seqlens)
+    if attn_implementation == "sdpa":
+        return body | {"attention_mask": allowed}
+    # eager adds the mask to the scores: the dtype's min makes a blocked weight exp(.) = 0.
+    additive = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device)
+    additive.masked_fill_(~allowed, torch.finfo(model.dtype).min)
+    return body | {"attention_mask": additive}
+
+
 class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     """Trains a causal LM with the exact token-weighted loss of :class:`TokenWeightedLossMixin`.
 
@@ -147,7 +188,8 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     (``model.model``) for hidden states; the LM head and the cross-entropy run only on
     supervised positions, in checkpointed chunks
     (:func:`odb_lightning.lit.lm_head.chunked_lm_loss`). Every input except ``labels``
-    (``attention_mask``, ``position_ids`` of packed rows, ...) goes to the body unchanged.
+    goes to the body; a packed row's ``cu_seqlens`` becomes its block-diagonal attention
+    (:func:`body_inputs`).
 
     Args:
         pretrained_path: Local checkpoint directory, or ``None`` for a random init.
@@ -173,6 +215,10 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         scheduler: ``cosine`` or ``constant`` after warmup.
         decay_steps: Optimizer steps of warmup plus cosine; ``None`` takes the trainer's
             estimate (``trainer.max_steps`` when set).
+        tokens_per_step: Step the optimizer once the global supervised tokens since the
+            last step reach this (token-target steps, see
+            :mod:`odb_lightning.lit.token_target`); ``None`` steps every
+            ``trainer.accumulate_grad_batches`` micro-batches.
     """
 
     def __init__(
@@ -197,8 +243,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         min_lr_ratio: float = 0.1,
         scheduler: LRSchedule | str = LRSchedule.COSINE,
         decay_steps: int | None = None,
+        tokens_per_step: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(tokens_per_step=tokens_per_step)
         self.save_hyperparameters()
         _check_arguments(token_id_fold, pretrained_path, loss_chunk_tokens, lr, betas, min_lr_ratio)
         self.token_id_fold = token_id_fold
@@ -230,9 +277,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")
         if self.token_id_fold is not None:
             inputs = fold_token_ids(inputs, self.token_id_fold)
-        body_inputs = {key: value for key, value in inputs.items() if key != "labels"}
         body = self.model.get_decoder()
-        hidden = body(**body_inputs, use_cache=False).last_hidden_state
+        kwargs = body_inputs(inputs, self.model, self.hparams.attn_implementation)
+        hidden = body(**kwargs, use_cache=False).last_hidden_state
         return chunked_lm_loss(
             hidden, inputs["labels"], self.model.get_output_embeddings(), self.loss_chunk_tokens
         )
@@ -280,8 +327,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     def _schedule(self) -> Callable[[int], float]:
         """The LR multiplier by optimizer step.
 
-        The cosine runs over ``decay_steps``, else over the trainer's estimated steps,
-        else (ODB epochs have no length before they run) over the planned samples:
+        The cosine runs over ``decay_steps``, else over the trainer's estimated steps
+        (``max_steps`` alone with ``tokens_per_step``), else (ODB epochs have no length
+        before they run) over the planned samples:
         ``progress = samples seen / (training samples x max_epochs)``, a sample-budget
         schedule that closes exactly because every sample is emitted once per epoch.
         """
@@ -293,8 +341,13 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         )
         if self.decay_steps is not None or self.scheduler is LRSchedule.CONSTANT:
             return partial(factor, decay_steps=self.decay_steps or 0)
-        # Lightning answers max_steps (-1 when unset) for a loader without a length.
-        estimate = self.trainer.estimated_stepping_batches
+        # Lightning answers max_steps (-1 when unset) for a loader without a length. With
+        # tokens_per_step, token counts close the steps: batches say nothing of their number.
+        estimate = (
+            self.trainer.estimated_stepping_batches
+            if self.tokens_per_step is None
+            else self.trainer.max_steps
+        )
         if not math.isinf(estimate) and estimate > 0:
             return partial(factor, decay_steps=int(estimate))
         planned = self._planned_samples()

@@ -1,0 +1,109 @@
+"""Token-target optimizer steps: step once the step's global supervised tokens reach N.
+
+With ``tokens_per_step=N`` micro-batches are accumulated until the *global* supervised-token
+count since the last optimizer step reaches ``N``; the step then closes on the micro-batch
+:func:`odb_lightning.core.loss_weights.token_target_boundaries` predicts (a trailing
+partial step is closed by the epoch's last micro-batch). The decision is taken from
+counts every rank knows alike, so every rank steps at the same micro-batch.
+
+How it runs on Lightning's automatic optimization (Lightning 2.6, read from its source):
+
+* The decision is made in ``on_train_batch_start``, before the batch runs, by setting the
+  public ``trainer.accumulate_grad_batches`` (as Lightning's own
+  ``GradientAccumulationScheduler`` and ``StochasticWeightAveraging`` callbacks do): ``1``
+  on a closing micro-batch, :data:`HOLD_ACCUMULATE_GRAD_BATCHES` on the others. After the
+  ``k``-th batch of an epoch the training epoch loop steps iff ``k % accumulate_grad_batches
+  == 0`` or the batch is the epoch's last (``_should_accumulate``), so:
+* The optimizer steps exactly on closing micro-batches and on the epoch's last one;
+  ``trainer.global_step`` counts those steps and the ``"step"``-interval LR scheduler steps
+  once after each (``update_lr_schedulers`` skips accumulating batches).
+* Under DDP, an accumulating micro-batch runs its whole closure (forward and backward)
+  inside ``_block_parallel_sync_behavior(strategy, block=True)``, i.e. DDP's ``no_sync``:
+  gradients are all-reduced once per optimizer step, by the closing micro-batch's backward.
+* Gradient clipping, AMP unscaling and ``on_before_optimizer_step`` (where the mixin
+  multiplies the gradients by ``1 / N``) run as for any automatic step.
+* Lightning divides the returned loss by ``accumulate_grad_batches``; the mixin already
+  multiplies by it, and both factors are powers of two, so the product is exact.
+* Lightning zeroes gradients before the backward of a batch whose index is a multiple of
+  ``accumulate_grad_batches``, which would wipe the accumulated gradients on a closing
+  micro-batch (``1`` divides every index); the mixin's ``optimizer_zero_grad`` is
+  therefore a no-op in this mode and gradients are zeroed right after each step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from odb_lightning.runtime.batch import ODBBatch
+
+HOLD_ACCUMULATE_GRAD_BATCHES = 2**40
+"""``accumulate_grad_batches`` of a micro-batch that does not close a step: larger than any
+batch count of an epoch, so Lightning only steps on it at the epoch's end."""
+
+
+def check_tokens_per_step(tokens_per_step: object) -> int | None:
+    """``tokens_per_step`` if it is a positive int or ``None``.
+
+    Raises:
+        ValueError: Naming the Hydra key ``model.tokens_per_step``.
+    """
+    if tokens_per_step is None:
+        return None
+    if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int):
+        raise ValueError(
+            f"model.tokens_per_step must be a positive int or null, got {tokens_per_step!r}"
+        )
+    if tokens_per_step < 1:
+        raise ValueError(
+            f"model.tokens_per_step must be a positive int or null, got {tokens_per_step}"
+        )
+    return tokens_per_step
+
+
+def check_token_target_trainer(trainer: pl.Trainer) -> None:
+    """Refuse trainer settings that would fight over when the optimizer steps.
+
+    Raises:
+        ValueError: If ``trainer.accumulate_grad_batches`` is not 1, or the strategy
+            accumulates gradients itself (DeepSpeed).
+    """
+    if trainer.accumulate_grad_batches != 1:
+        raise ValueError(
+            "model.tokens_per_step decides when the optimizer steps; set "
+            f"trainer.accumulate_grad_batches=1 (got {trainer.accumulate_grad_batches})"
+        )
+    if trainer.strategy.handles_gradient_accumulation:
+        raise ValueError(
+            f"model.tokens_per_step is not supported with {type(trainer.strategy).__name__}, "
+            "which accumulates gradients itself"
+        )
+
+
+def global_loss_tokens_of(batch: Any, trainer: pl.Trainer, device: torch.device) -> int:
+    """Supervised tokens of this micro-batch over all ranks, known before its forward.
+
+    ODB batches carry the count in ``meta.global_loss_tokens`` (from the alignment
+    exchange: no collective). Planned modes (``standard``, ``sorted``, ...) carry only
+    ``meta.local_loss_tokens``: it is summed over ranks with one all-reduce per
+    micro-batch, which every rank takes alike (all ranks get the same kind of batches).
+
+    Raises:
+        ValueError: For a batch without step metadata (a plain dict): its count would need
+            the labels' layout, which the loss mixin does not know.
+    """
+    if not isinstance(batch, ODBBatch):
+        raise ValueError(
+            "model.tokens_per_step needs step metadata beside the inputs (an ODBBatch, as "
+            "every batching mode of ODBDataModule yields) to count supervised tokens before "
+            f"the forward; got a {type(batch).__name__} batch"
+        )
+    meta = batch.meta
+    if meta.global_loss_tokens is not None:
+        return int(meta.global_loss_tokens)
+    if trainer.world_size == 1:
+        return meta.local_loss_tokens
+    count = torch.tensor(meta.local_loss_tokens, device=device)
+    return int(trainer.strategy.reduce(count, reduce_op="sum").item())
