@@ -3,11 +3,14 @@
 SPEC 3.3: an N-rank dynamic run (with accumulation) produces the same gradient as one
 process on the union batch (relative error <= 1e-5 in float64).
 
-How it runs: the test starts this file as a script (``python test_exact_loss_ddp.py
-OUT_DIR``), which builds a ``pl.Trainer(devices=2, strategy=ODBStrategy(gloo),
-accumulate_grad_batches=2)``; Lightning's subprocess launcher re-runs the script for rank 1
-(``LOCAL_RANK=1``), exactly as it does for ``python train.py trainer=ddp_cpu``. The model is
-wrapped in ``DistributedDataParallel`` and its gradients are all-reduced by gloo.
+How it runs: the test starts this file as a script under ``python -m
+torch.distributed.run --standalone --nproc_per_node 2`` (torchrun; both ranks start, and
+import, at once: about 10 s less than Lightning's own launcher, which starts rank 1 only
+once rank 0 has imported everything and is in ``fit``; that launcher is covered by the
+``trainer=ddp_cpu`` runs of ``test_train.py`` and ``test_sweep.py``). Each rank builds a
+``pl.Trainer(devices=2, strategy=ODBStrategy(process_group_backend="gloo"),
+accumulate_grad_batches=2)``; Lightning takes the ranks from torchrun's environment, wraps
+the model in ``DistributedDataParallel`` and gloo all-reduces its gradients.
 
 How gradients are captured: the module trains with ``SGD(lr=1)`` and no clipping, and
 snapshots its flat parameters and gradients in its own ``on_before_optimizer_step`` right
@@ -200,7 +203,7 @@ class PerRankMeanModule(RecordingModule):
 
 
 def fit_on_both_ranks(module_class: type[RecordingModule], out_dir: Path) -> None:
-    """One rank's part of the 2-process run; writes ``{class}_rank{r}.pt``."""
+    """One rank's part of the 2-process job; writes ``{class}_rank{r}.pt``."""
     torch.manual_seed(0)  # the same initial weights on both ranks
     module = module_class()
     trainer = pl.Trainer(
@@ -271,16 +274,14 @@ def rel_err(actual: Tensor, expected: Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    """Run the 2-process script once; the records of both modules, by rank."""
+    """Run the 2-process job once (torchrun); the records of both modules, by rank."""
     out_dir = tmp_path_factory.mktemp("exact_loss_ddp")
     # A clean environment: no rank or rendezvous variables leak in from outside.
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
+    leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in leaks}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out_dir)],
+        [*torchrun, f"--nproc_per_node={WORLD_SIZE}", str(Path(__file__).resolve()), str(out_dir)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -340,7 +341,7 @@ def test_control_per_rank_mean_loss_misses_the_union_gradient(
 
 
 if __name__ == "__main__":
-    # Rank 0 is started by the test; Lightning re-runs this file for rank 1. Both fit the
-    # two modules one after the other (the second fit reuses the process group).
+    # Started by torchrun on both ranks: each fits the two modules one after the other
+    # (the second fit reuses the process group).
     for module_class in (RecordingModule, PerRankMeanModule):
         fit_on_both_ranks(module_class, Path(sys.argv[1]))

@@ -156,6 +156,7 @@ def offline_env(tripwire: Tripwire) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow  # two training jobs: about 45-60 s on 2 cores
 def test_sweep_jobs_each_get_an_offline_wandb_run_with_the_summary(
     tmp_path: Path, tripwire: Tripwire
 ) -> None:
