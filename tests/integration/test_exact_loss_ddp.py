@@ -33,10 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -44,9 +42,19 @@ from typing_extensions import override
 
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.lit.strategy import ODBStrategy
-from odb_lightning.runtime.batch import ODBBatch, StepMeta
+from odb_lightning.runtime.batch import ODBBatch
+from tiny_lm import (
+    flat_grad,
+    flat_params,
+    hand_over,
+    make_sample,
+    quiet_trainer,
+    rel_err,
+    step_batches,
+    tiny_arguments,
+    union_gradient,
+)
 
-VOCAB = 256
 WORLD_SIZE = 2
 ACCUMULATE = 2
 OPTIMIZER_STEPS = 2
@@ -72,90 +80,18 @@ IDLE = {(1, 1)}
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_sample(length: int, prompt: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Token ids and labels with the first ``prompt`` positions unsupervised."""
-    ids = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
-    labels = ids.clone()
-    labels[:prompt] = -100
-    return ids, labels
-
-
-def pad(samples: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
-    """Right-padded batch: pad id 0, mask 0, label -100."""
-    width = max(len(ids) for ids, _ in samples)
-    batch = {
-        "input_ids": torch.zeros(len(samples), width, dtype=torch.long),
-        "attention_mask": torch.zeros(len(samples), width, dtype=torch.long),
-        "labels": torch.full((len(samples), width), -100, dtype=torch.long),
-    }
-    for row, (ids, labels) in enumerate(samples):
-        batch["input_ids"][row, : len(ids)] = ids
-        batch["attention_mask"][row, : len(ids)] = 1
-        batch["labels"][row, : len(ids)] = labels
-    return batch
-
-
-def loss_tokens(batch: dict[str, Tensor]) -> int:
-    return int((batch["labels"][:, 1:] != -100).sum())
-
-
 def rank_batches(rank: int) -> list[ODBBatch]:
     """Rank ``rank``'s micro-batches with the metadata the ODB runtime would give them:
     ``global_loss_tokens`` is the true count over both ranks at each step position."""
-    padded = [[pad([make_sample(*s) for s in micro]) for micro in rank] for rank in SAMPLES]
-    counts = [
-        [0 if (r, k) in IDLE else loss_tokens(b) for k, b in enumerate(batches)]
-        for r, batches in enumerate(padded)
-    ]
-    batches = []
-    for k, inputs in enumerate(padded[rank]):
-        idle = (rank, k) in IDLE
-        samples = 0 if idle else len(SAMPLES[rank][k])
-        global_samples = sum(len(SAMPLES[r][k]) for r in range(WORLD_SIZE) if (r, k) not in IDLE)
-        global_tokens = sum(counts[r][k] for r in range(WORLD_SIZE))
-        meta = StepMeta(
-            sample_ids=(),
-            is_idle=idle,
-            local_samples=samples,
-            local_real_tokens=0,
-            local_padded_tokens=0,
-            local_loss_tokens=counts[rank][k],
-            global_samples=global_samples,
-            global_loss_tokens=global_tokens,
-            round_index=0,
-            step=k,
-            epoch=0,
-        )
-        batches.append(ODBBatch(inputs, meta))
-    return batches
-
-
-def flat_params(module: torch.nn.Module) -> Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
-
-
-def flat_grad(module: torch.nn.Module) -> Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in module.parameters()]).clone()
-
-
-def hand_over(batch: ODBBatch) -> ODBBatch:
-    return batch
+    samples = [[[make_sample(*s) for s in micro] for micro in micros] for micros in SAMPLES]
+    return step_batches(samples, IDLE)[rank]
 
 
 class RecordingModule(CausalLMModule):
     """A float64 tiny causal LM on SGD(lr=1) that records what each optimizer step used."""
 
     def __init__(self) -> None:
-        super().__init__(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            model_dtype="float64",
-            loss_chunk_tokens=4,
-        )
+        super().__init__(**tiny_arguments(loss_chunk_tokens=4))
         self.steps: list[dict[str, Tensor]] = []
         self.final_params: Tensor | None = None
         self.wrapped_in_ddp = False
@@ -206,7 +142,7 @@ def fit_on_both_ranks(module_class: type[RecordingModule], out_dir: Path) -> Non
     """One rank's part of the 2-process job; writes ``{class}_rank{r}.pt``."""
     torch.manual_seed(0)  # the same initial weights on both ranks
     module = module_class()
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
         strategy=ODBStrategy(process_group_backend="gloo"),
@@ -216,10 +152,6 @@ def fit_on_both_ranks(module_class: type[RecordingModule], out_dir: Path) -> Non
         use_distributed_sampler=False,
         limit_val_batches=0,
         num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module)
     torch.save(
@@ -238,38 +170,19 @@ def fit_on_both_ranks(module_class: type[RecordingModule], out_dir: Path) -> Non
 # -- the test (pytest process) ------------------------------------------------------------
 
 
-def union_gradient(params: Tensor, step: int) -> tuple[Tensor, float]:
+def step_gradient(params: Tensor, step: int) -> tuple[Tensor, float]:
     """Gradient and value of the global per-token mean loss of optimizer step ``step``:
     every real sample of both ranks' micro-batches of that step, one process, one batch,
     full logits from the Hugging Face forward."""
-    torch.manual_seed(0)
-    reference = RecordingModule()
-    torch.nn.utils.vector_to_parameters(params, reference.parameters())
     micro_batches = range(step * ACCUMULATE, (step + 1) * ACCUMULATE)
-    union = pad(
-        [
-            make_sample(*spec)
-            for rank in range(WORLD_SIZE)
-            for k in micro_batches
-            if (rank, k) not in IDLE
-            for spec in SAMPLES[rank][k]
-        ]
-    )
-    logits = reference.model(
-        input_ids=union["input_ids"], attention_mask=union["attention_mask"]
-    ).logits
-    loss = F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]),
-        union["labels"][:, 1:].reshape(-1),
-        ignore_index=-100,
-        reduction="sum",
-    ) / loss_tokens(union)
-    loss.backward()
-    return flat_grad(reference), loss.item()
-
-
-def rel_err(actual: Tensor, expected: Tensor) -> float:
-    return float((actual - expected).norm() / expected.norm())
+    union = [
+        make_sample(*spec)
+        for rank in range(WORLD_SIZE)
+        for k in micro_batches
+        if (rank, k) not in IDLE
+        for spec in SAMPLES[rank][k]
+    ]
+    return union_gradient(RecordingModule(), union, params)
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +192,10 @@ def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     # A clean environment: no rank or rendezvous variables leak in from outside.
     leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in leaks}
+    # The ranks import this file as a script: put tests/ (tiny_lm) on their path.
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])
+    )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     done = subprocess.run(
         [*torchrun, f"--nproc_per_node={WORLD_SIZE}", str(Path(__file__).resolve()), str(out_dir)],
@@ -321,7 +238,7 @@ def test_two_rank_ddp_gradient_equals_union_batch_gradient(
             else rank0["final_params"]
         )
         assert rel_err(params - after, grad0) <= 1e-10
-        expected, expected_loss = union_gradient(params, step)
+        expected, expected_loss = step_gradient(params, step)
         assert rel_err(grad0, expected) <= 1e-5
         assert rel_err(params - after, expected) <= 1e-5
     # The logged train/loss of the last step is the union's per-token mean (sync_dist
@@ -336,7 +253,7 @@ def test_control_per_rank_mean_loss_misses_the_union_gradient(
     for step in range(OPTIMIZER_STEPS):
         grad = rank0["steps"][step]["grad"]
         assert torch.equal(grad, rank1["steps"][step]["grad"])  # DDP still agrees
-        expected, _ = union_gradient(rank0["steps"][step]["params"], step)
+        expected, _ = step_gradient(rank0["steps"][step]["params"], step)
         assert rel_err(grad, expected) > 1e-2
 
 

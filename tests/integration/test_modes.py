@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
+from test_train import read_audit, train
 
 from odb_lightning.core.order import epoch_permutation
-from test_train import read_audit, train
 
 BUDGET = 4096  # experiment=sharegpt_odb's token budget
 

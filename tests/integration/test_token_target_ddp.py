@@ -10,23 +10,19 @@ micro-batches all-reduce gradients (Lightning itself registers such hooks on CUD
 
 from __future__ import annotations
 
-import copy
 import multiprocessing
 import os
 import queue
 import time
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -34,7 +30,17 @@ from typing_extensions import override
 from odb_lightning.core.loss_weights import token_target_boundaries
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.lit.strategy import ODBStrategy
-from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
+from odb_lightning.runtime.batch import ODBBatch
+from tiny_lm import (
+    flat_grad,
+    flat_params,
+    hand_over,
+    make_sample,
+    quiet_trainer,
+    step_batches,
+    tiny_module,
+    union_gradient,
+)
 
 VOCAB = 128
 WORLD_SIZE = 2
@@ -48,59 +54,35 @@ RANK_LENGTHS: list[list[list[int] | None]] = [
 
 def rank_samples(rank: int, step: int) -> list[tuple[Tensor, Tensor]]:
     lengths = RANK_LENGTHS[rank][step] or []
-    samples = []
-    for position, length in enumerate(lengths):
-        seed = 1000 * rank + 10 * step + position
-        ids = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
-        labels = ids.clone()
-        labels[: length // 3] = -100
-        samples.append((ids, labels))
-    return samples
-
-
-def pad(samples: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
-    return pad_collate([{"input_ids": ids, "labels": labels} for ids, labels in samples])
-
-
-def loss_tokens(batch: dict[str, Tensor]) -> int:
-    return int((batch["labels"][:, 1:] != -100).sum())
-
-
-def local_counts(rank: int) -> list[int]:
     return [
-        0 if lengths is None else loss_tokens(pad(rank_samples(rank, step)))
-        for step, lengths in enumerate(RANK_LENGTHS[rank])
+        make_sample(length, length // 3, seed=1000 * rank + 10 * step + position, vocab=VOCAB)
+        for position, length in enumerate(lengths)
     ]
 
 
-def global_counts() -> list[int]:
-    """What the alignment exchange tells every rank: the step position's total."""
-    return [sum(step) for step in zip(*(local_counts(r) for r in range(WORLD_SIZE)), strict=True)]
+def all_rank_batches() -> list[list[ODBBatch]]:
+    """Every rank's micro-batches; ``global_loss_tokens`` is the step position's total, as
+    the alignment exchange tells every rank."""
+    return step_batches(
+        [
+            [
+                None if lengths is None else rank_samples(rank, step)
+                for step, lengths in enumerate(steps)
+            ]
+            for rank, steps in enumerate(RANK_LENGTHS)
+        ]
+    )
 
 
-def rank_batches(rank: int) -> list[ODBBatch]:
-    batches = []
-    for step, (lengths, count, total) in enumerate(
-        zip(RANK_LENGTHS[rank], local_counts(rank), global_counts(), strict=True)
-    ):
-        idle = lengths is None
-        inputs = pad_collate([idle_sample(0)]) if idle else pad(rank_samples(rank, step))
-        size = 0 if idle else len(lengths)
-        meta = StepMeta((), idle, size, 0, 0, count, 0, total, 0, step, 0)
-        batches.append(ODBBatch(inputs, meta))
-    return batches
-
-
-def tiny_module(module_class: type[CausalLMModule] = CausalLMModule) -> CausalLMModule:
-    torch.manual_seed(0)
-    return module_class(
+def small_module(module_class: type[CausalLMModule] = CausalLMModule) -> CausalLMModule:
+    return tiny_module(
+        module_class,
         vocab_size=VOCAB,
         hidden_size=16,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=32,
-        model_dtype="float64",
         lr=1e-2,
         scheduler="constant",
         tokens_per_step=TOKENS_PER_STEP,
@@ -143,8 +125,7 @@ class StepRecorder(CausalLMModule):
     @override
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         super().on_before_optimizer_step(optimizer)  # scales the gradients by 1 / N
-        grad = torch.cat([p.grad.reshape(-1) for p in self.parameters()])
-        params = parameters_to_vector(self.parameters()).detach()
+        params, grad = flat_params(self), flat_grad(self)
         self.steps.append((self.all_reduce_log.batch_index, params.numpy(), grad.numpy()))
 
 
@@ -152,29 +133,25 @@ def train_rank(rank: int) -> dict[str, Any]:
     """One rank's fit; what it reports (numpy arrays pickle by value)."""
     torch.set_num_threads(1)  # two ranks on two cores
     log = AllReduceLog()
-    module = tiny_module(StepRecorder)
+    module = small_module(StepRecorder)
     module.all_reduce_log, module.steps = log, []
     strategy = ODBStrategy(process_group_backend="gloo")
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
         strategy=strategy,
         max_epochs=1,
         gradient_clip_val=1.0,
         use_distributed_sampler=False,  # each rank has its own micro-batches
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
     )
-    loader = DataLoader(rank_batches(rank), batch_size=None, collate_fn=lambda batch: batch)
+    loader = DataLoader(all_rank_batches()[rank], batch_size=None, collate_fn=hand_over)
     trainer.fit(module, train_dataloaders=loader)
     return {
         "steps": [(index, params.copy(), grad.copy()) for index, params, grad in module.steps],
         "reduced_at": log.reduced_at,
         "global_step": trainer.global_step,
-        "final": parameters_to_vector(module.parameters()).detach().numpy().copy(),
+        "final": flat_params(module).numpy(),
     }
 
 
@@ -226,27 +203,10 @@ def run_ranks(timeout_s: float) -> dict[int, dict[str, Any]]:
     return reports
 
 
-def union_gradient(params: np.ndarray, samples: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """Gradient of the per-token mean loss over ``samples`` at ``params``, one process."""
-    reference = copy.deepcopy(tiny_module())
-    vector_to_parameters(torch.from_numpy(params), reference.parameters())
-    union = pad(samples)
-    logits = reference.model(
-        input_ids=union["input_ids"], attention_mask=union["attention_mask"]
-    ).logits
-    loss = F.cross_entropy(
-        logits[:, :-1].reshape(-1, VOCAB),
-        union["labels"][:, 1:].reshape(-1),
-        ignore_index=-100,
-        reduction="sum",
-    )
-    (loss / loss_tokens(union)).backward()
-    return torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
-
-
 @pytest.mark.slow  # 10-22 s on two cores, most of it the forkserver importing Lightning
 def test_two_ranks_step_together_and_reduce_once_per_optimizer_step() -> None:
-    boundaries = token_target_boundaries(global_counts(), TOKENS_PER_STEP)
+    global_counts = [batch.meta.global_loss_tokens for batch in all_rank_batches()[0]]
+    boundaries = token_target_boundaries(global_counts, TOKENS_PER_STEP)
     assert len(boundaries) >= 3 and boundaries != list(range(len(boundaries)))  # accumulates
     reports = run_ranks(timeout_s=90)
 
@@ -269,6 +229,6 @@ def test_two_ranks_step_together_and_reduce_once_per_optimizer_step() -> None:
             for step in range(start, end + 1)
             for sample in rank_samples(rank, step)
         ]
-        expected = union_gradient(params, window)
+        expected, _ = union_gradient(small_module(), window, torch.from_numpy(params))
         error = (torch.from_numpy(grad) - expected).norm() / expected.norm()
         assert float(error) <= 1e-5

@@ -10,95 +10,27 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-import lightning.pytorch as pl
 import pytest
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
+from tiny_lm import (
+    fit_on_cpu,
+    flat_grad,
+    full_loss_sum,
+    loss_tokens,
+    make_sample,
+    pad,
+    rel_err,
+    step_batches,
+    tiny_module,
+    union_gradient,
+)
 
-VOCAB = 256
-
-
-def tiny_module(**overrides: object) -> CausalLMModule:
-    torch.manual_seed(0)
-    arguments = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        model_dtype="float64",
-        loss_chunk_tokens=5,
-        lr=1e-3,
-    )
-    arguments.update(overrides)
-    return CausalLMModule(**arguments)
-
-
-def make_sample(length: int, prompt: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Token ids and labels with the first ``prompt`` positions unsupervised."""
-    ids = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
-    labels = ids.clone()
-    labels[:prompt] = -100
-    return ids, labels
-
-
-def pad(samples: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
-    """Right-padded batch: pad id 0, mask 0, label -100."""
-    width = max(len(ids) for ids, _ in samples)
-    batch = {
-        "input_ids": torch.zeros(len(samples), width, dtype=torch.long),
-        "attention_mask": torch.zeros(len(samples), width, dtype=torch.long),
-        "labels": torch.full((len(samples), width), -100, dtype=torch.long),
-    }
-    for row, (ids, labels) in enumerate(samples):
-        batch["input_ids"][row, : len(ids)] = ids
-        batch["attention_mask"][row, : len(ids)] = 1
-        batch["labels"][row, : len(ids)] = labels
-    return batch
-
-
-def loss_tokens(batch: dict[str, Tensor]) -> int:
-    return int((batch["labels"][:, 1:] != -100).sum())
-
-
-def full_loss_sum(module: CausalLMModule, batch: dict[str, Tensor]) -> Tensor:
-    """Reference: full logits from the HF forward, then summed cross-entropy."""
-    logits = module.model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-    ).logits
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]),
-        batch["labels"][:, 1:].reshape(-1),
-        ignore_index=-100,
-        reduction="sum",
-    )
-
-
-def flat_grad(module: torch.nn.Module) -> Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in module.parameters()])
-
-
-def rel_err(actual: Tensor, expected: Tensor) -> float:
-    return float((actual - expected).norm() / expected.norm())
-
-
-def union_gradient(
-    base: CausalLMModule, samples: list[tuple[Tensor, Tensor]]
-) -> tuple[Tensor, float]:
-    """Gradient and value of the global per-token mean loss, one process, one batch."""
-    reference = copy.deepcopy(base)
-    union = pad(samples)
-    loss = full_loss_sum(reference, union) / loss_tokens(union)
-    loss.backward()
-    return flat_grad(reference), loss.item()
+ARGUMENTS = {"loss_chunk_tokens": 5, "lr": 1e-3}
 
 
 # Two ranks, two accumulated micro-batches each, uneven sizes; rank 1's second micro-batch
@@ -111,25 +43,26 @@ IDLE = {(1, 1)}
 
 
 def simulated_rank_batches() -> list[list[ODBBatch]]:
-    batches = {
-        (rank, step): pad([make_sample(*spec) for spec in micro])
+    samples = [
+        [[make_sample(*spec) for spec in micro] for micro in micros] for micros in RANK_SAMPLES
+    ]
+    return step_batches(samples, IDLE)
+
+
+def real_samples() -> list[tuple[Tensor, Tensor]]:
+    """Every sample of the non-IDLE micro-batches: the union batch."""
+    return [
+        make_sample(*spec)
         for rank, micros in enumerate(RANK_SAMPLES)
         for step, micro in enumerate(micros)
-    }
-    counts = {key: 0 if key in IDLE else loss_tokens(b) for key, b in batches.items()}
-    world_steps = [sum(counts[(r, k)] for r in range(2)) for k in range(2)]
-
-    def meta(rank: int, step: int) -> StepMeta:
-        idle = (rank, step) in IDLE
-        count = counts[(rank, step)]
-        return StepMeta((), idle, 0, 0, 0, count, 0, world_steps[step], 0, step, 0)
-
-    return [[ODBBatch(batches[(r, k)], meta(r, k)) for k in range(2)] for r in range(2)]
+        if (rank, step) not in IDLE
+        for spec in micro
+    ]
 
 
 def test_two_rank_accumulated_gradient_equals_union_batch_gradient() -> None:
     world, accumulate = 2, 2
-    base = tiny_module()
+    base = tiny_module(**ARGUMENTS)
     replicas = [copy.deepcopy(base) for _ in range(world)]
     for replica, batches in zip(replicas, simulated_rank_batches(), strict=True):
         replica.trainer = SimpleNamespace(world_size=world, accumulate_grad_batches=accumulate)
@@ -143,13 +76,7 @@ def test_two_rank_accumulated_gradient_equals_union_batch_gradient() -> None:
             p.grad = mean.clone()
     logged = [replica.scale_accumulated_gradients() for replica in replicas]
 
-    real = [
-        make_sample(*spec)
-        for rank, micros in enumerate(RANK_SAMPLES)
-        for step, micro in enumerate(micros)
-        if (rank, step) not in IDLE
-        for spec in micro
-    ]
+    real = real_samples()
     expected_grad, expected_loss = union_gradient(base, real)
     assert rel_err(flat_grad(replicas[0]), expected_grad) <= 1e-5
     assert rel_err(flat_grad(replicas[1]), expected_grad) <= 1e-5
@@ -159,27 +86,23 @@ def test_two_rank_accumulated_gradient_equals_union_batch_gradient() -> None:
 
 def test_a_per_rank_mean_would_not_match() -> None:
     """Control: the classic mean-per-rank loss misses the union gradient on these batches."""
-    base = tiny_module()
+    base = tiny_module(**ARGUMENTS)
     rank_batches = simulated_rank_batches()
     replicas = [copy.deepcopy(base) for _ in range(2)]
     for replica, batches in zip(replicas, rank_batches, strict=True):
         for batch in batches:
             if not batch.meta.is_idle:
-                (full_loss_sum(replica, batch.inputs) / loss_tokens(batch.inputs) / 2).backward()
+                (
+                    full_loss_sum(replica.model, batch.inputs) / loss_tokens(batch.inputs) / 2
+                ).backward()
     averaged = (flat_grad(replicas[0]) + flat_grad(replicas[1])) / 2
-    real = [
-        make_sample(*spec)
-        for rank, micros in enumerate(RANK_SAMPLES)
-        for step, micro in enumerate(micros)
-        if (rank, step) not in IDLE
-        for spec in micro
-    ]
+    real = real_samples()
     expected_grad, _ = union_gradient(base, real)
     assert rel_err(averaged, expected_grad) > 1e-2
 
 
 def test_idle_step_gives_exactly_zero_gradients_for_every_parameter() -> None:
-    module = tiny_module(tie_word_embeddings=False)
+    module = tiny_module(**ARGUMENTS, tie_word_embeddings=False)
     module.trainer = SimpleNamespace(world_size=2, accumulate_grad_batches=1)
     # The runtime's one-token IDLE dummy has no supervised token; the untied head must
     # still take part in backward (DDP expects a gradient for every parameter).
@@ -194,7 +117,7 @@ def test_idle_step_gives_exactly_zero_gradients_for_every_parameter() -> None:
 
 
 def test_metadata_disagreeing_with_labels_raises() -> None:
-    module = tiny_module()
+    module = tiny_module(**ARGUMENTS)
     module.trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1)
     batch = pad([make_sample(6, 2, 8)])
     wrong = StepMeta((), False, 1, 6, 6, loss_tokens(batch) + 1, 1, 9, 0, 3, 0)
@@ -211,20 +134,6 @@ class GradientCapture(CausalLMModule):
         self.captured = flat_grad(self).clone()
 
 
-def capture_module() -> GradientCapture:
-    torch.manual_seed(0)
-    return GradientCapture(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        model_dtype="float64",
-        loss_chunk_tokens=4,
-    )
-
-
 @pytest.mark.parametrize("batch_kind", ["dict", "odb_with_idle"])
 def test_trainer_with_accumulation_sees_the_union_gradient(batch_kind: str) -> None:
     first = [make_sample(9, 3, 1), make_sample(6, 2, 2)]
@@ -239,22 +148,9 @@ def test_trainer_with_accumulation_sees_the_union_gradient(batch_kind: str) -> N
             ODBBatch(pad(second), StepMeta((), True, 0, 0, 0, 0, 0, 0, 0, 1, 0)),
         ]
         real = first
-    module = capture_module()
+    module = tiny_module(GradientCapture, loss_chunk_tokens=4)
     expected_grad, expected_loss = union_gradient(module, real)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=1,
-        accumulate_grad_batches=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-    # batch_size=None with an identity collate hands each prepared batch over as it is.
-    loader = DataLoader(batches, batch_size=None, collate_fn=lambda batch: batch)
-    trainer.fit(module, train_dataloaders=loader)
+    trainer = fit_on_cpu(module, batches, max_steps=1, accumulate_grad_batches=2)
     assert trainer.global_step == 1
     assert rel_err(module.captured, expected_grad) <= 1e-5
     assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(expected_loss, rel=1e-10)

@@ -5,71 +5,32 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader
 from transformers import Qwen2Config
 
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.module import CausalLMModule, LRSchedule, flops_per_token, lr_factor
-
-VOCAB = 256  # differs from every other dimension, so [*, VOCAB] tensors are logits
-
-
-def tiny_module(**overrides: object) -> CausalLMModule:
-    torch.manual_seed(0)
-    arguments = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        model_dtype="float64",
-    )
-    arguments.update(overrides)
-    return CausalLMModule(**arguments)
+from tiny_lm import (
+    VOCAB,
+    full_loss_sum,
+    grads_of,
+    hand_over,
+    loss_tokens,
+    pad,
+    quiet_trainer,
+    seeded_samples,
+    tiny_module,
+)
 
 
-def padded_batch(lengths: list[int], prompt: int = 2, vocab: int = VOCAB, seed: int = 0):
+def padded_batch(
+    lengths: list[int], prompt: int = 2, vocab: int = VOCAB, seed: int = 0
+) -> dict[str, Tensor]:
     """Right-padded batch of random samples whose first ``prompt`` labels are -100."""
-    generator = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    batch = {
-        "input_ids": torch.zeros(len(lengths), width, dtype=torch.long),
-        "attention_mask": torch.zeros(len(lengths), width, dtype=torch.long),
-        "labels": torch.full((len(lengths), width), -100, dtype=torch.long),
-    }
-    for row, length in enumerate(lengths):
-        ids = torch.randint(0, vocab, (length,), generator=generator)
-        batch["input_ids"][row, :length] = ids
-        batch["attention_mask"][row, :length] = 1
-        batch["labels"][row, prompt:length] = ids[prompt:]
-    return batch
-
-
-def full_loss_sum(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Reference: logits for every position, then summed cross-entropy."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]),
-        batch["labels"][:, 1:].reshape(-1),
-        ignore_index=-100,
-        reduction="sum",
-    )
-
-
-def count_loss_tokens(labels: Tensor) -> int:
-    return int((labels[:, 1:] != -100).sum())
-
-
-def grads_of(module: torch.nn.Module, loss: Tensor) -> Tensor:
-    module.zero_grad(set_to_none=True)
-    loss.backward()
-    return torch.cat([p.grad.reshape(-1).clone() for p in module.parameters()])
+    return pad(seeded_samples(lengths, prompt, seed, vocab))
 
 
 LENGTHS = [13, 7, 9]  # 11 + 5 + 7 = 23 supervised tokens: a prime, no chunk size divides it
@@ -82,7 +43,7 @@ def test_chunked_loss_and_gradients_equal_the_full_computation(chunk_tokens: int
     expected_loss = full_loss_sum(module.model, batch)
     expected_grad = grads_of(module, expected_loss)
     loss_sum, num_loss_tokens = module(batch)
-    assert num_loss_tokens == count_loss_tokens(batch["labels"]) == 23
+    assert num_loss_tokens == loss_tokens(batch) == 23
     assert float(loss_sum) == pytest.approx(float(expected_loss), rel=1e-10)
     grad = grads_of(module, loss_sum)
     assert float((grad - expected_grad).norm() / expected_grad.norm()) <= 1e-6
@@ -206,15 +167,9 @@ def test_validation_loss_is_token_weighted_over_batches() -> None:
     module = tiny_module()
     small, large = padded_batch([4], seed=1), padded_batch([20, 17], seed=2)
     sums = [full_loss_sum(module.model, b).item() for b in (small, large)]
-    counts = [count_loss_tokens(b["labels"]) for b in (small, large)]
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    loader = DataLoader([small, large], batch_size=None, collate_fn=lambda batch: batch)
+    counts = [loss_tokens(b) for b in (small, large)]
+    trainer = quiet_trainer(accelerator="cpu", devices=1)
+    loader = DataLoader([small, large], batch_size=None, collate_fn=hand_over)
     trainer.validate(module, dataloaders=loader, verbose=False)
     val_loss = float(trainer.callback_metrics["val/loss"])
     assert val_loss == pytest.approx(sum(sums) / sum(counts), rel=1e-6)

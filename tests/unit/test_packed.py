@@ -15,8 +15,7 @@ from odb_lightning.lit.datamodule import ODBDataModule
 from odb_lightning.lit.module import CausalLMModule, body_inputs
 from odb_lightning.runtime.batch import block_causal_mask, idle_sample, pack_collate, pad_collate
 from odb_lightning.runtime.samples import IGNORE_INDEX
-
-VOCAB = 256
+from tiny_lm import VOCAB, grads_of, loss_tokens, rel_err, seeded_samples, tiny_module
 
 
 def sample(ids: list[int], labels: list[int] | None = None) -> dict[str, Tensor]:
@@ -31,11 +30,6 @@ SAMPLES = [
     sample([21, 22, 23, 24, 25], [21, -100, 23, 24, 25]),
     sample([31], [31]),
 ]
-
-
-def supervised(labels: Tensor) -> int:
-    """Supervised tokens of a batch: the shifted labels that are not -100."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
 # -- pack_collate --------------------------------------------------------------------------
@@ -55,8 +49,8 @@ def test_pack_collate_shapes_and_values() -> None:
 
 def test_packing_keeps_the_supervised_token_count() -> None:
     per_sample = sum(int((s["labels"][1:] != IGNORE_INDEX).sum()) for s in SAMPLES)
-    assert supervised(pack_collate(SAMPLES)["labels"]) == per_sample == 5
-    assert supervised(pad_collate(SAMPLES, pad_id=0)["labels"]) == per_sample
+    assert loss_tokens(pack_collate(SAMPLES)) == per_sample == 5
+    assert loss_tokens(pad_collate(SAMPLES, pad_id=0)) == per_sample
 
 
 def test_pack_collate_without_labels_single_idle_and_empty() -> None:
@@ -87,31 +81,8 @@ def test_block_causal_mask() -> None:
 LENGTHS = [13, 7, 9, 4]  # 11 + 5 + 7 + 2 = 25 supervised tokens with a 2-token prompt
 
 
-def tiny_module(**overrides: object) -> CausalLMModule:
-    torch.manual_seed(0)
-    arguments = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        model_dtype="float64",
-        loss_chunk_tokens=6,
-    )
-    arguments.update(overrides)
-    return CausalLMModule(**arguments)
-
-
-def random_samples(lengths: list[int], prompt: int = 2, seed: int = 0) -> list[dict[str, Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for length in lengths:
-        ids = torch.randint(0, VOCAB, (length,), generator=generator)
-        labels = ids.clone()
-        labels[:prompt] = IGNORE_INDEX
-        samples.append({"input_ids": ids, "labels": labels})
-    return samples
+def random_samples(lengths: list[int]) -> list[dict[str, Tensor]]:
+    return [{"input_ids": ids, "labels": labels} for ids, labels in seeded_samples(lengths)]
 
 
 def logits_of(module: CausalLMModule, inputs: dict) -> Tensor:
@@ -128,30 +99,20 @@ def token_losses(module: CausalLMModule, inputs: dict) -> Tensor:
     return F.cross_entropy(logits[keep], targets[keep], reduction="none")
 
 
-def grads_of(module: torch.nn.Module, loss: Tensor) -> Tensor:
-    module.zero_grad(set_to_none=True)
-    loss.backward()
-    return torch.cat([p.grad.reshape(-1).clone() for p in module.parameters()])
-
-
-def relative_error(actual: Tensor, expected: Tensor) -> float:
-    return float((actual - expected).norm() / expected.norm())
-
-
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 def test_packed_equals_padded_losses_and_gradients(attn_implementation: str) -> None:
-    module = tiny_module(attn_implementation=attn_implementation)
+    module = tiny_module(loss_chunk_tokens=6, attn_implementation=attn_implementation)
     samples = random_samples(LENGTHS)
     padded, packed = pad_collate(samples, pad_id=0), pack_collate(samples, pad_id=0)
     with torch.no_grad():
         padded_tokens, packed_tokens = token_losses(module, padded), token_losses(module, packed)
     assert padded_tokens.numel() == packed_tokens.numel() == 25
-    assert relative_error(packed_tokens, padded_tokens) <= 1e-5
+    assert rel_err(packed_tokens, padded_tokens) <= 1e-5
     padded_sum, padded_count = module(padded)
     packed_sum, packed_count = module(packed)
     assert packed_count == padded_count == 25
     assert abs(float(packed_sum.detach() / padded_sum.detach()) - 1) <= 1e-5
-    assert relative_error(grads_of(module, packed_sum), grads_of(module, padded_sum)) <= 1e-5
+    assert rel_err(grads_of(module, packed_sum), grads_of(module, padded_sum)) <= 1e-5
 
 
 def logit_shifts(
@@ -169,7 +130,7 @@ def logit_shifts(
 
 
 def test_packed_samples_do_not_attend_to_each_other() -> None:
-    module = tiny_module()
+    module = tiny_module(loss_chunk_tokens=6)
     packed = pack_collate(random_samples(LENGTHS), pad_id=0)
     bounds = packed["cu_seqlens"].tolist()
     shifts = logit_shifts(module, packed, bounds, target=1)
@@ -185,7 +146,7 @@ def test_packed_samples_do_not_attend_to_each_other() -> None:
 
 
 def test_attention_layers_receive_the_block_mask_as_given() -> None:
-    module = tiny_module()
+    module = tiny_module(loss_chunk_tokens=6)
     packed = pack_collate(random_samples(LENGTHS), pad_id=0)
     seen: list[Tensor] = []
     for layer in module.model.get_decoder().layers:
@@ -199,7 +160,7 @@ def test_attention_layers_receive_the_block_mask_as_given() -> None:
 
 
 def test_flash_backends_get_varlen_kwargs_and_no_mask() -> None:
-    module = tiny_module()
+    module = tiny_module(loss_chunk_tokens=6)
     packed = pack_collate(SAMPLES)
     kwargs = body_inputs(packed, module.model, "flash_attention_2")
     assert set(kwargs) == {
@@ -250,4 +211,4 @@ def test_data_module_collates_by_mode(mode: BatchingMode) -> None:
     else:
         assert inputs["input_ids"].shape == (len(lengths), max(lengths))
         assert "position_ids" not in inputs and "attention_mask" in inputs
-    assert supervised(inputs["labels"]) == meta.local_loss_tokens
+    assert loss_tokens(inputs) == meta.local_loss_tokens
