@@ -1,0 +1,110 @@
+"""Every batching mode in real training, side by side: one table per length regime.
+
+For each regime (ShareGPT whole conversations, the 50/50 whole/first-exchange mix) and
+each mode, runs `train.py` with the same data, token budget and CPU benchmark model
+(`model=cpu_bench`: body-dominated FLOPs, real Qwen2.5 tokens and lengths), the modes
+interleaved, and records padding efficiency, steps per epoch, emitted samples/s, real
+tokens/s and the length-cache build time from each run's summary.json.
+
+    python experiments/modes/run.py [--samples 112] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+# odb_packed is left out on CPU: without varlen kernels its block-diagonal mask makes
+# attention dense over the whole packed row, (sum L)^2 per step (a 16k-token row costs
+# about 50x a padded step here); its padding efficiency is 1.0 by construction
+# (tests/integration/test_train_packed.py). Run it with --modes on a GPU with flash-attn.
+MODES = ("standard", "sorted", "bucketed", "oracle", "odb")
+REGIMES = ("whole", "mix")
+
+
+def run_mode(mode: str, regime: str, overrides: list[str], out_dir: Path) -> dict:
+    command = [
+        sys.executable,
+        "train.py",
+        f"batching={mode}",
+        f"data.regime={regime}",
+        f"hydra.run.dir={out_dir}",
+        *overrides,
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{mode}/{regime} failed:\n{done.stderr[-4000:]}")
+    return json.loads((out_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=112, help="records read per regime")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--token-budget", type=int, default=16384)
+    parser.add_argument("--out", type=Path, default=HERE / "runs")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    cache_dir = args.out / "length_cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)  # the first length-pass run builds it
+    overrides = [
+        "model=cpu_bench",
+        "logger=csv",
+        "data.max_seq_len=4096",
+        f"data.max_samples={args.samples}",
+        "data.val_samples=0",
+        f"data.length_cache_dir={cache_dir}",
+        f"batching.token_budget={args.token_budget}",
+        "batching.outstanding_depth=256",
+    ]
+    runs: dict[str, dict[str, list[dict]]] = {r: {m: [] for m in modes} for r in REGIMES}
+    for repeat in range(args.repeats):
+        for regime in REGIMES:
+            for mode in modes:
+                summary = run_mode(mode, regime, overrides, args.out / f"{regime}_{mode}_{repeat}")
+                runs[regime][mode].append(summary)
+                print(
+                    f"{regime:6s} {mode:10s} eff {summary['padding_efficiency']:.3f} "
+                    f"steps {summary['steps_per_rank']:4d} "
+                    f"{summary['emitted_samples_per_s']:.2f} samples/s",
+                    flush=True,
+                )
+    table = {
+        regime: {
+            mode: {
+                "padding_efficiency": found[0]["padding_efficiency"],
+                "steps": found[0]["steps_per_rank"],
+                "samples_per_s": statistics.median(s["emitted_samples_per_s"] for s in found),
+                "real_tokens_per_s": statistics.median(s["real_tokens_per_s"] for s in found),
+                "length_cache_s": found[0].get("length_cache_s"),
+            }
+            for mode, found in by_mode.items()
+        }
+        for regime, by_mode in runs.items()
+    }
+    report = {
+        "regimes": table,
+        "meta": {
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, 2 cores",
+            "repeats": args.repeats,
+            "command": "python experiments/modes/run.py " + " ".join(sys.argv[1:]),
+            "overrides": overrides,
+        },
+    }
+    (HERE / "results.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()
