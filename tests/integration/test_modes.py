@@ -1,8 +1,7 @@
-"""Every length-pass mode in a real 2-rank DDP run: each sample exactly once, equal step
-counts on both ranks, and every multi-sample batch within the budget the mode promises.
-
-Lengths come from the run's own length cache, so the budget check uses the exact
-post-pipeline lengths the planner saw.
+"""Every batching mode besides odb (covered in test_train.py) in a real 2-rank DDP run:
+each sample exactly once, equal step counts on both ranks, and the batch shape the mode
+promises: fixed batches of 8, multi-sample batches within the padded-token budget (checked
+against the exact lengths of the run's own length cache), or padding-free packed rows.
 """
 
 from __future__ import annotations
@@ -24,19 +23,21 @@ def cached_lengths(cache_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "mode",
+    "experiment",
     [
         "oracle",
         pytest.param("sorted", marks=pytest.mark.slow),
         pytest.param("bucketed", marks=pytest.mark.slow),
+        pytest.param("standard", marks=pytest.mark.slow),
+        pytest.param("packed", marks=pytest.mark.slow),
     ],
 )
-def test_length_pass_mode_under_ddp(mode: str, tmp_path: Path) -> None:
+def test_mode_under_ddp(experiment: str, tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     run_dir = tmp_path / "run"
     summary = train(
         run_dir,
-        f"experiment=sharegpt_{mode}",
+        f"experiment=sharegpt_{experiment}",
         "trainer=ddp_cpu",
         "audit_ids=true",
         f"data.length_cache_dir={cache_dir}",
@@ -45,11 +46,15 @@ def test_length_pass_mode_under_ddp(mode: str, tmp_path: Path) -> None:
     assert len(audit[0]) == len(audit[1]) == summary["steps_per_rank"]
     emitted = sorted(i for rank in audit for step in rank for i in step)
     assert emitted == sorted(epoch_permutation(80, 0, -1)[16:])  # debug=smoke split
-    lengths = cached_lengths(cache_dir)
-    for rank in audit:
-        for step in rank:
-            if mode == "sorted":
-                assert len(step) == 8  # 64 training samples: fixed batches of 8, no IDLE
-            elif len(step) > 1:
+    steps = [step for rank in audit for step in rank]
+    if experiment in ("sorted", "standard"):
+        assert all(len(step) == 8 for step in steps)  # 64 samples: 4 batches per rank
+    elif experiment == "packed":
+        assert summary["padding_efficiency"] == 1.0
+    else:
+        lengths = cached_lengths(cache_dir)
+        for step in steps:
+            if len(step) > 1:
                 assert len(step) * max(lengths[i] for i in step) <= BUDGET
-    assert summary["length_cache_s"] > 0  # built by this run
+    if experiment in ("sorted", "bucketed", "oracle"):
+        assert summary["length_cache_s"] > 0  # built by this run

@@ -8,29 +8,19 @@ first label dropped no target and added none.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from test_train import read_audit, train
+
+from odb_lightning.core.order import epoch_permutation
 
 
 def test_packed_run_is_padding_free_and_emits_every_sample_once(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "train.py",
-        "debug=smoke",
-        "experiment=sharegpt_packed",
-        "audit_ids=true",
-        f"hydra.run.dir={tmp_path}",
-    ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    steps = [json.loads(line) for line in (tmp_path / "emitted_ids_rank0.jsonl").open()]
-    # debug=smoke reads 80 records and holds 16 out for validation.
-    assert sorted(i for step in steps for i in step) == list(range(64))
+    summary = train(tmp_path, "experiment=sharegpt_packed", "audit_ids=true")
+    (steps,) = read_audit(tmp_path, 1)
+    # debug=smoke reads 80 records and holds out a seeded 16 for validation.
+    train_indices = sorted(epoch_permutation(80, 0, -1)[16:])
+    assert sorted(i for step in steps for i in step) == train_indices
     assert summary["mode"] == "odb_packed"
     assert summary["emitted_samples"] == 64 == summary["train_samples"]
     assert summary["steps_per_rank"] == len(steps) == summary["optimizer_steps"]
