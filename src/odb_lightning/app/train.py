@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import hydra
@@ -12,8 +11,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.validation import instantiate_checked, validate_config
 from odb_lightning.lit import strategy as _register_strategy  # noqa: F401  (registers odb_ddp)
-
-log = logging.getLogger(__name__)
 
 
 def instantiate_group(cfg: DictConfig | None) -> list[Any]:
