@@ -34,7 +34,7 @@ SAMPLES = [
 
 # -- pack_collate --------------------------------------------------------------------------
 def test_pack_collate_shapes_and_values() -> None:
-    batch = pack_collate(SAMPLES, pad_id=0)
+    batch = pack_collate(SAMPLES)
     assert "attention_mask" not in batch
     assert batch["input_ids"].tolist() == [[11, 12, 13, 21, 22, 23, 24, 25, 31]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 0]]
@@ -56,7 +56,7 @@ def test_packing_keeps_the_supervised_token_count() -> None:
 def test_pack_collate_without_labels_single_idle_and_empty() -> None:
     batch = pack_collate([sample([7, 8]), sample([9, 10, 11])])
     assert batch["labels"].tolist() == [[-100, 8, -100, 10, 11]]  # every token but firsts
-    idle = pack_collate([idle_sample(pad_id=3)], pad_id=3)
+    idle = pack_collate([idle_sample(pad_id=3)])
     assert idle["input_ids"].tolist() == [[3]] and idle["labels"].tolist() == [[-100]]
     assert idle["cu_seqlens"].tolist() == [0, 1] and idle["max_seqlen"] == 1
     with pytest.raises(ValueError):
@@ -103,7 +103,7 @@ def token_losses(module: CausalLMModule, inputs: dict) -> Tensor:
 def test_packed_equals_padded_losses_and_gradients(attn_implementation: str) -> None:
     module = tiny_module(loss_chunk_tokens=6, attn_implementation=attn_implementation)
     samples = random_samples(LENGTHS)
-    padded, packed = pad_collate(samples, pad_id=0), pack_collate(samples, pad_id=0)
+    padded, packed = pad_collate(samples, pad_id=0), pack_collate(samples)
     with torch.no_grad():
         padded_tokens, packed_tokens = token_losses(module, padded), token_losses(module, packed)
     assert padded_tokens.numel() == packed_tokens.numel() == 25
@@ -131,7 +131,7 @@ def logit_shifts(
 
 def test_packed_samples_do_not_attend_to_each_other() -> None:
     module = tiny_module(loss_chunk_tokens=6)
-    packed = pack_collate(random_samples(LENGTHS), pad_id=0)
+    packed = pack_collate(random_samples(LENGTHS))
     bounds = packed["cu_seqlens"].tolist()
     shifts = logit_shifts(module, packed, bounds, target=1)
     assert shifts[1] > 1e-3  # its own logits change
@@ -147,7 +147,7 @@ def test_packed_samples_do_not_attend_to_each_other() -> None:
 
 def test_attention_layers_receive_the_block_mask_as_given() -> None:
     module = tiny_module(loss_chunk_tokens=6)
-    packed = pack_collate(random_samples(LENGTHS), pad_id=0)
+    packed = pack_collate(random_samples(LENGTHS))
     seen: list[Tensor] = []
     for layer in module.model.get_decoder().layers:
         layer.self_attn.register_forward_pre_hook(

@@ -204,7 +204,7 @@ class ODBMetricsCallback(pl.Callback):
         return {
             k: float(v)
             for k, v in self.summary.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and v is not None
+            if isinstance(v, int | float) and not isinstance(v, bool)
         }
 
 

@@ -4,7 +4,6 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import statistics
 from collections.abc import Iterator
@@ -253,7 +252,7 @@ class ODBDataModule(pl.LightningDataModule):
         b = self.batching
         packed = b.mode is BatchingMode.ODB_PACKED
         # odb_packed emits each group as one padding-free row; odb keeps the default pad.
-        pack = functools.partial(pack_collate, pad_id=self.tokenizer.pad_id) if packed else None
+        pack = pack_collate if packed else None
         return ODBLoader(
             self.dataset,
             shard=TrainShard(self.train_indices, *self._world(), self.seed),

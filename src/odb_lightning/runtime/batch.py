@@ -118,15 +118,11 @@ def pad_collate(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def pack_collate(
-    samples: Sequence[Mapping[str, torch.Tensor]], pad_id: int = 0
-) -> dict[str, torch.Tensor | int]:
+def pack_collate(samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor | int]:
     """Concatenate samples into one padding-free row, for block-diagonal attention.
 
     Args:
         samples: Non-empty list of samples (1-D ``input_ids``, optional ``labels``).
-        pad_id: Unused, as a packed row has no padding; accepted so that both collates
-            bind the same way (``functools.partial(collate, pad_id=...)``).
 
     Returns:
         ``input_ids``, ``labels``, ``position_ids``: long ``[1, N]``, ``N`` = the total
