@@ -4,16 +4,18 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import logging
 import math
 import statistics
-from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
-from odb_lightning.core.order import epoch_permutation, shard_indices
+from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.plan import BatchingMode
 from odb_lightning.data import (
     Augmentation,
@@ -26,34 +28,23 @@ from odb_lightning.data import (
 )
 from odb_lightning.data.length_cache import source_parts
 from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.lit.loaders import LightningLoader, TrainShard
 from odb_lightning.lit.plans import LENGTH_PASS_MODES, epoch_plan, in_order_plan
 from odb_lightning.lit.strategy import ODBStrategy
-from odb_lightning.runtime.batch import ODBBatch, pack_collate
+from odb_lightning.runtime.batch import pack_collate
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.resume import ResumeStateError
 from odb_lightning.runtime.stats import EpochStats
 
+log = logging.getLogger(__name__)
+
 ONLINE_MODES = (BatchingMode.ODB, BatchingMode.ODB_PACKED)
-
-
-class TrainShard:
-    """``shard(epoch)`` for the ODB loader: this rank's share of the training indices.
-
-    The loader then fetches ``dataset[i]`` by *dataset* index, so step metadata and the id
-    audit name the source records, and a dataset with ``set_epoch`` (augmentation) is
-    told the epoch in every worker.
-    """
-
-    def __init__(self, train_indices: list[int], world_size: int, rank: int, seed: int) -> None:
-        self.train_indices, self.world_size, self.rank = train_indices, world_size, rank
-        self.seed = seed
-
-    def __call__(self, epoch: int) -> list[int]:
-        positions = shard_indices(
-            len(self.train_indices), self.world_size, self.rank, self.seed, epoch
-        )
-        return [self.train_indices[p] for p in positions]
+CHECKPOINT_FORMAT = 1
+"""Version of the dictionary :meth:`ODBDataModule.state_dict` writes."""
+IDENTITY_RECORDS = 64
+"""Records whose ids (evenly spaced over the source) identify the data in a checkpoint."""
 
 
 def _without_augmentation(dataset: Dataset) -> Dataset:
@@ -63,38 +54,6 @@ def _without_augmentation(dataset: Dataset) -> Dataset:
     plain = copy.copy(dataset)
     plain.augmentation = None
     return plain
-
-
-class _EpochHandle:
-    """Lightning sets the epoch through ``loader.sampler.set_epoch`` (as for any
-    ``DataLoader``); this forwards it to a loader that is a plain iterable."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
-
-
-class LightningLoader:
-    """A plain iterable over an ODB or planned loader, with the ``sampler`` handle
-    through which Lightning sets the epoch."""
-
-    def __init__(self, loader: ODBLoader | PlannedLoader) -> None:
-        self.loader = loader
-        self.sampler = _EpochHandle(loader)
-        # Lightning inspects ``batch_sampler`` beside ``sampler`` (shuffle checks).
-        self.batch_sampler = None
-        self.epoch_stats: list[EpochStats] = []
-
-    def __iter__(self) -> Iterator[ODBBatch]:
-        yield from self.loader
-        stats = getattr(self.loader, "last_epoch_stats", None)
-        if stats is not None:
-            self.epoch_stats.append(stats)
-
-    def close(self) -> None:
-        self.loader.close()
 
 
 class ODBDataModule(pl.LightningDataModule):
@@ -117,6 +76,13 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
+
+    Checkpoints resume mid-epoch exactly: :meth:`state_dict` saves the training epoch and
+    the samples consumed in it over all ranks (with an identity of the data), and a resumed
+    run emits the rest of that epoch, each sample once. The batches a step has taken are
+    counted in :meth:`on_before_batch_transfer` (so a LightningModule that overrides that
+    hook defers to this one). The rest of an epoch is re-sharded when the number of ranks
+    changed; a checkpoint of other data is refused.
     """
 
     def __init__(
@@ -157,6 +123,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.val_set: Subset | None = None
         self._loaders: list[LightningLoader] = []
         self._train_loader: LightningLoader | None = None
+        self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
 
     # -- data ---------------------------------------------------------------------------
     def _load_dataset(self) -> Dataset:
@@ -315,6 +282,9 @@ class ODBDataModule(pl.LightningDataModule):
                     return [[indices[p] for p in batch] for batch in positions(epoch)]
 
                 loader = self._planned_loader(self.dataset, plan, self.loss_tokens)
+            if self._resume_state is not None:
+                loader.load_state_dict(self._resume_state)
+                self._resume_state = None
             self._train_loader = self._keep(loader)
         return self._train_loader
 
@@ -330,6 +300,85 @@ class ODBDataModule(pl.LightningDataModule):
         loaders, self._loaders, self._train_loader = self._loaders, [], None
         for loader in loaders:
             loader.close()
+
+    # -- checkpoints --------------------------------------------------------------------
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        train = self._train_loader
+        if train is not None and self.trainer is not None and self.trainer.training:
+            train.taken_steps += 1
+        return batch
+
+    def data_identity(self) -> dict[str, Any]:
+        """What makes a dataset index name the same record: the source, the split, the
+        record count and a digest of evenly spaced record ids (known after ``setup``)."""
+        records = getattr(self.dataset, "records", None)
+        ids: list[str] = []
+        if records is not None and len(records):
+            step = max(1, len(records) // IDENTITY_RECORDS)
+            ids = [str(records[i]["id"]) for i in range(0, len(records), step)]
+        return {
+            "source": self.source,
+            "regime": self.regime,
+            "max_samples": self.max_samples,
+            "seed": self.seed,
+            "val_samples": self.val_samples,
+            "num_records": len(self.dataset) if self.dataset is not None else None,
+            "train_samples": len(self.train_indices),
+            "record_ids": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The training epoch and the samples consumed in it over all ranks.
+
+        A collective under DDP (the ODB loader gathers every rank's consumed ids): Lightning
+        calls it on every rank when it saves a checkpoint.
+        """
+        train = self._train_loader
+        if train is None:
+            return {}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "data": self.data_identity(),
+            "world_size": self._world()[0],
+            "train": train.loader.state_dict(consumed_steps=train.taken_steps),
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the training epoch of ``state_dict`` (called after ``setup``).
+
+        Raises:
+            ResumeStateError: The checkpoint was taken on other data, or is malformed.
+        """
+        if not state_dict:
+            return
+        if state_dict.get("format") != CHECKPOINT_FORMAT:
+            raise ResumeStateError(
+                f"data module checkpoint state has format {state_dict.get('format')!r}, "
+                f"this version reads {CHECKPOINT_FORMAT}"
+            )
+        saved, current = state_dict["data"], self.data_identity()
+        changed = [k for k in sorted(current) if saved.get(k) != current[k]]
+        if changed:
+            what = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
+            raise ResumeStateError(
+                f"the checkpoint was taken on other training data ({what}); resume with the "
+                "data of the checkpoint, or start a new run without ckpt_path"
+            )
+        world_size = self._world()[0]
+        if state_dict["world_size"] != world_size:
+            log.info(
+                "checkpoint taken with %d ranks, resuming with %d: the rest of the epoch is "
+                "re-sharded over the ranks there are now",
+                state_dict["world_size"],
+                world_size,
+            )
+        self._resume_state = state_dict["train"]
+        if self._train_loader is not None:
+            self._train_loader.loader.load_state_dict(self._resume_state)
+            self._resume_state = None
 
     # -- reporting ----------------------------------------------------------------------
     def _train_epoch_stats(self) -> list[EpochStats]:

@@ -6,6 +6,7 @@ import functools
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
+from typing import Any
 
 import torch.distributed as dist
 
@@ -17,6 +18,7 @@ from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.options import LoaderOptions, OnBadSample, StartMethod
 from odb_lightning.runtime.pipeline import Pipeline
 from odb_lightning.runtime.rendezvous import Rendezvous, default_world, host_rendezvous
+from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
 from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.worker import MapDataset
 
@@ -38,6 +40,12 @@ class ODBLoader:
     several ranks, building the loader is a collective (rank 0 shares the address of the
     channel's store) unless ``rendezvous`` is given. Call :meth:`set_epoch` before each
     epoch, as with ``DistributedSampler``, and :meth:`close` (or use ``with``) at the end.
+
+    Exact mid-epoch resume: :meth:`state_dict` records the samples consumed so far in the
+    epoch over all ranks (a collective over the default process group when there are
+    several ranks), :meth:`load_state_dict` makes the next iteration run the rest of that
+    epoch, re-reading samples that were buffered but not emitted (see
+    :mod:`~odb_lightning.runtime.resume`).
 
     Args:
         dataset: Map-style dataset of ``{"input_ids": LongTensor[L], "labels": ...}``.
@@ -122,6 +130,7 @@ class ODBLoader:
         self._channel: Channel | None = None
         self._epoch_active = False
         self._closed = False
+        self._resume = EpochResume()
         self.last_epoch_stats: EpochStats | None = None
 
     # -- public surface ---------------------------------------------------------------
@@ -130,6 +139,40 @@ class ODBLoader:
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         self._epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs (set by :meth:`set_epoch` or a loaded state)."""
+        return self._epoch
+
+    def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
+        """Where the job stands in the epoch: its number and the samples consumed in it
+        on every rank. With several ranks this is a collective: call it on every rank.
+
+        Args:
+            consumed_steps: Batches of the current epoch the caller has consumed (equal on
+                every rank); ``None``: every batch yielded so far. A trainer that fetches
+                ahead passes the count it has trained on.
+
+        Returns:
+            A plain dictionary for a checkpoint; a finished epoch is saved as the start
+            of the next.
+        """
+        return self._resume.state(self._epoch, consumed_steps, self._everywhere)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration run the rest of the epoch ``state`` describes.
+
+        The state may come from a job with another number of ranks: the rest of the
+        epoch is then re-sharded (each rank leaves the consumed ids out of its shard).
+
+        Raises:
+            ResumeStateError: The state is malformed or names ids outside the dataset.
+            RuntimeError: During an epoch.
+        """
+        if self._epoch_active:
+            raise RuntimeError("load_state_dict() must be called between epochs")
+        self._epoch = self._resume.load(state, len(self.dataset)).epoch
 
     def __iter__(self) -> Iterator[ODBBatch]:
         if self._closed:
@@ -166,6 +209,19 @@ class ODBLoader:
             len(self.dataset), self.world_size, self.rank, self.options.seed, epoch
         )
 
+    def _begin_epoch(self, epoch: int) -> tuple[EpochRecord, list[int]]:
+        """The record of this iteration and this rank's indices for ``epoch``, without
+        those consumed before a resume."""
+        record = self._resume.begin(epoch)
+        return record, [i for i in self._indices(epoch) if i not in record.start.consumed]
+
+    def _everywhere(self, record: EpochRecord, steps: int) -> tuple[list[int], bool]:
+        """Ids of the first ``steps`` batches on every rank (one all-gather)."""
+        local = [i for batch in record.yielded[:steps] for i in batch]
+        done = record.finished and steps == len(record.yielded)
+        rows = gather_objects((local, done), self.world_size)
+        return [i for ids, _ in rows for i in ids], all(done for _, done in rows)
+
     def _next_generation(self) -> int:
         self._generation += 1
         return self._generation
@@ -193,7 +249,8 @@ class ODBLoader:
                 generation=self._next_generation(),
             )
         pipeline, epoch = self._pipeline, self._epoch
-        pipeline.start_epoch(epoch, self._indices(epoch))
+        record, indices = self._begin_epoch(epoch)
+        pipeline.start_epoch(epoch, indices)
         self._epoch_active = True
         waited_s = 0.0
         try:
@@ -203,12 +260,14 @@ class ODBLoader:
                 waited_s += time.perf_counter() - started
                 if isinstance(message, EpochEnd):
                     break
+                record.yielded.append(message.meta.sample_ids)
                 yield message
         except Exception:
             self._close_pipeline(graceful=False)  # peers then fail fast, not by timeout
             self._epoch_active = False
             raise
         self._epoch_active = False
+        record.finished = True
         self.last_epoch_stats = replace(message.stats, loader_wait_s=waited_s)
         if not self.options.persistent_workers:
             self._close_pipeline(graceful=True)
@@ -232,7 +291,8 @@ class ODBLoader:
             collate_fn=self.collate_fn,
         )
         epoch = self._epoch
-        batches = runner.run(epoch, self._indices(epoch))
+        record, indices = self._begin_epoch(epoch)
+        batches = runner.run(epoch, indices)
         self._epoch_active = True
         waited_s = 0.0
         try:
@@ -245,10 +305,12 @@ class ODBLoader:
                     break
                 finally:
                     waited_s += time.perf_counter() - started
+                record.yielded.append(batch.meta.sample_ids)
                 yield batch
         except Exception:
             self._close_channel()
             self._epoch_active = False
             raise
         self._epoch_active = False
+        record.finished = True
         self.last_epoch_stats = replace(stats, loader_wait_s=waited_s)

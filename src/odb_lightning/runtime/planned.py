@@ -6,6 +6,11 @@
 Ranks that get fewer batches are topped up with IDLE batches, so every rank yields the
 same number of steps, as with :class:`~odb_lightning.runtime.loader.ODBLoader`, and no
 sample is duplicated (``DistributedSampler`` pads by repeating samples instead).
+
+Exact mid-epoch resume (:mod:`~odb_lightning.runtime.resume`): the plan of a resumed
+epoch leaves out the samples consumed before the checkpoint, so an unchanged plan goes
+on with the next batch of the uninterrupted run; the rest is dealt to the ranks there are
+now. Every rank knows the whole plan, so the consumed ids need no collective.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, NamedTuple
 from torch.utils.data import DataLoader, Dataset
 
 from odb_lightning.runtime.batch import CollateFn, ODBBatch, StepMeta, idle_sample, pad_collate
+from odb_lightning.runtime.resume import EpochRecord, EpochResume
 from odb_lightning.runtime.samples import inspect_sample
 
 PlanFn = Callable[[int], list[list[int]]]
@@ -65,21 +71,40 @@ class _EpochBatches:
         self.plan, self.world_size, self.rank = plan, world_size, rank
         self.loss_tokens = loss_tokens
         self.epoch = 0
-        self._epoch: tuple[int, list[list[int]], list[StepTotals]] | None = None
+        self._left_out: frozenset[int] = frozenset()
+        self._epoch: tuple[int, list[list[list[int]]], list[StepTotals]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def leave_out(self, consumed: frozenset[int]) -> None:
+        """Ids the current epoch's plan leaves out (consumed before a resume)."""
+        if consumed != self._left_out:
+            self._left_out, self._epoch = consumed, None
+
+    def shares(self) -> list[list[list[int]]]:
+        """Every rank's batches of the current epoch, by rank."""
+        return self._current()[1]
+
     def current(self) -> tuple[list[list[int]], list[StepTotals]]:
         """This rank's batches and the global totals of every step position."""
+        _, shares, totals = self._current()
+        return shares[self.rank], totals
+
+    def _current(self) -> tuple[int, list[list[list[int]]], list[StepTotals]]:
         if self._epoch is None or self._epoch[0] != self.epoch:
             everything = self.plan(self.epoch)
+            if self._left_out:
+                everything = [kept for b in everything if (kept := self._without_left_out(b))]
             shares = [deal_batches(everything, self.world_size, r) for r in range(self.world_size)]
             totals = [
                 self._totals([share[step] for share in shares]) for step in range(len(shares[0]))
             ]
-            self._epoch = (self.epoch, shares[self.rank], totals)
-        return self._epoch[1], self._epoch[2]
+            self._epoch = (self.epoch, shares, totals)
+        return self._epoch
+
+    def _without_left_out(self, batch: list[int]) -> list[int]:
+        return [i for i in batch if i not in self._left_out]
 
     def _totals(self, column: list[list[int]]) -> StepTotals:
         samples = sum(len(batch) for batch in column)
@@ -169,6 +194,9 @@ class PlannedLoader:
         loss_tokens: Sequence[int] | None = None,
     ) -> None:
         self.batches = _EpochBatches(plan, world_size, rank, loss_tokens)
+        self._num_samples = len(dataset)
+        self._resume = EpochResume()
+        self._shares: list[list[list[int]]] = []  # every rank's batches of the recorded epoch
         collate = _PlannedCollate(
             self.batches,
             collate_fn or functools.partial(pad_collate, pad_id=pad_id),
@@ -190,10 +218,28 @@ class PlannedLoader:
         """Epoch of the next iteration; equal on every rank."""
         self.batches.set_epoch(epoch)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs (set by :meth:`set_epoch` or a loaded state)."""
+        return self.batches.epoch
+
+    def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
+        """The epoch and the samples consumed in it on every rank (see
+        :meth:`ODBLoader.state_dict <odb_lightning.runtime.loader.ODBLoader.state_dict>`;
+        no collective: every rank knows the plan)."""
+        return self._resume.state(self.batches.epoch, consumed_steps, self._everywhere)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration run the rest of the epoch ``state`` describes."""
+        self.batches.set_epoch(self._resume.load(state, self._num_samples).epoch)
+
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[ODBBatch]:
+        record = self._resume.begin(self.batches.epoch)
+        self.batches.leave_out(record.start.consumed)
+        self._shares = self.batches.shares()
         _, totals = self.batches.current()
         for step, batch in enumerate(self._loader):
             meta = batch.meta._replace(
@@ -201,7 +247,14 @@ class PlannedLoader:
                 global_samples=totals[step].samples,
                 global_loss_tokens=totals[step].loss_tokens,
             )
+            record.yielded.append(meta.sample_ids)
             yield batch._replace(meta=meta)
+        record.finished = True
+
+    def _everywhere(self, record: EpochRecord, steps: int) -> tuple[list[int], bool]:
+        """Ids of the first ``steps`` batches of every rank's share of the recorded epoch."""
+        consumed = [i for share in self._shares for batch in share[:steps] for i in batch]
+        return consumed, record.finished and steps == len(record.yielded)
 
     def close(self) -> None:
         """Stop persistent workers (the DataLoader owns and joins them)."""
