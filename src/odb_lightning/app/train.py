@@ -41,7 +41,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     datamodule = instantiate_checked(
         cfg.data, "data", tokenizer=tokenizer, batching=batching, seed=cfg.seed
     )
-    model = instantiate_checked(cfg.model, "model")
+    # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
+    # torch.load(weights_only=True) then reads without OmegaConf types.
+    model = instantiate_checked(cfg.model, "model", _convert_="all")
     callbacks = instantiate_group(cfg.get("callbacks"))
     loggers = instantiate_group(cfg.get("logger"))
     trainer: pl.Trainer = hydra.utils.instantiate(

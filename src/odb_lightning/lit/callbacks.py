@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
@@ -60,6 +61,9 @@ class ODBMetricsCallback(pl.Callback):
         audit_ids: Write ``emitted_ids_rank{r}.jsonl``: one line per step with its sample
             ids (``[]`` for IDLE).
         log_every_n_steps: How often throughput is logged (a cross-rank reduction).
+
+    Its counters are part of a checkpoint (per rank, with the training wall time), so the
+    summary of a resumed run covers the whole run; the id audit is then appended to.
     """
 
     def __init__(
@@ -80,13 +84,49 @@ class ODBMetricsCallback(pl.Callback):
         self._last_batch_end: float | None = None
         self._wait_s = 0.0
         self._audit_file: Any = None
+        self._trainer: pl.Trainer | None = None
+        self._resumed = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict() gathers every rank's counters
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        # A run resumed mid-epoch gets no on_train_epoch_start for that epoch.
+        self._epoch_start = self._last_batch_end = time.perf_counter()
         if self.audit_ids:
             path = self.output_dir / f"emitted_ids_rank{trainer.global_rank}.jsonl"
-            self._audit_file = path.open("w", encoding="utf-8")
+            self._audit_file = path.open("a" if self._resumed else "w", encoding="utf-8")
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's counters and the training wall time so far (a collective)."""
+        trainer = self._trainer
+        if trainer is None or trainer.lightning_module is None:
+            return {}
+        train_s = self._train_s
+        if self._epoch_start is not None and self._last_batch_end is not None:
+            train_s += self._last_batch_end - self._epoch_start
+        per_rank = self._gather_totals(trainer, trainer.lightning_module)
+        return {"per_rank": [asdict(r) for r in per_rank], "train_s": train_s}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        self._resumed = True
+        trainer = self._trainer
+        per_rank = state_dict["per_rank"]
+        if trainer is None or len(per_rank) != trainer.world_size:
+            rank_zero_warn(
+                f"checkpoint counters are from {len(per_rank)} ranks, this run has "
+                f"{trainer.world_size if trainer else '?'}: the summary counts this run only"
+            )
+            return
+        self.totals = RankTotals(**per_rank[trainer.global_rank])
+        self._train_s = float(state_dict["train_s"])
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -138,6 +138,8 @@ def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str
     return folded
 
 
+SAMPLES_SEEN_KEY = "odb_samples_seen"
+"""Checkpoint key of the samples the sample-budget LR schedule has seen."""
 FLASH_VARLEN_BACKENDS = frozenset({"flash_attention_2", "flash_attention_3"})
 """``transformers`` attention backends that take packed-row boundaries as varlen kwargs."""
 
@@ -305,6 +307,17 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
                 self.val_loss.update(loss_sum.detach() / num_loss_tokens, num_loss_tokens)
         # Logged on IDLE steps too: every rank must take part in the epoch-end sync.
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        # The sample-budget schedule's position (the same on every rank).
+        checkpoint[SAMPLES_SEEN_KEY] = self._samples_seen
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._samples_seen = int(checkpoint.get(SAMPLES_SEEN_KEY, 0))
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""Exact mid-epoch resume through Lightning checkpoints, as a user runs it:
+``train.py trainer.max_steps=K callbacks.checkpoint.every_n_train_steps=K`` stops
+mid-epoch, ``train.py ckpt_path=<dir>/checkpoints/last.ckpt`` finishes the run.
+
+The samples emitted before the checkpoint plus those emitted after it are the epoch, each
+exactly once, and the step counters, the optimizer and the LR schedule go on where they
+stopped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from test_train import ROOT, read_audit, train
+
+from odb_lightning.core.order import epoch_permutation
+
+TRAIN_INDICES = sorted(epoch_permutation(80, 0, -1)[16:])  # debug=smoke: 64 train records
+STOP_AT = 3
+
+
+def _mode_overrides(mode: str, tmp_path: Path) -> list[str]:
+    return [f"experiment=sharegpt_{mode}", f"data.length_cache_dir={tmp_path / 'cache'}"]
+
+
+def stop_and_resume(
+    tmp_path: Path, *overrides: str, resume_overrides: tuple[str, ...] = ()
+) -> tuple[dict, dict, Path, Path]:
+    """Run to ``STOP_AT`` optimizer steps with a checkpoint there, then resume from it."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    stopped = train(
+        first,
+        *overrides,
+        "audit_ids=true",
+        f"trainer.max_steps={STOP_AT}",
+        f"callbacks.checkpoint.every_n_train_steps={STOP_AT}",
+    )
+    resumed = train(
+        second,
+        *overrides,
+        *resume_overrides,
+        "audit_ids=true",
+        f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}",
+    )
+    return stopped, resumed, first, second
+
+
+def _emitted(run_dir: Path, world_size: int) -> Counter[int]:
+    return Counter(i for rank in read_audit(run_dir, world_size) for step in rank for i in step)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "odb",
+        # standard's default-tier check: test_resumed_standard_run_equals_the_uninterrupted_run
+        pytest.param("standard", marks=pytest.mark.slow),
+        pytest.param("bucketed", marks=pytest.mark.slow),
+    ],
+)
+def test_single_process_resume_emits_the_epoch_exactly_once(mode: str, tmp_path: Path) -> None:
+    stopped, resumed, first, second = stop_and_resume(tmp_path, *_mode_overrides(mode, tmp_path))
+    before, after = _emitted(first, 1), _emitted(second, 1)
+    assert stopped["optimizer_steps"] == STOP_AT and 0 < sum(before.values()) < 64
+    assert before + after == Counter(TRAIN_INDICES), "every sample once: none lost or repeated"
+    # Counters go on: the resumed summary covers the whole run.
+    (steps_after,) = read_audit(second, 1)
+    assert resumed["optimizer_steps"] == STOP_AT + len(steps_after)
+    assert resumed["steps_per_rank"] == STOP_AT + len(steps_after)
+    assert resumed["emitted_samples"] == 64
+    assert resumed["wall_s"] > stopped["wall_s"]
+
+
+def _final_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    return checkpoint["state_dict"], checkpoint["lr_schedulers"][0], checkpoint
+
+
+def test_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    """Same batches, same optimizer and LR state: the same model as without the stop."""
+    overrides = ("experiment=sharegpt_standard", "model.decay_steps=12", "model.warmup_steps=2")
+    whole = tmp_path / "whole"
+    train(whole, *overrides, "audit_ids=true")
+    _, _, first, second = stop_and_resume(tmp_path, *overrides)
+    (steps_before,), (steps_after,) = read_audit(first, 1), read_audit(second, 1)
+    (steps_whole,) = read_audit(whole, 1)
+    assert steps_before + steps_after == steps_whole, "the run goes on with the next batch"
+    weights, schedule, resumed = _final_weights(second)
+    weights_whole, schedule_whole, uninterrupted = _final_weights(whole)
+    assert schedule["last_epoch"] == schedule_whole["last_epoch"] == len(steps_whole)
+    assert resumed["global_step"] == uninterrupted["global_step"]
+    for name, tensor in weights_whole.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "odb",
+        pytest.param("standard", marks=pytest.mark.slow),
+        pytest.param("bucketed", marks=pytest.mark.slow),
+    ],
+)
+def test_ddp_resume_emits_the_epoch_exactly_once(mode: str, tmp_path: Path) -> None:
+    overrides = (*_mode_overrides(mode, tmp_path), "trainer=ddp_cpu")
+    stopped, resumed, first, second = stop_and_resume(tmp_path, *overrides)
+    before, after = _emitted(first, 2), _emitted(second, 2)
+    assert 0 < sum(before.values()) < 64
+    assert before + after == Counter(TRAIN_INDICES), "every sample once: none lost or repeated"
+    audit = read_audit(second, 2)
+    assert len(audit[0]) == len(audit[1]), "equal step counts after the resume"
+    assert resumed["steps_per_rank"] == STOP_AT + len(audit[0])
+    assert resumed["emitted_samples"] == 64
+
+
+@pytest.mark.slow
+def test_checkpoint_of_two_ranks_resumes_on_one(tmp_path: Path) -> None:
+    """The rest of the epoch is re-sharded over the ranks there are now."""
+    overrides = _mode_overrides("odb", tmp_path)
+    _, _, first, second = stop_and_resume(
+        tmp_path, *overrides, "trainer=ddp_cpu", resume_overrides=("trainer=cpu",)
+    )
+    assert _emitted(first, 2) + _emitted(second, 1) == Counter(TRAIN_INDICES)
+
+
+def test_checkpoint_of_other_data_is_refused(tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    train(
+        first, f"trainer.max_steps={STOP_AT}", f"callbacks.checkpoint.every_n_train_steps={STOP_AT}"
+    )
+    command = [
+        sys.executable,
+        "train.py",
+        "debug=smoke",
+        "data.max_samples=72",
+        f"hydra.run.dir={tmp_path / 'second'}",
+        f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "the checkpoint was taken on other training data" in done.stderr
+    assert "max_samples: 80 -> 72" in done.stderr
+
+
+def test_checkpoint_at_epoch_end_resumes_with_the_next_epoch_in_full(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    train(first, "audit_ids=true")  # last.ckpt is written at the end of the epoch
+    resumed = train(
+        second,
+        "audit_ids=true",
+        "trainer.max_epochs=2",
+        f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}",
+    )
+    assert _emitted(second, 1) == Counter(TRAIN_INDICES), "epoch 1 runs in full"
+    assert resumed["emitted_samples"] == 128
