@@ -1,0 +1,35 @@
+"""Every point of every sweep is a valid run of the default experiment (what
+``python train.py -m sweep=<name>`` launches, and what experiments/ablation runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from test_configs import CONF, SWEEPS, compose_train
+
+from odb_lightning.app.validation import instantiate_checked, validate_config
+
+
+def sweep_points(sweep: str) -> list[tuple[str, str]]:
+    params = OmegaConf.load(CONF / "sweep" / f"{sweep}.yaml").hydra.sweeper.params
+    return [(key, value) for key, values in params.items() for value in str(values).split(",")]
+
+
+POINTS = [(sweep, key, value) for sweep in SWEEPS for key, value in sweep_points(sweep)]
+
+
+def test_sweeps_cover_the_ablation_ranges() -> None:
+    budgets = [int(v) for _, v in sweep_points("token_budget")]
+    depths = [int(v) for _, v in sweep_points("outstanding_depth")]
+    assert budgets == [2048, 4096, 8192, 16384]
+    assert depths == [32, 64, 128, 256, 512, 1024]
+
+
+@pytest.mark.parametrize(("sweep", "key", "value"), POINTS)
+def test_sweep_point_validates(sweep: str, key: str, value: str, tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, [f"sweep={sweep}", f"{key}={value}"])
+    validate_config(cfg)  # e.g. data.max_seq_len <= batching.token_budget at every budget
+    batching = instantiate_checked(cfg.batching, "batching")
+    assert getattr(batching, key.split(".")[-1]) == int(value)
