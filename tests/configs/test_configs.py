@@ -89,7 +89,7 @@ def test_default_run_is_sharegpt_odb_on_cpu(tmp_path: Path) -> None:
 )
 def test_invalid_batching_value_names_the_key(override: str, key: str, tmp_path: Path) -> None:
     cfg = compose_train(tmp_path, [override])
-    with pytest.raises(ConfigError, match=rf"'batching'.*{key}"):
+    with pytest.raises(ConfigError, match=rf"invalid config 'batching.{key}': {key} "):
         instantiate_checked(cfg.batching, "batching")
 
 

@@ -1,13 +1,25 @@
 """Failures end every rank with an error that names what failed, within bounded time,
-and leave no child process behind."""
+and leave no child process behind: single-rank checks, then the 2-rank fault matrix
+(:mod:`fault_matrix`: a worker, the collate process or a whole rank killed, a sample that
+hangs or raises, with ``on_bad_sample`` raise and skip)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
+from fault_matrix import (
+    ERROR_BOUND_S,
+    HANG_TIMEOUT_S,
+    NUM_SAMPLES,
+    LoaderFault,
+    matrix,
+    rank1_sample,
+    run_fault,
+)
 from test_runtime_harness import (
     RankJob,
     SyntheticChatDataset,
@@ -16,11 +28,9 @@ from test_runtime_harness import (
     wait_gone,
 )
 
-from odb_lightning.core.alignment import PeerFailedError
 from odb_lightning.runtime import (
     BadSampleError,
     LoaderProcessError,
-    MetadataChannelError,
     ODBLoader,
     SampleFetchError,
 )
@@ -98,18 +108,6 @@ def _two_ranks(**fields: object) -> RankJob:
     return RankJob(dataset, loader, weights=(1, 3), **fields)  # type: ignore[arg-type]
 
 
-def test_dataset_exception_on_one_rank_fails_every_rank() -> None:
-    lengths = SyntheticChatDataset.seeded(600).lengths
-    shortest = min(range(600), key=lambda i: (lengths[i], -i))  # in rank 1's shard
-    job = _two_ranks(dataset=SyntheticChatDataset(lengths, fail_index=shortest))
-    outcome = run_ranks(job, world_size=2)
-    assert outcome.ok == {}
-    assert outcome.errors[1][0] == "SampleFetchError"
-    assert f"dataset[{shortest}] raised ZeroDivisionError" in outcome.errors[1][1]
-    assert outcome.errors[0][0] == PeerFailedError.__name__
-    assert "rank(s) [1] failed" in outcome.errors[0][1]
-
-
 def test_ranks_with_different_settings_fail_fast_naming_the_field() -> None:
     job = _two_ranks(rank_kwargs={1: {"token_budget": 700}})
     outcome = run_ranks(job, world_size=2, timeout_s=30)
@@ -120,32 +118,28 @@ def test_ranks_with_different_settings_fail_fast_naming_the_field() -> None:
         assert "'token_budget' (rank 0: 600, rank 1: 700)" in message
 
 
-def test_killed_rank_fails_its_peer_and_leaves_no_orphan() -> None:
-    job = _two_ranks(kill_rank=1, loader={"alignment_timeout_s": 10.0, "num_workers": 2})
-    outcome = run_ranks(job, world_size=2, timeout_s=60)
-    assert outcome.killed_at is not None
-    name, message, failed_at = outcome.errors[0]
-    assert name == MetadataChannelError.__name__
-    assert "the ODB metadata channel" in message and "rank 0" in message
-    assert failed_at - outcome.killed_at < 10.0 + 2.0
-    orphans = list(outcome.pids[1].values())
-    assert len(orphans) == 3
-    assert wait_gone(orphans, timeout_s=10.0) == []
-
-
-def test_stuck_sample_times_out_and_aborts_the_peers() -> None:
-    lengths = SyntheticChatDataset.seeded(600).lengths
-    shortest = min(range(600), key=lambda i: (lengths[i], -i))  # in rank 1's shard
-    job = _two_ranks(
-        dataset=SyntheticChatDataset(lengths, hang_index=shortest),
-        loader={"timeout_s": 2.0, "alignment_timeout_s": 30.0},
-    )
-    outcome = run_ranks(job, world_size=2)
-    name, message, _ = outcome.errors[1]
-    assert name == "SampleTimeoutError"
-    assert "no sample arrived from the workers within timeout_s=2.0" in message
-    assert f"in flight, oldest first: index {shortest} (worker 0)" in message
-    assert outcome.errors[0][0] == PeerFailedError.__name__
+@pytest.mark.parametrize("fault", matrix(), ids=lambda fault: fault.name)
+def test_fault_on_one_rank_fails_every_rank_and_leaves_no_process(
+    fault: LoaderFault, tmp_path: Path
+) -> None:
+    result = run_fault(fault, tmp_path)
+    assert result.mismatches == [], result.errors
+    assert result.job_pids == 2 * (1 + 3)  # each rank: itself, 2 workers, collate process
+    assert result.leftover_pids == []
+    assert result.seconds_to_all_gone is not None
+    bound_s = ERROR_BOUND_S
+    if fault.name == "sample_hangs":  # the error is due timeout_s after the hang
+        bound_s = HANG_TIMEOUT_S + 5.0
+        assert min(result.seconds_to_error.values()) >= HANG_TIMEOUT_S
+    assert all(seconds < bound_s for seconds in result.seconds_to_error.values())
+    if fault.expected:
+        return
+    # on_bad_sample=skip: both ranks finish; the raising sample is skipped and counted.
+    index = rank1_sample()
+    epochs = {rank: records[0] for rank, records in result.completed.items()}
+    assert epochs[1]["stats"].skipped_ids == (index,) and epochs[0]["stats"].skipped_ids == ()
+    emitted = [i for e in epochs.values() for step in e["steps"] for i in step["meta"].sample_ids]
+    assert sorted(emitted) == sorted(set(range(NUM_SAMPLES)) - {index})  # the rest, once
 
 
 def test_silent_peer_times_out_naming_the_channel_rank_and_round() -> None:

@@ -3,7 +3,10 @@
 Ranks are separate processes, each with a real gloo default group, started from a
 forkserver that has torch preloaded: forking from it costs milliseconds, where a spawned
 rank would pay a torch import (seconds on two cores). Each rank runs an ``ODBLoader``
-and reports what it yielded, or the error it raised, on a queue.
+and reports what it yielded, or the error it raised, on a queue; with a fault it also
+reports the PIDs of itself and every descendant before the fault, so a test can check
+that none of them outlives it, and the ``time.monotonic()`` of the fault (the clock is
+system-wide on Linux, so times from different processes compare).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -37,6 +42,8 @@ class SyntheticChatDataset:
         fail_index: ``dataset[fail_index]`` raises ``ZeroDivisionError``.
         bad_indices: These samples have empty ``input_ids``.
         hang_index: ``dataset[hang_index]`` never returns.
+        fault_marker: File where the fetch of ``fail_index`` or ``hang_index`` writes its
+            ``time.monotonic()`` first (see :func:`read_fault_marker`).
     """
 
     def __init__(
@@ -45,11 +52,13 @@ class SyntheticChatDataset:
         fail_index: int | None = None,
         bad_indices: frozenset[int] = frozenset(),
         hang_index: int | None = None,
+        fault_marker: str | None = None,
     ) -> None:
         self.lengths = lengths
         self.fail_index = fail_index
         self.bad_indices = bad_indices
         self.hang_index = hang_index
+        self.fault_marker = fault_marker
 
     @classmethod
     def seeded(cls, n: int, seed: int = 0, **kwargs: Any) -> SyntheticChatDataset:
@@ -61,6 +70,8 @@ class SyntheticChatDataset:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index in (self.fail_index, self.hang_index) and self.fault_marker is not None:
+            Path(self.fault_marker).write_text(repr(time.monotonic()))
         if index == self.fail_index:
             raise ZeroDivisionError(f"synthetic failure in sample {index}")
         if index == self.hang_index:
@@ -99,18 +110,36 @@ class SkewedShard:
         return [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
 
 
+class KillTarget(StrEnum):
+    """The process a :class:`Kill` fault SIGKILLs."""
+
+    RANK = "rank"  # the rank's own main process (preemption, OOM killer)
+    WORKER = "worker 0"  # one of its loader workers
+    COLLATE = "collate process"  # its collate process
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Rank ``rank`` SIGKILLs ``target`` after ``after_batches`` batches of epoch 0."""
+
+    target: KillTarget
+    rank: int = 1
+    after_batches: int = 2
+
+
 @dataclass(frozen=True)
 class RankJob:
     """What every rank runs.
 
     Attributes:
-        dataset: The dataset (rank ``fail_rank`` gets ``failing_dataset`` instead).
+        dataset: The dataset.
         loader_kwargs: ``ODBLoader`` keyword arguments for every rank.
         rank_kwargs: Per-rank overrides of ``loader_kwargs``.
         weights: Shard weights for :class:`SkewedShard` (``None``: default sharding).
         epochs: Epochs to run.
-        kill_rank: This rank SIGKILLs its own main process after ``kill_after`` batches.
-        kill_after: Batches before that.
+        kill: A process to SIGKILL mid-epoch.
+        probe_resources: Record each epoch's :func:`resource_sample` (mid-epoch and at
+            its end) in the rank's results.
     """
 
     dataset: SyntheticChatDataset
@@ -118,8 +147,30 @@ class RankJob:
     rank_kwargs: dict[int, dict[str, Any]] = field(default_factory=dict)
     weights: tuple[int, ...] | None = None
     epochs: int = 1
-    kill_rank: int | None = None
-    kill_after: int = 2
+    kill: Kill | None = None
+    probe_resources: bool = False
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid``."""
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+
+
+def resource_sample() -> dict[str, int]:
+    """This process's open file descriptors, its live descendants and their total RSS."""
+    me = psutil.Process()
+    children = me.children(recursive=True)
+    rss = me.memory_info().rss
+    for child in children:
+        try:
+            rss += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue  # exited since the listing: it holds no memory any more
+    return {
+        "open_fds": len(os.listdir("/proc/self/fd")),
+        "children": len(children),
+        "rss_bytes": rss,
+    }
 
 
 def _record(batch: Any) -> dict[str, Any]:
@@ -132,27 +183,49 @@ def _record(batch: Any) -> dict[str, Any]:
     }
 
 
+def _inject(kill: Kill, loader: ODBLoader, results: Any) -> None:
+    results.put(("fault", kill.rank, time.monotonic()))
+    if kill.target is KillTarget.RANK:
+        results.close()
+        results.join_thread()  # flushed before the kill
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(loader.child_pids()[kill.target.value], signal.SIGKILL)
+
+
 def _run_loader(rank: int, job: RankJob, results: Any) -> list[dict[str, Any]]:
     kwargs = {**job.loader_kwargs, **job.rank_kwargs.get(rank, {})}
     if job.weights is not None:
         kwargs["shard"] = SkewedShard(tuple(job.dataset.lengths), job.weights, rank)
+    kill = job.kill if job.kill is not None and job.kill.rank == rank else None
     epochs = []
     with ODBLoader(job.dataset, **kwargs) as loader:
         for epoch in range(job.epochs):
             loader.set_epoch(epoch)
             steps = []
             pids = loader.child_pids()
+            resources = {}
             for batch in loader:
                 steps.append(_record(batch))
-                pids = pids or loader.child_pids()
-                if rank == job.kill_rank and len(steps) == job.kill_after:
-                    results.put(("pids", rank, loader.child_pids()))
-                    results.close()
-                    results.join_thread()  # flushed before the kill
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if len(steps) == 1:
+                    pids = pids or loader.child_pids()
+                    if epoch == 0:  # every process of this rank, before any fault
+                        own = os.getpid()
+                        results.put(("pids", rank, [own, *descendant_pids(own)]))
+                    if job.probe_resources:
+                        resources["mid_epoch"] = resource_sample()
+                if kill is not None and epoch == 0 and len(steps) == kill.after_batches:
+                    _inject(kill, loader, results)
+            if job.probe_resources:
+                resources["epoch_end"] = resource_sample()
             shard = kwargs["shard"](epoch) if "shard" in kwargs else None
             epochs.append(
-                {"steps": steps, "stats": loader.last_epoch_stats, "shard": shard, "pids": pids}
+                {
+                    "steps": steps,
+                    "stats": loader.last_epoch_stats,
+                    "shard": shard,
+                    "pids": pids,
+                    "resources": resources,
+                }
             )
     return epochs
 
@@ -209,12 +282,22 @@ def run_silent_peer() -> tuple[str, float]:
 
 @dataclass
 class RankOutcome:
-    """What the test process collected from the ranks."""
+    """What the test process collected from the ranks.
+
+    Attributes:
+        ok: Per rank that finished: one record per epoch.
+        errors: Per rank that raised: exception class name, message, ``time.monotonic()``.
+        pids: Per rank: its own PID and every descendant's, after its first batch.
+        fault_at: When the :class:`Kill` fault was injected.
+    """
 
     ok: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     errors: dict[int, tuple[str, str, float]] = field(default_factory=dict)
-    pids: dict[int, dict[str, int]] = field(default_factory=dict)
-    killed_at: float | None = None
+    pids: dict[int, list[int]] = field(default_factory=dict)
+    fault_at: float | None = None
+
+    def all_pids(self) -> list[int]:
+        return [pid for pids in self.pids.values() for pid in pids]
 
 
 def _context() -> Any:
@@ -235,11 +318,12 @@ def run_ranks(job: RankJob, world_size: int, timeout_s: float = 60.0) -> RankOut
     for process in ranks:
         process.start()
     outcome = RankOutcome()
-    expected = world_size - (job.kill_rank is not None)
+    rank_killed = job.kill is not None and job.kill.target is KillTarget.RANK
+    expected = world_size - rank_killed
     deadline = time.monotonic() + timeout_s
 
     def waiting() -> bool:
-        killed_unseen = job.kill_rank is not None and outcome.killed_at is None
+        killed_unseen = rank_killed and outcome.fault_at is None
         return len(outcome.ok) + len(outcome.errors) < expected or killed_unseen
 
     try:
@@ -267,9 +351,15 @@ def _collect(message: tuple[Any, ...], outcome: RankOutcome) -> None:
         outcome.ok[rank] = message[2]
     elif kind == "error":
         outcome.errors[rank] = message[2:]
-    else:
+    elif kind == "pids":
         outcome.pids[rank] = message[2]
-        outcome.killed_at = time.monotonic()
+    else:
+        outcome.fault_at = message[2]
+
+
+def read_fault_marker(path: Path) -> float:
+    """The ``time.monotonic()`` a dataset wrote when it reached its fault index."""
+    return float(path.read_text())
 
 
 def expected_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[int]]]:

@@ -1,0 +1,157 @@
+"""Faults injected from inside a real ``train.py`` run (this module holds no tests).
+
+Selected with Hydra overrides, e.g. ``model._target_=fault_injection.FaultInjectingModule
++model.fault=raise +model.fault_rank=1 +model.fault_step=2 +model.probe_dir=<dir>``, with
+``tests/`` on the run's ``PYTHONPATH``. Each rank writes ``probe_rank{r}.json`` at its
+first training step (its pid and every descendant's, for the orphan check) and, at the
+fault step, ``fault.json`` (the ``time.monotonic()`` of the fault, comparable across
+processes on Linux) just before the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from typing_extensions import override
+
+from odb_lightning.data.tokenizer import QwenTokenizer
+from odb_lightning.lit.module import CausalLMModule
+
+
+class Fault(StrEnum):
+    """What the fault rank does at the fault step."""
+
+    NONE = "none"
+    RAISE = "raise"  # RuntimeError in training_step
+    KILL = "kill"  # SIGKILL of its own main process (preemption, OOM killer)
+    SIGTERM = "sigterm"  # SIGTERM to its own main process (scheduler stop, `kill <pid>`)
+    SIGINT = "sigint"  # SIGINT to the whole process group (Ctrl-C in the terminal)
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid``."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def listening_sockets(pids: Iterable[int]) -> list[dict[str, Any]]:
+    """Every listening inet socket of ``pids``: ``{"pid", "ppid", "host", "port"}``."""
+    found = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            connections, ppid = process.net_connections(kind="inet"), process.ppid()
+        except psutil.NoSuchProcess:
+            continue
+        for connection in connections:
+            if connection.status == psutil.CONN_LISTEN:
+                host, port = connection.laddr.ip, connection.laddr.port
+                found.append({"pid": pid, "ppid": ppid, "host": host, "port": port})
+    return found
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write atomically: a reader polling for ``path`` never sees half a file."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(value))
+    partial.replace(path)
+
+
+class FaultInjectingModule(CausalLMModule):
+    """``CausalLMModule`` that injects ``fault`` on ``fault_rank`` at training step
+    ``fault_step`` (counted over the whole run, from 0) and writes the probes.
+
+    Args:
+        fault: A :class:`Fault` value.
+        fault_rank: Global rank that injects it.
+        fault_step: Training step (0-based, over all epochs) at which it is injected.
+        probe_dir: Where the probe files go (required).
+        socket_probe_step: Rank 0 records every listening socket of the job's processes
+            at this step (``sockets.json``). Step 0 already sees every rank's loader: no
+            batch exists before the first alignment round, which every rank's collate
+            process (and its metadata channel) takes part in.
+        **kwargs: ``CausalLMModule`` arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        probe_dir: str,
+        fault: str = Fault.NONE.value,
+        fault_rank: int = 1,
+        fault_step: int = 2,
+        socket_probe_step: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.fault, self.fault_rank, self.fault_step = Fault(fault), fault_rank, fault_step
+        self.probe_dir = Path(probe_dir)
+        self.socket_probe_step = socket_probe_step
+        self._steps = 0
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        rank, step = self.global_rank, self._steps
+        self._steps += 1
+        if step == 0:
+            pid = os.getpid()
+            probe = {"pid": pid, "descendants": descendants(pid)}
+            write_json(self.probe_dir / f"probe_rank{rank}.json", probe)
+        if step == self.socket_probe_step and rank == 0:
+            self._probe_sockets()
+        if step == self.fault_step and rank == self.fault_rank:
+            self._inject()
+        return super().training_step(batch, batch_idx)
+
+    def _probe_sockets(self) -> None:
+        pid = os.getpid()
+        odb_store = self.trainer.strategy.metadata_rendezvous("probe")
+        write_json(
+            self.probe_dir / "sockets.json",
+            {
+                "master_port": int(os.environ["MASTER_PORT"]),
+                "odb_store_port": odb_store.port,
+                "listening": listening_sockets([pid, *descendants(pid)]),
+            },
+        )
+
+    def _inject(self) -> None:
+        if self.fault is Fault.NONE:
+            return
+        write_json(self.probe_dir / "fault.json", {"at": time.monotonic(), "pid": os.getpid()})
+        if self.fault is Fault.RAISE:
+            raise RuntimeError(
+                f"injected failure in training_step {self._steps - 1} on rank {self.global_rank}"
+            )
+        if self.fault is Fault.KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.fault is Fault.SIGTERM:
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            os.killpg(os.getpgid(0), signal.SIGINT)
+
+
+class RaisingTokenizer(QwenTokenizer):
+    """The Qwen tokenizer, except that text containing ``trigger`` raises ``ValueError``:
+    a record whose preprocessing fails inside the loader's workers."""
+
+    def __init__(self, trigger: str = "TRIGGER-PREPROCESSING-FAILURE") -> None:
+        super().__init__()
+        self.trigger = trigger
+
+    @override
+    def encode_text(self, text: str) -> list[int]:
+        if self.trigger in text:
+            raise ValueError(f"cannot tokenize text containing {self.trigger!r}")
+        return super().encode_text(text)
