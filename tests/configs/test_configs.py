@@ -78,19 +78,38 @@ def test_default_run_is_sharegpt_odb_on_cpu(tmp_path: Path) -> None:
     assert cfg.logger.wandb.offline is True
 
 
+def startup_checks(cfg: DictConfig) -> None:
+    """What ``app.train.run`` checks before anything starts, in its order."""
+    validate_config(cfg)
+    instantiate_checked(cfg.batching, "batching")
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("batching.outstanding_depth=0", "outstanding_depth"),
-        ("batching.mode=fastest", "mode"),
-        ("batching.token_budget=-5", "token_budget"),
-        ("batching.on_bad_sample=ignore", "on_bad_sample"),
+        ("batching.mode=fastest", "batching.mode"),
+        ("batching.token_budget=-5", "batching.token_budget"),
+        ("batching.outstanding_depth=0", "batching.outstanding_depth"),
+        ("batching.max_steps_per_round=0", "batching.max_steps_per_round"),
+        ("batching.timeout_s=0", "batching.timeout_s"),
+        ("batching.timeout_s=-1", "batching.timeout_s"),
+        ("batching.alignment_timeout_s=inf", "batching.alignment_timeout_s"),
+        ("batching.alignment_timeout_s=nan", "batching.alignment_timeout_s"),
+        ("batching.on_bad_sample=ignore", "batching.on_bad_sample"),
+        ("batching.multiprocessing_context=threads", "batching.multiprocessing_context"),
+        ("data.max_seq_len=0", "data.max_seq_len"),
+        ("data.num_workers=-1", "data.num_workers"),
+        ("data.val_samples=-1", "data.val_samples"),
+        ("data.max_samples=0", "data.max_samples"),
     ],
 )
-def test_invalid_batching_value_names_the_key(override: str, key: str, tmp_path: Path) -> None:
+def test_out_of_range_value_names_the_hydra_key(override: str, key: str, tmp_path: Path) -> None:
     cfg = compose_train(tmp_path, [override])
-    with pytest.raises(ConfigError, match=rf"invalid config 'batching.{key}': {key} "):
-        instantiate_checked(cfg.batching, "batching")
+    field = key.split(".")[-1]
+    with pytest.raises(ConfigError) as info:
+        startup_checks(cfg)
+    message = str(info.value)
+    assert key in message and field in message.removeprefix(f"invalid config '{key}': ")
 
 
 def test_max_seq_len_over_budget_fails_at_startup(tmp_path: Path) -> None:

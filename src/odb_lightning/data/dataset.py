@@ -87,9 +87,16 @@ class ChatDataset(Dataset[Sample]):
 
     def __getitem__(self, index: int) -> Sample:
         record: Any = self.records[index]
-        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-            raise BadSampleError(index, "messages", "record must be a dict with a messages list")
-        messages = record["messages"]
+        if not isinstance(record, dict):
+            problem = f"is missing: the record is a {type(record).__name__}, not a dict"
+            raise BadSampleError(index, "messages", problem)
+        messages = record.get("messages")
+        if not isinstance(messages, list):
+            kind = type(messages).__name__
+            problem = "is missing" if messages is None else f"must be a list, got {kind}"
+            raise BadSampleError(index, "messages", problem)
+        if not messages:
+            raise BadSampleError(index, "messages", "is empty: a conversation needs a turn")
         if self.augmentation is not None:
             messages = augment_messages(messages, self.augmentation, self.epoch, index)
         try:

@@ -179,10 +179,11 @@ def _read_cache(path: Path, fingerprint: str) -> tuple[list[int], list[int]]:
         raise CorruptCacheError(f"{path}: header or body does not match the fingerprint")
     count = header.get("num_samples")
     arrays = body.get("lengths"), body.get("num_loss_tokens")
-    for name, values in zip(("lengths", "num_loss_tokens"), arrays, strict=True):
-        ok = isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
+    # A sample has at least one token; NaN, negatives and floats mean a damaged file.
+    for name, values, least in zip(("lengths", "num_loss_tokens"), arrays, (1, 0), strict=True):
+        ok = isinstance(values, list) and all(type(v) is int and v >= least for v in values)
         if not ok or len(values) != count:
-            raise CorruptCacheError(f"{path}: {name} is not {count} non-negative ints")
+            raise CorruptCacheError(f"{path}: {name} is not {count} ints >= {least}")
     return arrays
 
 

@@ -71,4 +71,8 @@ def inspect_sample(sample: object, index: int, max_seq_len: int | None) -> Sampl
     if labels.shape != input_ids.shape:
         problem = f"has shape {tuple(labels.shape)}, 'input_ids' has {tuple(input_ids.shape)}"
         raise BadSampleError(index, "labels", problem)
+    # Anything below 0 but -100 would index the vocabulary from the end (or crash the loss).
+    if bool(((labels < 0) & (labels != IGNORE_INDEX)).any()):
+        problem = f"contains negative values other than {IGNORE_INDEX} (no loss)"
+        raise BadSampleError(index, "labels", problem)
     return SampleStats(length, int((labels[1:] != IGNORE_INDEX).sum()))

@@ -29,6 +29,19 @@ class MapDataset(Protocol):
     def __len__(self) -> int: ...
 
 
+def record_label(dataset: MapDataset, index: int) -> str:
+    """`` (record id 'abc')`` for a dataset that names its records (``record_id(i)``, as
+    :class:`~odb_lightning.data.ChatDataset` does), so errors point into the user's file;
+    empty otherwise, or when the record is too broken to have an id."""
+    record_id = getattr(dataset, "record_id", None)
+    if not callable(record_id):
+        return ""
+    try:
+        return f" (record id {record_id(index)!r})"
+    except (LookupError, TypeError):  # e.g. a record that is not a mapping: index only
+        return ""
+
+
 def _failure(request: FetchRequest, error: Exception) -> SampleFailed:
     bad = isinstance(error, BadSampleError)
     return SampleFailed(
@@ -54,7 +67,8 @@ def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOpti
 
     A record the data layer rejects (:class:`BadSampleError`) or a sample that fails
     :func:`inspect_sample` is a bad sample; any other exception in ``dataset[i]`` is a
-    fetch failure. Under ``on_bad_sample="skip"`` both are skipped and counted.
+    fetch failure. Under ``on_bad_sample="skip"`` both are skipped and counted. Messages
+    name the dataset index, the record id where the dataset has one, and the field.
     """
     index = request.dataset_index
     set_epoch = getattr(dataset, "set_epoch", None)
@@ -63,18 +77,22 @@ def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOpti
     try:
         sample = dataset[index]
     except BadSampleError as error:
-        return _reject(request, error if error.index == index else error.at_index(index), options)
+        located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
+        return _reject(request, located, options)
     except Exception as error:  # any user error is reported, with its traceback, by index
-        wrapped = RuntimeError(f"dataset[{index}] raised {type(error).__name__}: {error}")
+        where = f"dataset[{index}]{record_label(dataset, index)}"
+        wrapped = RuntimeError(f"{where} raised {type(error).__name__}: {error}")
         return _reject(request, wrapped, options)
     try:
         length, num_loss_tokens = inspect_sample(sample, index, options.max_seq_len)
     except BadSampleError as error:
-        return _reject(request, error, options)
+        located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
+        return _reject(request, located, options)
     try:
         payload = dump_sample(sample)
     except Exception as error:  # e.g. an unpicklable value in the sample
-        wrapped = RuntimeError(f"sample {index} could not be serialized: {error}")
+        where = f"sample {index}{record_label(dataset, index)}"
+        wrapped = RuntimeError(f"{where} could not be serialized: {error}")
         return _failure(request, wrapped)
     return FetchedSample(request.position, index, length, num_loss_tokens, payload)
 

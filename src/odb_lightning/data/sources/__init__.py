@@ -10,7 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from odb_lightning.data.sources.chitchat import chitchat_records
-from odb_lightning.data.sources.jsonl import jsonl_records
+from odb_lightning.data.sources.jsonl import OnBadRecord, jsonl_records
 from odb_lightning.data.sources.sharegpt import ShareGPTRegime, recover_json_array, sharegpt_records
 from odb_lightning.data.sources.source_records import SourceRecords
 from odb_lightning.data.sources.ultrachat import ULTRACHAT_HUB_NAME, ultrachat_records
@@ -32,6 +32,7 @@ def load_source(
     regime: ShareGPTRegime | str = ShareGPTRegime.WHOLE,
     max_samples: int | None = None,
     seed: int = 0,
+    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
 ) -> SourceRecords:
     """Load a conversation source by name.
 
@@ -41,6 +42,10 @@ def load_source(
         regime: ShareGPT only: ``whole``, ``first_exchange`` or ``mix``.
         max_samples: Cap on the number of records.
         seed: ShareGPT ``mix`` seed.
+        on_bad_record: ``jsonl`` only: ``raise`` at the first line that is not a valid
+            conversation, or ``skip`` it (counted as ``dropped/bad_record``). The bundled
+            sources drop what they cannot use and count it; UltraChat rows are converted
+            when read, so their problems are bad samples in the loader.
 
     Returns:
         The records and the counts of what was read, kept and dropped.
@@ -54,11 +59,12 @@ def load_source(
         return ultrachat_records(path, max_samples=max_samples)
     if path is None:
         raise ValueError("the jsonl source needs data.path: a JSON Lines file")
-    return jsonl_records(path, max_samples=max_samples)
+    return jsonl_records(path, max_samples=max_samples, on_bad_record=on_bad_record)
 
 
 __all__ = [
     "ULTRACHAT_HUB_NAME",
+    "OnBadRecord",
     "ShareGPTRegime",
     "SourceName",
     "SourceRecords",

@@ -3,23 +3,42 @@
 Each line is ``{"id": str | int, "messages": [{"role": ..., "content": str}, ...]}``;
 ``id`` is optional (the 1-based line number is used). Roles go through the same aliases
 as every source (``human``/``gpt`` are accepted). Blank lines are skipped. Any other
-problem raises :class:`~odb_lightning.data.conversation.BadRecordError` naming the file,
-the line number and the field.
+problem (invalid UTF-8 or JSON, a missing or empty ``messages``, a bad role or content)
+raises :class:`~odb_lightning.data.conversation.BadRecordError` naming the file, the line
+number and the field, before any training starts; with ``on_bad_record="skip"`` the line
+is dropped and counted instead.
+
+Ids need not be unique (batching and the id audit go by line, i.e. dataset index): a
+repeated id is counted (``duplicate_ids``) and logged with both line numbers, never
+silently merged or dropped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, normalize_role
 from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
 
+logger = logging.getLogger(__name__)
+
+
+class OnBadRecord(StrEnum):
+    """What a line that cannot become a conversation does."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
 
 def _parse_messages(value: Any, where: str) -> list[Message]:
     if not isinstance(value, list):
         raise BadRecordError(where, "messages", f"must be a list, got {type(value).__name__}")
+    if not value:
+        raise BadRecordError(where, "messages", "is empty: a conversation needs a turn")
     messages: list[Message] = []
     for k, message in enumerate(value):
         if not isinstance(message, dict):
@@ -63,21 +82,33 @@ def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
     return ChatRecord(id=record_id, messages=_parse_messages(value["messages"], where))
 
 
-def jsonl_records(path: str | Path, *, max_samples: int | None = None) -> SourceRecords:
+def jsonl_records(
+    path: str | Path,
+    *,
+    max_samples: int | None = None,
+    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+) -> SourceRecords:
     """Read conversations from a JSON Lines file.
 
     Args:
         path: The ``.jsonl`` file.
         max_samples: Stop after this many records.
+        on_bad_record: ``"raise"`` (:class:`BadRecordError` at the first bad line) or
+            ``"skip"`` (drop it, count it under ``dropped/bad_record`` and keep its message
+            in ``rejected``).
 
     Returns:
-        The records, counts ``read`` (non-blank lines) and ``kept``.
+        The records, counts ``read`` (non-blank lines), ``kept`` and ``duplicate_ids``
+        (records whose id an earlier line already had), and ``dropped/bad_record`` when
+        skipping.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
     limit = checked_max_samples(max_samples)
+    skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
     result = SourceRecords("jsonl", [])
+    first_line: dict[str | int, int] = {}
     with path.open("rb") as file:
         for line_number, raw in enumerate(file, start=1):
             if limit is not None and len(result.records) >= limit:
@@ -85,6 +116,37 @@ def jsonl_records(path: str | Path, *, max_samples: int | None = None) -> Source
             if not raw.strip():
                 continue
             result.counts["read"] += 1
-            result.records.append(parse_jsonl_line(raw, f"{path}:{line_number}", line_number))
+            try:
+                record = parse_jsonl_line(raw, f"{path}:{line_number}", line_number)
+            except BadRecordError as error:
+                if not skip:
+                    raise
+                result.counts["dropped/bad_record"] += 1
+                result.rejected.append(str(error))
+                continue
+            _note_duplicate(record["id"], line_number, first_line, result, path)
+            result.records.append(record)
     result.counts["kept"] = len(result.records)
     return result
+
+
+def _note_duplicate(
+    record_id: str | int,
+    line_number: int,
+    first_line: dict[str | int, int],
+    result: SourceRecords,
+    path: Path,
+) -> None:
+    first = first_line.setdefault(record_id, line_number)
+    if first == line_number:
+        return
+    result.counts["duplicate_ids"] += 1
+    if result.counts["duplicate_ids"] == 1:  # one line per file, the count says the rest
+        logger.warning(
+            "%s: id %r on line %d repeats line %d; both are kept (records are told apart "
+            "by line, see duplicate_ids in the source counts)",
+            path,
+            record_id,
+            line_number,
+            first,
+        )

@@ -31,11 +31,13 @@ class SourceRecords:
         records: The conversations, a random-access sequence.
         counts: ``"read"`` (raw records seen), ``"kept"``, and one ``"dropped/<reason>"``
             entry per reason, so nothing is lost silently.
+        rejected: Why each record dropped as bad was rejected (location, field, problem).
     """
 
     name: str
     records: Sequence[ChatRecord]
     counts: Counter[str] = field(default_factory=Counter)
+    rejected: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)
