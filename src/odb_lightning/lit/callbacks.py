@@ -63,7 +63,8 @@ class ODBMetricsCallback(pl.Callback):
         log_every_n_steps: How often throughput is logged (a cross-rank reduction).
 
     Its counters are part of a checkpoint (per rank, with the training wall time), so the
-    summary of a resumed run covers the whole run; the id audit is then appended to.
+    step, sample and token figures of a resumed run's summary cover the whole run (the
+    data module's loader counters cover the resumed run); the id audit is appended to.
     """
 
     def __init__(

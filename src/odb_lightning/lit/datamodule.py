@@ -306,17 +306,17 @@ class ODBDataModule(pl.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         train = self._train_loader
         if train is not None and self.trainer is not None and self.trainer.training:
-            train.taken_steps += 1
+            train.take(self.trainer.global_step)
         return batch
 
     def data_identity(self) -> dict[str, Any]:
         """What makes a dataset index name the same record: the source, the split, the
-        record count and a digest of evenly spaced record ids (known after ``setup``)."""
-        records = getattr(self.dataset, "records", None)
-        ids: list[str] = []
-        if records is not None and len(records):
-            step = max(1, len(records) // IDENTITY_RECORDS)
-            ids = [str(records[i]["id"]) for i in range(0, len(records), step)]
+        record count and a digest of evenly spaced records (ids and content), known after
+        ``setup``. The file path is left out: moved data still resumes."""
+        records = getattr(self.dataset, "records", None) or []
+        step = max(1, len(records) // IDENTITY_RECORDS)
+        sampled = [records[i] for i in range(0, len(records), step)]
+        digest = hashlib.sha256(json.dumps(sampled, sort_keys=True, default=str).encode())
         return {
             "source": self.source,
             "regime": self.regime,
@@ -325,7 +325,7 @@ class ODBDataModule(pl.LightningDataModule):
             "val_samples": self.val_samples,
             "num_records": len(self.dataset) if self.dataset is not None else None,
             "train_samples": len(self.train_indices),
-            "record_ids": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],
+            "records": digest.hexdigest()[:16],
         }
 
     @override
@@ -336,13 +336,15 @@ class ODBDataModule(pl.LightningDataModule):
         calls it on every rank when it saves a checkpoint.
         """
         train = self._train_loader
-        if train is None:
+        if train is None or self.trainer is None:
             return {}
         return {
             "format": CHECKPOINT_FORMAT,
             "data": self.data_identity(),
             "world_size": self._world()[0],
-            "train": train.loader.state_dict(consumed_steps=train.taken_steps),
+            "train": train.loader.state_dict(
+                consumed_steps=train.consumed_steps(self.trainer.global_step)
+            ),
         }
 
     @override

@@ -7,7 +7,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -139,18 +138,6 @@ class TokenWeightedLossMixin(pl.LightningModule):
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True)
         if self.tokens_per_step is not None:
             self.log("train/tokens_per_optimizer_step", float(step_tokens), on_step=True)
-
-    @override
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        pending = (self._pending_loss_tokens, self._pending_local_tokens, self._pending_loss_sum)
-        if pending[0] or pending[1] is not None or pending[2] is not None:
-            # Lightning checkpoints on optimizer-step boundaries; a checkpoint taken inside
-            # an accumulation would resume without the gradients accumulated so far.
-            rank_zero_warn(
-                "checkpoint saved in the middle of an optimizer step: the gradients "
-                "accumulated since the last step are not in it"
-            )
 
     @override
     def on_fit_start(self) -> None:

@@ -168,10 +168,8 @@ class ODBLoader:
 
         Raises:
             ResumeStateError: The state is malformed or names ids outside the dataset.
-            RuntimeError: During an epoch.
+            RuntimeError: After an epoch has started and before it finished.
         """
-        if self._epoch_active:
-            raise RuntimeError("load_state_dict() must be called between epochs")
         self._epoch = self._resume.load(state, len(self.dataset)).epoch
 
     def __iter__(self) -> Iterator[ODBBatch]:
@@ -218,8 +216,7 @@ class ODBLoader:
     def _everywhere(self, record: EpochRecord, steps: int) -> tuple[list[int], bool]:
         """Ids of the first ``steps`` batches on every rank (one all-gather)."""
         local = [i for batch in record.yielded[:steps] for i in batch]
-        done = record.finished and steps == len(record.yielded)
-        rows = gather_objects((local, done), self.world_size)
+        rows = gather_objects((local, record.ended_with(steps)), self.world_size)
         return [i for ids, _ in rows for i in ids], all(done for _, done in rows)
 
     def _next_generation(self) -> int:

@@ -254,7 +254,7 @@ class PlannedLoader:
     def _everywhere(self, record: EpochRecord, steps: int) -> tuple[list[int], bool]:
         """Ids of the first ``steps`` batches of every rank's share of the recorded epoch."""
         consumed = [i for share in self._shares for batch in share[:steps] for i in batch]
-        return consumed, record.finished and steps == len(record.yielded)
+        return consumed, record.ended_with(steps)
 
     def close(self) -> None:
         """Stop persistent workers (the DataLoader owns and joins them)."""

@@ -82,10 +82,6 @@ class EpochProgress:
             raise ResumeStateError("loader state: 'consumed_ids' lists an id twice")
         return cls(epoch, consumed)
 
-    def skipped_in(self, epoch: int) -> frozenset[int]:
-        """The ids an iteration of ``epoch`` must leave out."""
-        return self.consumed if epoch == self.epoch else frozenset()
-
 
 @dataclass
 class EpochRecord:
@@ -112,6 +108,10 @@ class EpochRecord:
             )
         return consumed_steps
 
+    def ended_with(self, steps: int) -> bool:
+        """Whether the first ``steps`` batches are the whole, finished epoch."""
+        return self.finished and steps == len(self.yielded)
+
     def progress(self, consumed: Iterable[int], *, finished: bool) -> EpochProgress:
         """The progress after ``consumed`` more ids; a finished epoch rolls over."""
         if finished:
@@ -134,8 +134,11 @@ class EpochResume:
 
     def begin(self, epoch: int) -> EpochRecord:
         """Start recording an iteration of ``epoch``; it leaves out what a loaded state
-        consumed in that epoch (a loaded state resumes one iteration)."""
-        start = self.pending
+        consumed in that epoch (a loaded state resumes one iteration). An iteration that
+        was abandoned before the end of the same epoch counts as never run."""
+        start, last = self.pending, self.record
+        if start is None and last is not None and not last.finished:
+            start = last.start
         if start is None or start.epoch != epoch:
             start = EpochProgress(epoch)
         self.pending = None
@@ -143,7 +146,17 @@ class EpochResume:
         return self.record
 
     def load(self, state: Mapping[str, Any], num_samples: int) -> EpochProgress:
-        """Validate ``state`` and keep it for the next iteration."""
+        """Validate ``state`` and keep it for the next iteration.
+
+        Raises:
+            RuntimeError: An iteration has started and not finished its epoch.
+            ResumeStateError: See :meth:`EpochProgress.from_state`.
+        """
+        if self.record is not None and not self.record.finished:
+            raise RuntimeError(
+                "load_state_dict() must come before the loader's first iteration or between "
+                "epochs, not after an epoch has started"
+            )
         self.pending, self.record = EpochProgress.from_state(state, num_samples=num_samples), None
         return self.pending
 

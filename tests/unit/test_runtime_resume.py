@@ -176,3 +176,14 @@ def test_bad_states_are_refused_naming_the_field(state: dict, message: str) -> N
     with ODBLoader(_dataset(), num_workers=0, **LOADER) as loader:
         with pytest.raises(ResumeStateError, match=message):
             loader.load_state_dict(state)
+
+
+def test_state_cannot_be_loaded_into_a_started_epoch() -> None:
+    for loader in (
+        ODBLoader(_dataset(), num_workers=0, **LOADER),
+        PlannedLoader(_dataset(100), _fixed_plan(6, 100), num_workers=0),
+    ):
+        _take(loader, 2)
+        with pytest.raises(RuntimeError, match="before the loader's first iteration or between"):
+            loader.load_state_dict(EpochProgress(0).to_state())
+        loader.close()
