@@ -111,6 +111,9 @@ def test_ddp_resume_emits_the_epoch_exactly_once(mode: str, tmp_path: Path) -> N
     stopped, resumed, first, second = stop_and_resume(tmp_path, *overrides)
     before, after = _emitted(first, 2), _emitted(second, 2)
     assert 0 < sum(before.values()) < 64
+    # The sample-budget LR schedule's position: global samples seen, restored on resume.
+    checkpoint = torch.load(first / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["odb_samples_seen"] == sum(before.values())
     assert before + after == Counter(TRAIN_INDICES), "every sample once: none lost or repeated"
     audit = read_audit(second, 2)
     assert len(audit[0]) == len(audit[1]), "equal step counts after the resume"
