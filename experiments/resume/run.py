@@ -1,0 +1,103 @@
+"""Stop mid-epoch, resume from the checkpoint, count what each run emitted.
+
+For each batching mode and world size: `train.py debug=smoke trainer.max_steps=K
+callbacks.checkpoint.every_n_train_steps=K audit_ids=true`, then `train.py ckpt_path=...`
+to the end of the epoch; the id audits of both runs give the samples emitted before and
+after the checkpoint, the duplicates and the missing ones against the epoch's 64 training
+samples.
+
+    python experiments/resume/run.py [--stop-at 3] [--modes odb,standard,bucketed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from odb_lightning.core.order import epoch_permutation  # noqa: E402
+
+TRAIN_INDICES = sorted(epoch_permutation(80, 0, -1)[16:])  # debug=smoke: 64 train records
+
+
+def train(run_dir: Path, overrides: list[str]) -> dict:
+    command = [
+        sys.executable,
+        "train.py",
+        "debug=smoke",
+        "audit_ids=true",
+        f"hydra.run.dir={run_dir}",
+    ]
+    done = subprocess.run(
+        [*command, *overrides], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{done.stderr[-4000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def emitted(run_dir: Path) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for audit in run_dir.glob("emitted_ids_rank*.jsonl"):
+        for line in audit.open():
+            counts.update(json.loads(line))
+    return counts
+
+
+def stop_and_resume(mode: str, trainer: str, stop_at: int, work: Path) -> dict:
+    common = [f"experiment=sharegpt_{mode}", f"trainer={trainer}"]
+    common.append(f"data.length_cache_dir={work / 'cache'}")
+    first, second = work / f"{mode}_{trainer}_first", work / f"{mode}_{trainer}_second"
+    stop = [f"trainer.max_steps={stop_at}", f"callbacks.checkpoint.every_n_train_steps={stop_at}"]
+    train(first, [*common, *stop])
+    summary = train(second, [*common, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"])
+    before, after = emitted(first), emitted(second)
+    total = before + after
+    return {
+        "mode": mode,
+        "world_size": 2 if trainer == "ddp_cpu" else 1,
+        "emitted_before": sum(before.values()),
+        "emitted_after": sum(after.values()),
+        "duplicates": sum(n - 1 for n in total.values() if n > 1),
+        "missing": len(set(TRAIN_INDICES) - set(total)),
+        "optimizer_steps_total": summary["optimizer_steps"],
+        "summary_emitted_samples": summary["emitted_samples"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stop-at", type=int, default=3, help="optimizer steps before the stop")
+    parser.add_argument("--modes", default="odb,standard,bucketed")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for trainer in ("cpu", "ddp_cpu"):
+            for mode in args.modes.split(","):
+                row = stop_and_resume(mode, trainer, args.stop_at, Path(scratch))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    report = {
+        "runs": rows,
+        "meta": {
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, CPU",
+            "epoch_samples": len(TRAIN_INDICES),
+            "command": "python experiments/resume/run.py " + " ".join(sys.argv[1:]),
+        },
+    }
+    (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
