@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from fault_matrix import (
     ERROR_BOUND_S,
@@ -34,6 +36,7 @@ from odb_lightning.runtime import (
     ODBLoader,
     SampleFetchError,
 )
+from odb_lightning.runtime.pipeline import STALL_GRACE_S
 
 LOADER = {
     "token_budget": 600,
@@ -76,6 +79,32 @@ def test_close_leaves_no_live_child(persistent: bool) -> None:
     assert time.monotonic() - started < 5.0
     assert wait_gone(pids, timeout_s=0.0) == []
     assert loader.child_pids() == {}
+
+
+def _stuck_collate(samples: list[dict]) -> dict:
+    threading.Event().wait()  # a collate function that never returns
+    raise AssertionError("unreachable")
+
+
+def test_stuck_collate_function_is_detected_naming_the_process() -> None:
+    loader = _loader(
+        SyntheticChatDataset.seeded(200),
+        collate_fn=_stuck_collate,
+        timeout_s=1.0,
+        alignment_timeout_s=1.0,
+    )
+    before = {child.pid for child in psutil.Process().children()}
+    with loader:
+        started = time.monotonic()
+        with pytest.raises(
+            LoaderProcessError,
+            match=r"the ODB collate process \(pid \d+\) of rank 0 made no progress for 7s",
+        ):
+            next(iter(loader))
+        waited_s = time.monotonic() - started
+        assert 1.0 + 1.0 + STALL_GRACE_S <= waited_s < 1.0 + 1.0 + STALL_GRACE_S + 3.0
+        assert loader.child_pids() == {}
+    assert {child.pid for child in psutil.Process().children()} <= before  # all stopped
 
 
 def test_dataset_exception_names_index_and_cause() -> None:

@@ -5,6 +5,12 @@ process: requests samples from the workers (round robin, each worker has its own
 queue), runs the rounds with :class:`~odb_lightning.runtime.engine.EpochRunner` and
 puts batches, then :class:`EpochEnd`, on the output queue. Output capacity is a
 semaphore of ``2 Q`` slots; the main process releases one per batch it takes.
+
+It counts its progress in a shared counter (a sample received, an all-gather done, a
+batch queued). Each of its waits is bounded (``timeout_s`` per sample, ``alignment_timeout_s``
+per exchange), so a counter that stands still for longer than both while the main
+process waits means it is stuck where nothing bounds it, in the collate function: the
+main process then stops it (:class:`~odb_lightning.runtime.pipeline.Pipeline`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Semaphore
+from typing import Protocol
 
 from odb_lightning.runtime.batch import CollateFn
 from odb_lightning.runtime.engine import EpochRunner
@@ -33,13 +40,27 @@ from odb_lightning.runtime.options import LoaderOptions
 from odb_lightning.runtime.rendezvous import Rendezvous
 
 
+class ProgressCounter(Protocol):
+    """A shared unsigned integer (``multiprocessing`` ``RawValue``): ``value``."""
+
+    value: int
+
+
+def count_progress(progress: ProgressCounter) -> None:
+    """One more step of progress (one writer: the collate process)."""
+    progress.value += 1
+
+
 class WorkerQueues:
     """Sample source backed by the worker processes."""
 
-    def __init__(self, requests: list[Queue], results: Queue, timeout_s: float) -> None:
+    def __init__(
+        self, requests: list[Queue], results: Queue, timeout_s: float, progress: ProgressCounter
+    ) -> None:
         self._requests = requests
         self._results = results
         self._timeout_s = timeout_s
+        self._progress = progress
         self._next_worker = 0
         self._in_flight: dict[int, tuple[int, int]] = {}  # position -> (index, worker)
 
@@ -60,7 +81,24 @@ class WorkerQueues:
                 f"{len(self._in_flight)} in flight, oldest first: {described}"
             ) from None
         self._in_flight.pop(result.position, None)
+        count_progress(self._progress)
         return result
+
+
+class ProgressChannel:
+    """A channel that counts every completed all-gather as progress."""
+
+    def __init__(self, channel: Channel, progress: ProgressCounter) -> None:
+        self._channel = channel
+        self._progress = progress
+
+    def allgather(self, message: list[int], context: str) -> list[list[int]]:
+        gathered = self._channel.allgather(message, context)
+        count_progress(self._progress)
+        return gathered
+
+    def close(self) -> None:
+        self._channel.close()
 
 
 class SemaphoreSlots:
@@ -93,6 +131,7 @@ class CollateProcessSpec:
         commands: Commands from the main process.
         outputs: Batches and epoch ends to the main process.
         slots: The ``2 Q`` output slots.
+        progress: Counter of this process's progress, read by the main process.
     """
 
     options: LoaderOptions
@@ -105,6 +144,7 @@ class CollateProcessSpec:
     commands: Queue
     outputs: Queue
     slots: Semaphore
+    progress: ProgressCounter
 
 
 def _report_failure(outputs: Queue, error: Exception) -> None:
@@ -121,8 +161,8 @@ def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
     runner = EpochRunner(
         spec.options,
         rank=spec.rank,
-        channel=channel,
-        source=WorkerQueues(spec.requests, spec.results, spec.options.timeout_s),
+        channel=ProgressChannel(channel, spec.progress),
+        source=WorkerQueues(spec.requests, spec.results, spec.options.timeout_s, spec.progress),
         slots=SemaphoreSlots(spec.slots),
         collate_fn=spec.collate_fn,
     )
@@ -140,6 +180,7 @@ def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
                 spec.outputs.put(EpochEnd(end.value))
                 break
             spec.outputs.put(batch)
+            count_progress(spec.progress)
 
 
 def collate_main(spec: CollateProcessSpec) -> None:
@@ -155,6 +196,7 @@ def collate_main(spec: CollateProcessSpec) -> None:
     except Exception as error:  # reported to the main process, which raises it
         _report_failure(spec.outputs, error)
         return
+    count_progress(spec.progress)
     try:
         _serve(spec, channel)
     except Exception as error:  # reported to the main process, which raises it

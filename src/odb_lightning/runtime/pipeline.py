@@ -3,10 +3,12 @@ process: N workers and one collate process, started together and stopped togethe
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import queue
 import signal
+import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
@@ -29,6 +31,9 @@ POLL_S = 0.1
 """How often the main process checks its children's liveness while it waits."""
 EXIT_WAIT_S = 2.0
 """How long to wait for a child whose connection broke to be seen as exited."""
+STALL_GRACE_S = 5.0
+"""Slack on top of ``timeout_s + alignment_timeout_s`` before a collate process that
+makes no progress counts as stuck (scheduling delays on a loaded machine)."""
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -71,6 +76,9 @@ class Pipeline:
         self._commands = context.Queue()
         self._outputs = context.Queue()
         self._slots = context.Semaphore(options.output_slots)
+        self._progress = context.RawValue(ctypes.c_uint64, 0)
+        # Every wait of the collate process is bounded by one of the two timeouts.
+        self._stall_s = options.timeout_s + options.alignment_timeout_s + STALL_GRACE_S
         self._workers = [
             context.Process(
                 target=worker_main,
@@ -82,7 +90,7 @@ class Pipeline:
         ]
         spec = CollateProcessSpec(
             options, rank, rendezvous, generation, collate_fn, self._requests,
-            self._results, self._commands, self._outputs, self._slots,
+            self._results, self._commands, self._outputs, self._slots, self._progress,
         )  # fmt: skip
         self._collate = context.Process(
             target=collate_main, args=(spec,), name="odb-collate", daemon=True
@@ -114,14 +122,22 @@ class Pipeline:
         """The next batch or end of epoch; raises what failed in a child.
 
         Raises:
-            LoaderProcessError: A child died; the message names it and its pid.
+            LoaderProcessError: A child died, or the collate process made no progress for
+                longer than any of its bounded waits; the message names it and its pid.
             Exception: What the collate process reported (sample, channel, peer errors).
         """
+        seen, seen_at = self._progress.value, time.monotonic()
         while True:
             try:
                 message = self._outputs.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_alive()
+                if self._progress.value != seen:
+                    seen, seen_at = self._progress.value, time.monotonic()
+                # Before its channel is up (progress 0) a spawned child may still be
+                # importing: only its liveness is checked then.
+                elif seen and time.monotonic() - seen_at > self._stall_s:
+                    self._raise_stalled()
                 continue
             except Exception:  # a batch whose sender died cannot be rebuilt: say who died
                 self._await_exit()
@@ -142,6 +158,15 @@ class Pipeline:
                 f"the ODB {name} (pid {process.pid}) of rank {self._rank} "
                 f"{_describe_exit(process.exitcode)} while the loader was running"
             )
+
+    def _raise_stalled(self) -> None:
+        self._raise_reported_failure()
+        raise LoaderProcessError(
+            f"the ODB collate process (pid {self._collate.pid}) of rank {self._rank} made no "
+            f"progress for {self._stall_s:.0f}s (no sample received, alignment round or "
+            "batch queued; each of those waits is bounded by timeout_s or "
+            "alignment_timeout_s): is the collate function stuck?"
+        )
 
     def _await_exit(self) -> None:
         """Give a child that is dying (its pipe already broke) time to be reaped."""
