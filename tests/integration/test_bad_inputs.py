@@ -242,6 +242,7 @@ def test_damaged_length_cache_is_rebuilt(
 
 
 # -- What a user of train.py sees --------------------------------------------------------
+@pytest.mark.slow  # the same jsonl path runs in-process above; this checks what train.py shows
 def test_train_py_names_the_bad_line_and_field(tmp_path: Path) -> None:
     path = write_jsonl(
         tmp_path / "chats.jsonl", [chat("a"), chat("b"), b'{"id": 3, "messages": [\xff]}']

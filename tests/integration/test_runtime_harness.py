@@ -157,19 +157,25 @@ def descendant_pids(pid: int) -> list[int]:
 
 
 def resource_sample() -> dict[str, int]:
-    """This process's open file descriptors, its live descendants and their total RSS."""
+    """This process's open file descriptors and RSS, its live descendants and the largest
+    RSS among them, and the PSS of it and them together (proportional set size: forked
+    children share most pages with their parent; a sum of RSS would count them twice)."""
     me = psutil.Process()
     children = me.children(recursive=True)
-    rss = me.memory_info().rss
+    pss, child_rss = me.memory_full_info().pss, [0]
     for child in children:
         try:
-            rss += child.memory_info().rss
+            memory = child.memory_full_info()
         except psutil.NoSuchProcess:
             continue  # exited since the listing: it holds no memory any more
+        pss += memory.pss
+        child_rss.append(memory.rss)
     return {
-        "open_fds": len(os.listdir("/proc/self/fd")),
+        "open_fds": me.num_fds(),
         "children": len(children),
-        "rss_bytes": rss,
+        "rss_bytes": me.memory_info().rss,
+        "max_child_rss_bytes": max(child_rss),
+        "tree_pss_bytes": pss,
     }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +68,27 @@ def train_command(run_dir: Path, probe_dir: Path, fault: str, fault_rank: int, f
     ]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+OUTCOME_LINE = re.compile(
+    r"\w+(?:Error|Exception): .*|\[rank: \d\] Received SIGTERM.*|Detected KeyboardInterrupt.*"
+    r"|.*Child process with PID \d+ terminated with code.*"
+)
+
+
+def outcome_lines(output: str) -> list[str]:
+    """The lines of ``output`` that say how a rank ended: its exception, the signal it got,
+    or Lightning's launcher killing the other ranks (progress-bar prefixes removed)."""
+    found = []
+    for line in re.split(r"[\r\n]", output):
+        match = OUTCOME_LINE.search(line)
+        if match and match.group(0) not in found:
+            found.append(match.group(0)[:240])
+    return found
+
+
 def _job_pids(probe_dir: Path) -> list[int]:
     pids: set[int] = set()
     for probe in probe_dir.glob("probe_rank*.json"):
@@ -103,6 +125,9 @@ def run_train_fault(
         process = subprocess.Popen(
             command, cwd=cwd, env=environment, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C (SIGINT to the process group) reaches the job only
+            # A shell starts background jobs with SIGINT ignored, and Python then keeps it
+            # ignored: give the run the disposition of a terminal's foreground job.
+            preexec_fn=_default_sigint,
         )  # fmt: skip
         try:
             returncode = process.wait(timeout=timeout_s)
