@@ -71,7 +71,7 @@ JSONL_BAD_LINES = [
     ({"id": "m"}, "messages", "missing"),
     (chat("c", answer=42), "messages[1].content", "must be a string, got int"),
     (b'{"id": "u", "messages": []}\xff\xfe', "<line>", "invalid UTF-8 at byte 27"),
-    (b'{"id": "j", "messages": [', "<line>", "invalid JSON"),
+    (b'{"id": "j", "messages": [', "<line>", "invalid JSON: Expecting value at character 26"),
 ]
 
 

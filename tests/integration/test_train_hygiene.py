@@ -10,8 +10,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from fault_injection import listening_sockets
 from train_faults import ROOT, run_train_fault
+
+from fault_injection import listening_sockets
 
 TRIGGER = "TRIGGER-PREPROCESSING-FAILURE"  # fault_injection.RaisingTokenizer's default
 NUM_RECORDS = 40

@@ -70,7 +70,8 @@ def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        problem = f"invalid JSON: {error.msg} at column {error.colno}"
+        # A character offset: the line's own newline would make colno refer to "line 2".
+        problem = f"invalid JSON: {error.msg} at character {error.pos}"
         raise BadRecordError(where, "<line>", problem) from error
     if not isinstance(value, dict):
         raise BadRecordError(where, "<line>", f"must be a JSON object, got {type(value).__name__}")
