@@ -1,0 +1,263 @@
+"""Training throughput of every batching mode vs fixed batches and vs the reference package.
+
+One process, one training loop for every arm: the same ``model=cpu_bench`` stand-in
+(body-dominated FLOPs, token ids folded modulo 2,048, real Qwen2.5 tokens and lengths),
+the same AdamW, gradient clipping and exact token-weighted loss, the same samples, token
+budget and window depth. Per regime the arms run interleaved, ``--repeats`` times; the
+figures are medians, the ratios medians of the per-repeat ratios. Run from the repository
+root (see README.md next to this file):
+
+    .venv/bin/python experiments/throughput/run.py --lock /tmp/odb_bench.lock
+
+Writes ``results.json`` and ``throughput.png`` next to this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from odb_lightning.core.loss_weights import rank_loss_scale
+from odb_lightning.lit.module import CausalLMModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput_arms import ARMS, REGIMES, ArmSettings, BenchData, load_bench_data, make_arm  # noqa: E402
+from throughput_report import flop_model, plot_results, summarize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+# Samples per regime: about the same compute per regime (more of the short ones).
+DEFAULT_SAMPLES = {"whole": 128, "first_exchange": 320, "mix": 192, "chitchat": 224}
+
+
+@dataclass
+class EpochRecord:
+    """What one arm did in one epoch, counted from the model inputs it received."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time (the training loop; loaders are children)
+    loader_wait_s: float = 0.0
+    samples: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    loss_tokens: int = 0
+    steps: int = 0
+    load_average: list[float] = field(default_factory=list)
+    # Per step: (rows, row length, loss tokens), for the FLOP model.
+    shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+
+
+def count_inputs(inputs: dict[str, Any]) -> tuple[int, int, int, int]:
+    """Samples, real tokens, rows and row length of one step's model inputs."""
+    rows, row_length = inputs["input_ids"].shape
+    if "cu_seqlens" in inputs:  # a packed row: every token is real
+        return int(inputs["cu_seqlens"].numel() - 1), rows * row_length, rows, row_length
+    return rows, int(inputs["attention_mask"].sum()), rows, row_length
+
+
+def build_model(seed: int) -> CausalLMModule:
+    """``conf/model/cpu_bench.yaml``'s architecture, the same init for every arm."""
+    bench = OmegaConf.load(ROOT / "conf" / "model" / "cpu_bench.yaml")
+    torch.manual_seed(seed)
+    return CausalLMModule(
+        hidden_size=bench.hidden_size,
+        num_hidden_layers=bench.num_hidden_layers,
+        num_attention_heads=bench.num_attention_heads,
+        num_key_value_heads=bench.num_key_value_heads,
+        intermediate_size=bench.intermediate_size,
+        token_id_fold=bench.token_id_fold,
+    )
+
+
+def train_epoch(
+    model: CausalLMModule, start: Callable[[], Iterator[dict[str, Any]]], lr: float
+) -> EpochRecord:
+    """One epoch of the arm's batches: forward, token-weighted backward, clip, AdamW step.
+
+    The clock runs from building the loader (its processes start inside) to the last
+    optimizer step, so start-up and window fill are paid by every arm.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
+    record = EpochRecord(load_average=list(os.getloadavg()))
+    started, cpu_started = time.perf_counter(), time.process_time()
+    batches = start()
+    while True:
+        waited = time.perf_counter()
+        inputs = next(batches, None)
+        record.loader_wait_s += time.perf_counter() - waited
+        if inputs is None:
+            break
+        step_started = time.perf_counter()
+        loss_sum, num_loss_tokens = model(inputs)
+        # One process: W = 1, N = this step's supervised tokens (exact per-token mean).
+        (loss_sum * rank_loss_scale(1, num_loss_tokens)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        samples, real, rows, row_length = count_inputs(inputs)
+        record.samples += samples
+        record.real_tokens += real
+        record.padded_tokens += rows * row_length
+        record.loss_tokens += num_loss_tokens
+        record.steps += 1
+        record.shapes.append((rows, row_length, num_loss_tokens))
+        record.step_s.append(time.perf_counter() - step_started)
+    record.wall_s = time.perf_counter() - started
+    record.cpu_s = time.process_time() - cpu_started
+    record.load_average += list(os.getloadavg())
+    return record
+
+
+@contextlib.contextmanager
+def bench_lock(path: Path | None) -> Iterator[None]:
+    """Hold ``flock(path)`` (the lock ``flock(1)`` takes) so no two timed runs overlap."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def warm_up(seed: int) -> None:
+    """One untimed step, so the first timed arm pays no one-off allocation cost."""
+    model = build_model(seed)
+    ids = torch.arange(2048).remainder(2048).unsqueeze(0)
+    loss_sum, _ = model({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    loss_sum.backward()
+
+
+def check_coverage(data: BenchData, arm: str, record: EpochRecord) -> None:
+    """Every arm must train on exactly the benchmark's samples and tokens."""
+    expected = (len(data.lengths), sum(data.lengths))
+    got = (record.samples, record.real_tokens)
+    if got != expected:
+        raise RuntimeError(f"{data.regime}/{arm}: (samples, real tokens) {got} != {expected}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--regimes", default=",".join(REGIMES))
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument(
+        "--samples",
+        default=",".join(f"{k}={v}" for k, v in DEFAULT_SAMPLES.items()),
+        help="samples per regime, e.g. whole=128,mix=192",
+    )
+    parser.add_argument("--population", type=int, default=2000, help="records for the p99")
+    parser.add_argument("--token-budget", type=int, default=16384)
+    parser.add_argument("--outstanding-depth", type=int, default=256)
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--max-seq-len", type=int, default=4096)
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="intra-op threads of the training loop (1: stable on a shared machine)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--out", type=Path, default=HERE, help="results.json goes here")
+    parser.add_argument("--lock", type=Path, help="flock this file around each timed run")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    regimes = args.regimes.split(",")
+    arms = args.arms.split(",")
+    samples = {k: int(v) for k, v in (item.split("=") for item in args.samples.split(","))}
+    from odb_lightning.data import load_tokenizer
+
+    settings = ArmSettings(
+        token_budget=args.token_budget,
+        outstanding_depth=args.outstanding_depth,
+        num_workers=args.num_workers,
+        max_seq_len=args.max_seq_len,
+        pad_id=load_tokenizer().pad_id,
+        seed=args.seed,
+    )
+    data = {
+        r: load_bench_data(r, samples[r], args.population, args.max_seq_len, args.seed)
+        for r in regimes
+    }
+    for regime, bench in data.items():
+        p = bench.population
+        print(
+            f"{regime}: {len(bench.lengths)} samples, {sum(bench.lengths):,} tokens; regime "
+            f"mean {p.mean:.0f}, CV {p.cv:.2f}, p99 {p.p99} ({p.count} records)",
+            flush=True,
+        )
+    warm_up(args.seed)
+    runs: dict[str, dict[str, list[EpochRecord]]] = {r: {a: [] for a in arms} for r in regimes}
+    load_before = list(os.getloadavg())
+    started = time.perf_counter()
+    for repeat in range(args.repeats):
+        for regime in regimes:
+            for arm in arms:  # interleaved: drifting load hits every arm alike
+                model = build_model(args.seed)
+                with bench_lock(args.lock):
+                    record = train_epoch(model, make_arm(arm, data[regime], settings), args.lr)
+                check_coverage(data[regime], arm, record)
+                runs[regime][arm].append(record)
+                print(
+                    f"repeat {repeat} {regime:14s} {arm:13s} {record.samples / record.wall_s:7.2f}"
+                    f" samples/s  {record.steps:4d} steps  {record.wall_s:6.1f} s  "
+                    f"wait {record.loader_wait_s:5.1f} s  load {record.load_average[0]:.2f}",
+                    flush=True,
+                )
+    config = build_model(args.seed).model.config
+    report = {
+        "regimes": {
+            r: summarize(runs[r], data[r], flop_model(config), args.token_budget) for r in regimes
+        },
+        "meta": {
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+            f", {torch.get_num_threads()} intra-op threads",
+            "repeats": args.repeats,
+            "command": ".venv/bin/python experiments/throughput/run.py " + " ".join(sys.argv[1:]),
+            "wall_s": time.perf_counter() - started,
+            "load_average_before": load_before,
+            "load_average_after": list(os.getloadavg()),
+            "settings": asdict(settings),
+            "model": "conf/model/cpu_bench.yaml (token ids folded modulo token_id_fold)",
+            "flops_per_token": flop_model(config).describe(),
+            "samples": {r: len(data[r].lengths) for r in regimes},
+            "regime_lengths": {r: asdict(data[r].population) for r in regimes},
+        },
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_results(report, args.out / "throughput.png")
+    for regime, table in report["regimes"].items():
+        print(regime)
+        for arm, row in table["arms"].items():
+            print(
+                f"  {arm:13s} {row['samples_per_s']:7.2f} samples/s {row['real_tokens_per_s']:8.0f}"
+                f" tok/s  eff {row['padding_efficiency']:.3f}  steps {row['steps']:4d}  "
+                f"vs std {row['vs_standard']:.2f}x (pred {row['predicted_vs_standard']:.2f}x)  "
+                f"vs ref {row['vs_reference']:.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
