@@ -18,7 +18,13 @@ import pytest
 import torch
 
 from odb_lightning.core.plan import plan_epoch
-from odb_lightning.data import BadRecordError, ChatDataset, QwenTokenizer, load_source
+from odb_lightning.data import (
+    BadRecordError,
+    ChatDataset,
+    QwenTokenizer,
+    load_source,
+    ultrachat_records,
+)
 from odb_lightning.data.length_cache import LengthCache, length_fingerprint
 from odb_lightning.runtime import BadSampleError, ODBLoader
 from odb_lightning.runtime.stats import EpochStats
@@ -158,6 +164,31 @@ def test_bad_conversation_names_index_record_id_and_field(
     steps, stats = run_loader(dataset, on_bad_sample="skip")
     assert stats.skipped_ids == (3,)
     assert sorted(i for step in steps for i in step) == [0, 1, 2, 4]
+
+
+def test_ultrachat_row_without_content_names_index_record_and_field(
+    tmp_path: Path, tokenizer: QwenTokenizer
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"prompt_id": f"p{i}", "messages": [
+            {"role": "user", "content": f"question {i}"},
+            {"role": "assistant", "content": None if i == 1 else f"answer {i}"},
+        ]}
+        for i in range(4)
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train_sft-0.parquet")
+    parquet = tmp_path / "train_sft-0.parquet"
+    source = ultrachat_records(parquet, cache_dir=tmp_path / "cache")  # not the user's cache
+    dataset = ChatDataset(source.records, tokenizer, MAX_SEQ_LEN)
+    with pytest.raises(BadSampleError) as info:
+        run_loader(dataset)
+    assert str(info.value) == (
+        "sample 1: field 'messages[1].content' must be str, got NoneType (record id 'p1') "
+        "(on rank 0)"
+    )
 
 
 # -- A custom dataset of token samples ---------------------------------------------------

@@ -45,10 +45,12 @@ class UltraChatRecords(Sequence[ChatRecord]):
             return [self[i] for i in range(*index.indices(len(self)))]
         row: dict[str, Any] = self.table[index]
         record_id = row.get("prompt_id") or index
+        # Content goes through as it is: the template rejects a non-string one, naming
+        # the record and the field, instead of training on an empty turn.
         messages = [
             {
                 "role": normalize_role(m.get("role"), record_id, f"messages[{k}].role"),
-                "content": m.get("content") or "",
+                "content": m.get("content"),
             }
             for k, m in enumerate(row["messages"] or [])
         ]
