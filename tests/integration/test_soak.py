@@ -31,11 +31,14 @@ def test_resources_stay_bounded_over_epochs(persistent: bool) -> None:
         samples = [epoch["resources"] for epoch in outcome.ok[rank]]
         assert [s["mid_epoch"]["children"] for s in samples] == [3] * EPOCHS
         assert [s["epoch_end"]["children"] for s in samples] == [3 if persistent else 0] * EPOCHS
-        for moment in ("mid_epoch", "epoch_end"):
-            fds = [s[moment]["open_fds"] for s in samples]
-            # Constant but for a descriptor or two of a queue thread still closing.
-            assert max(fds) - fds[0] <= 3, fds
-            assert fds[-1] - fds[0] <= 3, fds
+        mid = [s["mid_epoch"]["open_fds"] for s in samples]
+        assert max(mid) - min(mid) <= 1, mid
+        # Right after a pipeline closes, queue threads may still be closing their pipes:
+        # a few transient descriptors, but the floor must not rise (a leak would).
+        end = [s["epoch_end"]["open_fds"] for s in samples]
+        half = EPOCHS // 2
+        assert min(end[half:]) <= min(end[:half]), end
+        assert max(end) - min(end) <= 8, end
         rss = [s["epoch_end"]["rss_bytes"] for s in samples]
         assert rss[-1] - rss[0] < 16 * MIB, rss
         child_rss = [s["mid_epoch"]["max_child_rss_bytes"] for s in samples]
