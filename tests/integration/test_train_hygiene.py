@@ -88,6 +88,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
     run_dir = tmp_path / "job" / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["skipped_bad_samples"] == len(RAISING)
+    assert summary["skipped_sample_ids"] == sorted(RAISING)
     assert summary["emitted_samples"] == NUM_RECORDS - len(RAISING)
     audit = [
         i for r in range(2) for line in (run_dir / f"emitted_ids_rank{r}.jsonl").open()

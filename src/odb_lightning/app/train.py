@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import hydra
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.validation import instantiate_checked, validate_config
 from odb_lightning.lit import strategy as _register_strategy  # noqa: F401  (registers odb_ddp)
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+"""Exit status of a run stopped by SIGTERM (the shell's convention)."""
 
 
 def instantiate_group(cfg: DictConfig | None) -> list[Any]:
@@ -53,6 +58,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SIGTERMException:
+        # Lightning stops cleanly on SIGTERM; a scheduler must still see a terminated job.
+        finish_wandb_runs(loggers, exit_code=SIGTERM_EXIT_CODE)
+        raise SystemExit(SIGTERM_EXIT_CODE) from None
     except BaseException:
         finish_wandb_runs(loggers, exit_code=1)
         raise

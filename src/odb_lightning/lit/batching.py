@@ -60,7 +60,8 @@ class BatchingConfig:
             _check_positive_int("max_batch_size", self.max_batch_size)
         for name in ("timeout_s", "alignment_timeout_s"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (is_number and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if self.on_bad_sample not in ("raise", "skip"):
             raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {self.on_bad_sample!r}")

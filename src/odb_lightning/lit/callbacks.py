@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from odb_lightning.runtime.resume import gather_objects
+
 
 @dataclass
 class RankTotals:
@@ -183,6 +185,7 @@ class ODBMetricsCallback(pl.Callback):
         per_rank = self._gather_totals(trainer, pl_module)
         self.summary = self._summarize(trainer, per_rank)
         self.summary.update(_gather_loader_counters(trainer, pl_module))
+        self.summary.update(_gather_skipped_ids(trainer))
         if trainer.is_global_zero:
             (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             for logger in trainer.loggers:
@@ -281,6 +284,15 @@ def _gather_loader_counters(trainer: pl.Trainer, pl_module: pl.LightningModule) 
     if "alignment_rounds" in totals:
         totals["alignment_rounds"] = int(max(row[names.index("alignment_rounds")] for row in rows))
     return totals
+
+
+def _gather_skipped_ids(trainer: pl.Trainer) -> dict[str, list[int]]:
+    """The dataset indices skipped as bad samples on every rank, sorted."""
+    skipped = getattr(getattr(trainer, "datamodule", None), "skipped_sample_ids", None)
+    if not callable(skipped):
+        return {}
+    rows = gather_objects(skipped(), trainer.world_size)
+    return {"skipped_sample_ids": sorted(i for row in rows for i in row)}
 
 
 SUMMARY_ROWS = (

@@ -124,6 +124,7 @@ class ODBDataModule(pl.LightningDataModule):
         self._loaders: list[LightningLoader] = []
         self._train_loader: LightningLoader | None = None
         self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
+        self.source_counts: dict[str, int] = {}  # records read, kept, dropped (by reason)
 
     # -- data ---------------------------------------------------------------------------
     def _load_dataset(self) -> Dataset:
@@ -137,7 +138,9 @@ class ODBDataModule(pl.LightningDataModule):
             regime=self.regime,
             max_samples=self.max_samples,
             seed=self.seed,
+            on_bad_record=self.batching.on_bad_sample,
         )
+        self.source_counts = dict(records.counts)
         return ChatDataset(
             records.records,
             self.tokenizer,
@@ -397,12 +400,17 @@ class ODBDataModule(pl.LightningDataModule):
             "max_seq_len": self.max_seq_len,
             "train_samples": self.num_train_samples,
             "length_cache_s": self.length_cache_s,
+            "source_records": self.source_counts,
         }
         if latency_ms:
             facts["alignment_round_ms_median"] = statistics.median(latency_ms)
             # Nearest-rank percentile.
             facts["alignment_round_ms_p99"] = latency_ms[math.ceil(0.99 * len(latency_ms)) - 1]
         return facts
+
+    def skipped_sample_ids(self) -> list[int]:
+        """Dataset indices this rank skipped as bad samples (``on_bad_sample=skip``)."""
+        return sorted(i for s in self._train_epoch_stats() for i in s.skipped_ids)
 
     def loader_counters(self) -> dict[str, int]:
         """This rank's loader counters over every finished epoch (summed over ranks by
