@@ -93,6 +93,7 @@ def startup_checks(cfg: DictConfig) -> None:
         ("batching.max_steps_per_round=0", "batching.max_steps_per_round"),
         ("batching.timeout_s=0", "batching.timeout_s"),
         ("batching.timeout_s=-1", "batching.timeout_s"),
+        ("batching.timeout_s=true", "batching.timeout_s"),
         ("batching.alignment_timeout_s=inf", "batching.alignment_timeout_s"),
         ("batching.alignment_timeout_s=nan", "batching.alignment_timeout_s"),
         ("batching.on_bad_sample=ignore", "batching.on_bad_sample"),
