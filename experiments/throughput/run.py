@@ -32,16 +32,26 @@ import torch
 from omegaconf import OmegaConf
 
 from odb_lightning.core.loss_weights import rank_loss_scale
+from odb_lightning.lit.batching import BatchingConfig
 from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.plans import epoch_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput_arms import ARMS, REGIMES, ArmSettings, BenchData, load_bench_data, make_arm  # noqa: E402
-from throughput_report import flop_model, plot_results, summarize  # noqa: E402
+from throughput_arms import (  # noqa: E402
+    ARMS,
+    IGNORE_INDEX,
+    REGIMES,
+    ArmSettings,
+    BenchData,
+    load_bench_data,
+    make_arm,
+)
+from throughput_report import flop_model, plot_results, summarize, summarize_grouping  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 # Samples per regime: about the same compute per regime (more of the short ones).
-DEFAULT_SAMPLES = {"whole": 128, "first_exchange": 320, "mix": 192, "chitchat": 224}
+DEFAULT_SAMPLES = {"whole": 64, "first_exchange": 176, "mix": 96, "chitchat": 112}
 
 
 @dataclass
@@ -68,6 +78,16 @@ def count_inputs(inputs: dict[str, Any]) -> tuple[int, int, int, int]:
     if "cu_seqlens" in inputs:  # a packed row: every token is real
         return int(inputs["cu_seqlens"].numel() - 1), rows * row_length, rows, row_length
     return rows, int(inputs["attention_mask"].sum()), rows, row_length
+
+
+def add_step(record: EpochRecord, inputs: dict[str, Any], num_loss_tokens: int) -> None:
+    samples, real, rows, row_length = count_inputs(inputs)
+    record.samples += samples
+    record.real_tokens += real
+    record.padded_tokens += rows * row_length
+    record.loss_tokens += num_loss_tokens
+    record.steps += 1
+    record.shapes.append((rows, row_length, num_loss_tokens))
 
 
 def build_model(seed: int) -> CausalLMModule:
@@ -109,13 +129,7 @@ def train_epoch(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        samples, real, rows, row_length = count_inputs(inputs)
-        record.samples += samples
-        record.real_tokens += real
-        record.padded_tokens += rows * row_length
-        record.loss_tokens += num_loss_tokens
-        record.steps += 1
-        record.shapes.append((rows, row_length, num_loss_tokens))
+        add_step(record, inputs, num_loss_tokens)
         record.step_s.append(time.perf_counter() - step_started)
     record.wall_s = time.perf_counter() - started
     record.cpu_s = time.process_time() - cpu_started
@@ -135,6 +149,47 @@ def bench_lock(path: Path | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def replay_epoch(start: Callable[[], Iterator[dict[str, Any]]]) -> EpochRecord:
+    """One epoch of an arm's batches without the model: the steps and shapes it forms."""
+    record = EpochRecord()
+    started = time.perf_counter()
+    for inputs in start():
+        add_step(record, inputs, int((inputs["labels"][..., 1:] != IGNORE_INDEX).sum()))
+    record.wall_s = time.perf_counter() - started
+    return record
+
+
+def plan_record(batches: list[list[int]], data: BenchData) -> EpochRecord:
+    """The record a planned loader would produce for ``batches`` (no loader run)."""
+    record = EpochRecord()
+    for batch in batches:
+        longest = max(data.lengths[i] for i in batch)
+        record.samples += len(batch)
+        record.real_tokens += sum(data.lengths[i] for i in batch)
+        record.padded_tokens += len(batch) * longest
+        record.loss_tokens += sum(data.loss_tokens[i] for i in batch)
+        record.steps += 1
+        record.shapes.append((len(batch), longest, sum(data.loss_tokens[i] for i in batch)))
+    return record
+
+
+def group_whole_regime(
+    regime: str, settings: ArmSettings, args: argparse.Namespace
+) -> tuple[dict[str, EpochRecord], BenchData]:
+    """Every record of the regime, one epoch, grouped but not trained: the online loaders
+    run for real; standard and oracle are their plans (which their loader executes)."""
+    full = load_bench_data(regime, None, None, args.max_seq_len, args.seed)
+    records = {arm: replay_epoch(make_arm(arm, full, settings)) for arm in ("odb", "reference")}
+    for arm, mode, knobs in (("standard_bs8", "standard", {"batch_size": 8}),
+                             ("oracle", "oracle", {})):  # fmt: skip
+        config = BatchingConfig(mode=mode, token_budget=settings.token_budget, **knobs)
+        plan = epoch_plan(full.lengths, config, settings.seed, len(full.lengths))(0)
+        records[arm] = plan_record(plan, full)
+    for arm, record in records.items():
+        check_coverage(full, arm, record)
+    return records, full
 
 
 def warm_up(seed: int) -> None:
@@ -164,6 +219,10 @@ def parse_args() -> argparse.Namespace:
         help="samples per regime, e.g. whole=128,mix=192",
     )
     parser.add_argument("--population", type=int, default=2000, help="records for the p99")
+    parser.add_argument(
+        "--packed-fraction", type=float, default=0.5,
+        help="share of the samples odb_packed trains on (its dense block mask is slow on CPU)",
+    )  # fmt: skip
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--outstanding-depth", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=2)
@@ -174,6 +233,10 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument(
+        "--whole-regime", default=",".join(REGIMES),
+        help="regimes whose every record is also grouped (no model) by odb and the reference",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE, help="results.json goes here")
     parser.add_argument("--lock", type=Path, help="flock this file around each timed run")
     return parser.parse_args()
@@ -212,11 +275,15 @@ def main() -> None:
     started = time.perf_counter()
     for repeat in range(args.repeats):
         for regime in regimes:
-            for arm in arms:  # interleaved: drifting load hits every arm alike
+            # Interleaved, and rotated per repeat, so drifting load hits every arm alike.
+            for arm in arms[repeat % len(arms) :] + arms[: repeat % len(arms)]:
+                bench = data[regime]
+                if arm == "odb_packed":
+                    bench = bench.head(max(1, round(args.packed_fraction * len(bench.lengths))))
                 model = build_model(args.seed)
                 with bench_lock(args.lock):
-                    record = train_epoch(model, make_arm(arm, data[regime], settings), args.lr)
-                check_coverage(data[regime], arm, record)
+                    record = train_epoch(model, make_arm(arm, bench, settings), args.lr)
+                check_coverage(bench, arm, record)
                 runs[regime][arm].append(record)
                 print(
                     f"repeat {repeat} {regime:14s} {arm:13s} {record.samples / record.wall_s:7.2f}"
@@ -224,17 +291,29 @@ def main() -> None:
                     f"wait {record.loader_wait_s:5.1f} s  load {record.load_average[0]:.2f}",
                     flush=True,
                 )
+    timed_s = time.perf_counter() - started
     config = build_model(args.seed).model.config
+    grouping = {}
+    for regime in filter(None, args.whole_regime.split(",")):
+        with bench_lock(args.lock):  # CPU-heavy (tokenization): keep it off timed runs
+            records, full = group_whole_regime(regime, settings, args)
+        grouping[regime] = summarize_grouping(records, full, flop_model(config), args.token_budget)
+        print(f"whole {regime}: " + ", ".join(
+            f"{arm} {row['steps']} steps eff {row['padding_efficiency']:.3f}"
+            for arm, row in grouping[regime]["arms"].items()
+        ), flush=True)  # fmt: skip
     report = {
         "regimes": {
             r: summarize(runs[r], data[r], flop_model(config), args.token_budget) for r in regimes
         },
+        "whole_regime_grouping": grouping,
         "meta": {
             "date": date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
             f", {torch.get_num_threads()} intra-op threads",
             "repeats": args.repeats,
             "command": ".venv/bin/python experiments/throughput/run.py " + " ".join(sys.argv[1:]),
+            "timed_wall_s": timed_s,
             "wall_s": time.perf_counter() - started,
             "load_average_before": load_before,
             "load_average_after": list(os.getloadavg()),
@@ -242,6 +321,7 @@ def main() -> None:
             "model": "conf/model/cpu_bench.yaml (token ids folded modulo token_id_fold)",
             "flops_per_token": flop_model(config).describe(),
             "samples": {r: len(data[r].lengths) for r in regimes},
+            "packed_fraction": args.packed_fraction,
             "regime_lengths": {r: asdict(data[r].population) for r in regimes},
         },
     }

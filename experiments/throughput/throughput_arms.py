@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset, Subset
 
 from odb_lightning.data import ChatDataset, LengthStats, load_source, load_tokenizer
 from odb_lightning.lit.batching import BatchingConfig
@@ -57,20 +58,31 @@ class BenchData:
     """
 
     regime: str
-    dataset: ChatDataset
+    dataset: Dataset
     lengths: list[int]
     loss_tokens: list[int]
     population: LengthStats
 
+    def head(self, num_samples: int) -> BenchData:
+        """The first ``num_samples`` samples (a seeded random draw too)."""
+        return BenchData(
+            self.regime,
+            Subset(self.dataset, range(num_samples)),
+            self.lengths[:num_samples],
+            self.loss_tokens[:num_samples],
+            self.population,
+        )
+
 
 def load_bench_data(
-    regime: str, num_samples: int, population: int, max_seq_len: int, seed: int
+    regime: str, num_samples: int | None, population: int | None, max_seq_len: int, seed: int
 ) -> BenchData:
     """A seeded random draw of the regime's conversations of at most ``max_seq_len`` tokens.
 
     Records are visited in a seeded random order and tokenized; longer ones are left out
     (the SPEC's profiles are measured that way). The first ``population`` kept records give
     the regime's length statistics; the first ``num_samples`` of them are the benchmark.
+    ``None`` takes every record of the regime.
     """
     source, sharegpt_regime = REGIMES[regime]
     records = load_source(source, regime=sharegpt_regime, seed=seed).records
@@ -81,7 +93,7 @@ def load_bench_data(
     kept: list[int] = []
     lengths: list[int] = []
     loss_tokens: list[int] = []
-    wanted = max(population, num_samples)
+    wanted = None if None in (population, num_samples) else max(population, num_samples)
     for index in order:
         sample = everything[index]
         length = sample["input_ids"].numel()

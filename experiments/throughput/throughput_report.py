@@ -46,17 +46,18 @@ def flop_model(config: PretrainedConfig) -> FlopModel:
 
 
 def token_cost(record: Any, flops: FlopModel, mean_context: float) -> float:
-    """SPEC 6's cost model: ``body x padded + head x supervised`` tokens, the body at the
-    samples' mean causal context."""
-    return flops.body(mean_context) * record.padded_tokens + flops.head * record.loss_tokens
+    """SPEC 6's cost model per emitted sample: ``body x padded + head x supervised``
+    tokens, the body at the samples' mean causal context."""
+    cost = flops.body(mean_context) * record.padded_tokens + flops.head * record.loss_tokens
+    return cost / record.samples
 
 
 def row_cost(record: Any, flops: FlopModel) -> float:
-    """What a masked attention kernel executes: each row of length ``n`` attends over the
-    full ``n x n`` square (padding and, for a packed row's dense block mask, every other
-    sample of the row included)."""
+    """What a masked attention kernel executes, per emitted sample: each row of length
+    ``n`` attends over the full ``n x n`` square (padding and, for a packed row's dense
+    block mask, every other sample of the row included)."""
     body = sum(rows * n * flops.body(n) for rows, n, _ in record.shapes)
-    return body + flops.head * record.loss_tokens
+    return (body + flops.head * record.loss_tokens) / record.samples
 
 
 def _rate(record: Any) -> float:
@@ -84,6 +85,7 @@ def summarize(
             "real_tokens_per_s": statistics.median(r.real_tokens / r.wall_s for r in records),
             "padding_efficiency": first.real_tokens / first.padded_tokens,
             "steps": first.steps,
+            "samples": first.samples,
             "vs_standard": _pair_ratio(records, base),
             "vs_reference": _pair_ratio(records, reference),
             "budget_fill": first.padded_tokens / first.steps / token_budget,
@@ -98,16 +100,18 @@ def summarize(
             # Load-robust cross-check: samples per CPU second of the training loop.
             "samples_per_cpu_s": statistics.median(r.samples / r.cpu_s for r in records),
         }
-        if base:
-            row["predicted_vs_standard"] = token_cost(base[0], flops, mean_context) / token_cost(
+        for name, others in (("standard", base), ("reference", reference)):
+            if not others:
+                continue
+            tokens = token_cost(others[0], flops, mean_context) / token_cost(
                 first, flops, mean_context
             )
-            row["predicted_vs_standard_rows"] = row_cost(base[0], flops) / row_cost(first, flops)
-            row["realized_fraction"] = row["vs_standard"] / row["predicted_vs_standard"]
-        if reference:
-            row["predicted_vs_reference_rows"] = row_cost(reference[0], flops) / row_cost(
-                first, flops
-            )
+            rows = row_cost(others[0], flops) / row_cost(first, flops)
+            measured = row[f"vs_{name}"]
+            row[f"predicted_vs_{name}"] = tokens
+            row[f"predicted_vs_{name}_rows"] = rows
+            row[f"realized_fraction_vs_{name}"] = measured / tokens
+            row[f"realized_fraction_vs_{name}_rows"] = measured / rows
         table[arm] = row
     return {
         "arms": table,
@@ -118,6 +122,32 @@ def summarize(
         "regime_cv": data.population.cv,
         "regime_p99": data.population.p99,
     }
+
+
+def summarize_grouping(
+    records: dict[str, Any], data: Any, flops: FlopModel, token_budget: int
+) -> dict[str, Any]:
+    """Steps and padding of whole-regime epochs (no model), and the gains the FLOP
+    models predict from them."""
+    mean_context = statistics.fmean((n + 1) / 2 for n in data.lengths)
+    table: dict[str, Any] = {}
+    for arm, record in records.items():
+        row: dict[str, Any] = {
+            "samples": record.samples,
+            "steps": record.steps,
+            "padding_efficiency": record.real_tokens / record.padded_tokens,
+            "budget_fill": record.padded_tokens / record.steps / token_budget,
+            "loader_samples_per_s": record.samples / record.wall_s if record.wall_s else None,
+        }
+        for name in (BASELINE, REFERENCE):
+            other = records[name]
+            row[f"predicted_vs_{name}"] = token_cost(other, flops, mean_context) / token_cost(
+                record, flops, mean_context
+            )
+            row[f"predicted_vs_{name}_rows"] = row_cost(other, flops) / row_cost(record, flops)
+        table[arm] = row
+    return {"arms": table, "samples": len(data.lengths), "regime_mean": data.population.mean,
+            "regime_cv": data.population.cv}  # fmt: skip
 
 
 def plot_results(report: dict[str, Any], path: Path) -> None:
@@ -143,14 +173,17 @@ def plot_results(report: dict[str, Any], path: Path) -> None:
     bars.set_title("CPU training throughput, model=cpu_bench")
     bars.legend(fontsize=8, ncol=2)
     for marker, key in (("o", "predicted_vs_standard"), ("s", "predicted_vs_standard_rows")):
-        xs, ys = [], []
-        for r in regimes:
-            for arm, row in report["regimes"][r]["arms"].items():
-                if arm != BASELINE and row.get(key) is not None:
-                    xs.append(row[key])
-                    ys.append(row["vs_standard"])
+        points = [
+            (row[key], row["vs_standard"], f"{arm} ({r})")
+            for r in regimes
+            for arm, row in report["regimes"][r]["arms"].items()
+            if arm != BASELINE and row.get(key) is not None
+        ]
         label = "tokens model" if key == "predicted_vs_standard" else "rows model (masked square)"
-        gains.scatter(xs, ys, marker=marker, label=label, alpha=0.7)
+        gains.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=label)
+        if key == "predicted_vs_standard_rows":
+            for x, y, name in points:
+                gains.annotate(name, (x, y), fontsize=5, alpha=0.7)
     top = max([*gains.get_xlim(), *gains.get_ylim()])
     gains.plot([0, top], [0, top], color="grey", linewidth=0.8, label="measured = predicted")
     gains.set_xlabel("predicted gain over standard_bs8 (FLOP model)")
