@@ -193,3 +193,48 @@ def plot_results(report: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def markdown_tables(report: dict[str, Any]) -> str:
+    """The README's tables, from ``results.json``."""
+    lines = [
+        "| regime | arm | samples/s | real tok/s | padding eff. | steps | vs standard (pred.) "
+        "| vs reference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for regime, table in report["regimes"].items():
+        for k, (arm, row) in enumerate(table["arms"].items()):
+            label = f"{regime} (CV {table['regime_cv']:.2f})" if k == 0 else ""
+            steps = f"{row['steps']:,}" + ("*" if row["samples"] != table["samples"] else "")
+            lines.append(
+                f"| {label} | {arm} | {row['samples_per_s']:.2f} | {row['real_tokens_per_s']:,.0f}"
+                f" | {row['padding_efficiency']:.3f} | {steps} | {row['vs_standard']:.2f}x "
+                f"({row['predicted_vs_standard']:.2f}x / {row['predicted_vs_standard_rows']:.2f}x)"
+                f" | {row['vs_reference']:.2f}x |"
+            )
+    grouping = report.get("whole_regime_grouping") or {}
+    if grouping:
+        lines += [
+            "",
+            "| regime | arm | samples | steps | padding eff. | budget fill | loader samples/s "
+            "| predicted vs standard / vs reference |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for regime, table in grouping.items():
+            for k, (arm, row) in enumerate(table["arms"].items()):
+                rate = row["loader_samples_per_s"]
+                lines.append(
+                    f"| {regime if k == 0 else ''} | {arm} | {row['samples']:,} | "
+                    f"{row['steps']:,} | {row['padding_efficiency']:.3f} | "
+                    f"{row['budget_fill']:.3f} | {'-' if rate is None else f'{rate:,.0f}'} | "
+                    f"{row['predicted_vs_standard_bs8_rows']:.2f}x / "
+                    f"{row['predicted_vs_reference_rows']:.3f}x |"
+                )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+
+    here = Path(__file__).resolve().parent
+    print(markdown_tables(json.loads((here / "results.json").read_text())))
