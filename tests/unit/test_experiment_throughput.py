@@ -33,7 +33,7 @@ def _load_script(name: str, path: Path):
 run = _load_script("throughput_run", STUDY / "run.py")
 
 BUDGET = 1024
-NUM_SAMPLES = 48
+NUM_SAMPLES = 32
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ SETTINGS = arms.ArmSettings(
 )
 
 
-@pytest.mark.parametrize("arm", ["reference", "odb", "odb_packed", "oracle", "standard_p99"])
+@pytest.mark.parametrize("arm", ["reference", "odb", "odb_packed"])
 def test_arm_emits_every_sample_once_within_the_budget(bench: arms.BenchData, arm: str) -> None:
     rows: list[int] = []
     for inputs in arms.make_arm(arm, bench, SETTINGS)():
@@ -65,7 +65,7 @@ def test_arm_emits_every_sample_once_within_the_budget(bench: arms.BenchData, ar
             continue
         group, longest = inputs["input_ids"].shape
         rows += inputs["attention_mask"].sum(dim=1).tolist()
-        assert arm == "standard_p99" or group * longest <= BUDGET, (arm, group, longest)
+        assert group * longest <= BUDGET, (arm, group, longest)
         assert set(inputs) == {"input_ids", "attention_mask", "labels"}  # metadata stripped
     assert sorted(rows) == sorted(bench.lengths)
 
