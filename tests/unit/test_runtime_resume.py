@@ -173,9 +173,11 @@ def test_planned_resume_on_fewer_ranks_covers_the_epoch_once() -> None:
     ],
 )
 def test_bad_states_are_refused_naming_the_field(state: dict, message: str) -> None:
-    with ODBLoader(_dataset(), num_workers=0, **LOADER) as loader:
-        with pytest.raises(ResumeStateError, match=message):
-            loader.load_state_dict(state)
+    with (
+        ODBLoader(_dataset(), num_workers=0, **LOADER) as loader,
+        pytest.raises(ResumeStateError, match=message),
+    ):
+        loader.load_state_dict(state)
 
 
 def test_state_cannot_be_loaded_into_a_started_epoch() -> None:
