@@ -33,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -112,6 +113,7 @@ def run_arm(arm: str, overrides: list[str], out_dir: Path, reuse: bool) -> dict[
     command = [sys.executable, "train.py", f"hydra.run.dir={out_dir}", *overrides]
     started = time.perf_counter()
     if not (reuse and (out_dir / "summary.json").exists()):
+        shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a second CSV version
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{arm} failed:\n{done.stderr[-4000:]}")
@@ -221,7 +223,8 @@ def main() -> None:
         },
         "meta": {
             "date": date.today().isoformat(),
-            "machine": f"{os.cpu_count()} cores, other jobs sharing it (wall times indicative)",
+            "machine": f"{os.cpu_count()} cores",
+            "load_average_after": list(os.getloadavg()),
             "command": "python experiments/quality/run.py " + " ".join(sys.argv[1:]),
         },
     }
