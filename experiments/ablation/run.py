@@ -18,7 +18,6 @@ oracle at D = 512 against the shard size.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import platform
@@ -28,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
@@ -39,8 +37,8 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "experiments" / "scale"))
-
+sys.path[:0] = [str(ROOT / "experiments" / "scale"), str(ROOT / "experiments")]
+from bench_lock import bench_lock  # noqa: E402
 from shards import draw_lengths, oracle_steps_per_rank, sharegpt_lengths, simulate_figures  # noqa: E402
 
 SWEEPS = ("token_budget", "outstanding_depth")
@@ -82,20 +80,6 @@ def sweep_points(name: str) -> tuple[str, list[int]]:
     if rest:
         raise ValueError(f"sweep {name} sweeps more than one key: {list(params)}")
     return key, [int(v) for v in str(values).split(",")]
-
-
-@contextmanager
-def bench_lock(path: Path | None):
-    """Hold ``flock(path)`` (the same lock as ``flock(1)``) so no two timed runs overlap."""
-    if path is None:
-        yield
-        return
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class PeakMemory:

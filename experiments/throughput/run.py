@@ -15,8 +15,6 @@ Writes ``results.json`` and ``throughput.png`` next to this script.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -36,7 +34,8 @@ from odb_lightning.lit.batching import BatchingConfig
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.lit.plans import epoch_plan
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from bench_lock import bench_lock  # noqa: E402
 from throughput_arms import (  # noqa: E402
     ARMS,
     IGNORE_INDEX,
@@ -135,20 +134,6 @@ def train_epoch(
     record.cpu_s = time.process_time() - cpu_started
     record.load_average += list(os.getloadavg())
     return record
-
-
-@contextlib.contextmanager
-def bench_lock(path: Path | None) -> Iterator[None]:
-    """Hold ``flock(path)`` (the lock ``flock(1)`` takes) so no two timed runs overlap."""
-    if path is None:
-        yield
-        return
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def replay_epoch(start: Callable[[], Iterator[dict[str, Any]]]) -> EpochRecord:
