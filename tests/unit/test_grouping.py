@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,15 +25,18 @@ def _cost(ordered: list[int], bounds: list[int], budget: Budget) -> float:
     return sum((b - a) * budget.row_cost(ordered[a]) for a, b in itertools.pairwise(bounds))
 
 
-def _best_by_enumeration(ordered: list[int], budget: Budget, cap: int | None):
-    """(groups, padded cost) of the best contiguous cut, over all 2^(n-1) of them."""
-    n, best = len(ordered), None
+def _optimal_cuts(ordered: list[int], budget: Budget, cap: int | None):
+    """Every contiguous cut (of all 2^(n-1)) with the fewest groups and the least cost."""
+    n, cuts = len(ordered), []
     for inner in itertools.product((False, True), repeat=n - 1):
         bounds = [0, *(k + 1 for k, cut in enumerate(inner) if cut), n]
         if all(b - a <= _capacity(ordered[a], budget, cap) for a, b in itertools.pairwise(bounds)):
-            key = (len(bounds) - 1, _cost(ordered, bounds, budget))
-            best = key if best is None or key < best else best
-    return best
+            cuts.append((len(bounds) - 1, _cost(ordered, bounds, budget), bounds))
+    fewest = min(groups for groups, _, _ in cuts)
+    least = min(cost for groups, cost, _ in cuts if groups == fewest)
+    # Float costs (attention_weight > 0) are summed in another order than the DP sums them.
+    close = least * 1e-12
+    return fewest, least, [b for g, c, b in cuts if g == fewest and c <= least + close]
 
 
 def _greedy_bounds(ordered: list[int], budget: Budget, cap: int | None) -> list[int]:
@@ -54,8 +58,11 @@ def test_padded_cut_is_the_optimum_over_every_cut(lengths, budget, cap, weight):
     ordered = sorted(lengths, reverse=True)
     bounds = [*padded_cuts(_samples(ordered), plan, cap), len(ordered)]
     assert all(b - a <= _capacity(ordered[a], plan, cap) for a, b in itertools.pairwise(bounds))
-    found = (len(bounds) - 1, _cost(ordered, bounds, plan))
-    assert found == _best_by_enumeration(ordered, plan, cap)
+    fewest, least, optimal = _optimal_cuts(ordered, plan, cap)
+    assert len(bounds) - 1 == fewest
+    assert _cost(ordered, bounds, plan) == pytest.approx(least, rel=1e-12, abs=1e-12)
+    if weight == 0.0:  # integer costs: exact ties, broken towards the larger first group
+        assert bounds == max(optimal)
 
 
 @settings(max_examples=100, deadline=None)
@@ -92,6 +99,21 @@ def test_packed_groups_fill_the_real_token_budget_in_order():
     lengths = [10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
     assert group_lengths(lengths, Budget(20), packed=True) == [[0, 1], [2, 3], [4, 5, 6, 7, 8], [9]]
     assert group_lengths(lengths, Budget(20), packed=True, max_group_size=3)[2] == [4, 5, 6]
+
+
+def test_ties_go_to_the_larger_first_group():
+    # Budget 144: capacity 3 at 40, 4 at 30, 14 at 10. Three groups either way; [40 x 3]
+    # [40, 40, 30] ... and [40 x 2] [40 x 3] ... cost the same, the larger first group wins.
+    lengths = [40] * 5 + [30] * 4 + [10] * 2
+    bounds = padded_cuts(_samples(lengths), Budget(144))
+    assert bounds == [0, 3, 5, 9]
+
+
+def test_ties_in_a_long_window_of_one_length_go_to_the_first_group():
+    # 20,000 equal short samples: every cut ties; the run-by-run divide and conquer keeps
+    # this at O(n log n) (a plain scan of every tie is quadratic: seconds).
+    groups = group_lengths([6] * 20_000, Budget(65536))
+    assert [len(g) for g in groups] == [10922, 9078]
 
 
 def test_over_budget_samples_go_alone_and_ties_follow_arrival():

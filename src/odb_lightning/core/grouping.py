@@ -19,44 +19,68 @@ def padded_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = Non
     A group starting at ``i`` may take up to ``c_i = max(1, floor(budget / row_cost(L_i)))``
     adjacent samples (capped by ``cap``): every later sample is no longer, so the group is
     within budget. Among such cuts this returns one with the fewest groups and, among
-    those, the least padded cost ``sum(size x row_cost(longest))``; ties go to the larger
-    first group.
+    those, the least cost ``sum(size x row_cost(longest))`` (padded tokens when
+    ``attention_weight`` is 0); on exact ties the larger first group.
 
     Taking ``c_i`` samples at every cut (the plain greedy rule) already gives the fewest
     groups: its k-th cut is never behind any other cut's k-th, and ``c_i`` grows as the
     lengths shrink. What is left to choose is where the groups that are not full fall;
     greedy leaves all the slack to the shortest group; this spends it where it saves the
-    most padding. Suffix dynamic program, ``O(n x c)``.
+    most padding.
+
+    Suffix dynamic program by group count. ``fewest(j)``, the fewest groups for
+    ``ordered[j:]``, never grows with ``j``, so the starts needing ``k + 1`` groups are one
+    run just left of the run needing ``k``, and each of them ends its first group inside
+    that run. Between two runs the cost ``(j - i) x row_cost(L_i)`` is Monge (``row_cost``
+    falls as ``i`` grows), so the best end moves right with the start and each run is
+    solved by divide and conquer: ``O(n log n)`` in all.
     """
     n = len(ordered)
     sizes = [budget.max_group_size(s.length) for s in ordered]
     if cap is not None:
         sizes = [min(size, cap) for size in sizes]
-    groups = [0] * (n + 1)  # fewest groups for ordered[j:]
-    cost = [0.0] * (n + 1)  # least padded cost of ordered[j:] with that many groups
+    reach = [min(n, i + size) for i, size in enumerate(sizes)]  # never falls as i grows
+    row = [budget.row_cost(s.length) for s in ordered]
+    cost = [0.0] * (n + 1)  # least cost of ordered[j:] with the fewest groups
     end = [n] * (n + 1)  # where the first group of ordered[j:] ends
-    # groups[j] never grows with j (a shorter suffix needs no more groups), so the ends
-    # with the fewest groups form one run; level_start[v] is where the run of v begins.
-    level_start = [n]
-    for i in range(n - 1, -1, -1):
-        last = min(n, i + sizes[i])
-        fewest = groups[last]
-        row = budget.row_cost(ordered[i].length)
-        best, best_cost = last, cost[last] + (last - i) * row
-        for j in range(last - 1, max(i + 1, level_start[fewest]) - 1, -1):
-            total = cost[j] + (j - i) * row
-            if total < best_cost:  # strict: ties keep the larger first group
-                best, best_cost = j, total
-        groups[i], cost[i], end[i] = fewest + 1, best_cost, best
-        if fewest + 1 == len(level_start):
-            level_start.append(i)
-        else:
-            level_start[fewest + 1] = i
+    run_start = n  # the run of starts solved last: [run_start, previous run_start)
+    while run_start > 0:
+        first = run_start
+        while first > 0 and reach[first - 1] >= run_start:
+            first -= 1
+        _best_ends(first, run_start - 1, run_start, n, reach, row, cost, end)
+        run_start = first
     cuts, i = [], 0
     while i < n:
         cuts.append(i)
         i = end[i]
     return cuts
+
+
+def _best_ends(
+    lo: int,
+    hi: int,
+    col_lo: int,
+    col_hi: int,
+    reach: list[int],
+    row: list[float],
+    cost: list[float],
+    end: list[int],
+) -> None:
+    # Starts lo..hi end their first group in [col_lo, min(col_hi, reach[i])]; the best end
+    # of the middle start bounds the ends of the starts on either side of it.
+    if lo > hi:
+        return
+    mid = (lo + hi) // 2
+    best = min(col_hi, reach[mid])
+    best_cost = cost[best] + (best - mid) * row[mid]
+    for j in range(best - 1, col_lo - 1, -1):
+        total = cost[j] + (j - mid) * row[mid]
+        if total < best_cost:  # strict: ties keep the larger first group
+            best, best_cost = j, total
+    cost[mid], end[mid] = best_cost, best
+    _best_ends(lo, mid - 1, col_lo, best, reach, row, cost, end)
+    _best_ends(mid + 1, hi, best, col_hi, reach, row, cost, end)
 
 
 def packed_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = None) -> list[int]:
@@ -86,8 +110,9 @@ def group_window(
     """Longest-first grouping of one window.
 
     Sorts the window longest first and cuts it into adjacent groups. Padded: the fewest
-    groups of at most ``max(1, floor(budget / L))`` samples (``L`` the group's first,
-    longest sample), with the least padding among those (:func:`padded_cuts`). Packed:
+    groups of at most ``max(1, floor(budget / row_cost(L)))`` samples (``L`` the group's
+    first, longest sample), with the least padded cost among those (:func:`padded_cuts`).
+    Packed:
     each group takes samples while the sum of their lengths fits (:func:`packed_cuts`).
     Either way an over-budget sample becomes a group of one, and ``max_group_size`` caps
     every group.
