@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT / "experiments" / "scale"), str(ROOT / "experiments")]
 from bench_lock import bench_lock  # noqa: E402
+from cpu_bench import cpu_bench_config  # noqa: E402
 from shards import draw_lengths, oracle_steps_per_rank, sharegpt_lengths, simulate_figures  # noqa: E402
 
 SWEEPS = ("token_budget", "outstanding_depth")
@@ -176,22 +177,11 @@ def train_ablation(args: argparse.Namespace) -> dict[str, Any]:
 
 def flops_per_token_of(runs: dict[int, list[dict]]) -> dict[str, float]:
     """FLOPs per token of the cpu_bench model (body with attention, head)."""
-    from transformers import Qwen2Config
-
     from odb_lightning.lit.module import flops_per_token
 
-    bench = OmegaConf.load(ROOT / "conf" / "model" / "cpu_bench.yaml")
-    config = Qwen2Config(
-        vocab_size=bench.token_id_fold,
-        hidden_size=bench.hidden_size,
-        num_hidden_layers=bench.num_hidden_layers,
-        num_attention_heads=bench.num_attention_heads,
-        num_key_value_heads=bench.num_key_value_heads,
-        intermediate_size=bench.intermediate_size,
-    )
     first = next(iter(runs.values()))[0]
     return flops_per_token(
-        config, context_tokens=first["real_tokens"] / first["emitted_samples"] / 2
+        cpu_bench_config(), context_tokens=first["real_tokens"] / first["emitted_samples"] / 2
     )
 
 

@@ -27,12 +27,12 @@ import time
 from datetime import date
 from pathlib import Path
 
-from omegaconf import OmegaConf
-from transformers import Qwen2Config
-
 from odb_lightning.lit.module import flops_per_token
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments"))
+from cpu_bench import cpu_bench_config  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ARMS = {"odb": "experiment=sharegpt_odb", "standard_bs8": "experiment=sharegpt_standard"}
 
@@ -80,18 +80,9 @@ def main() -> None:
                 flush=True,
             )
             results[arm].append(summary)
-    bench = OmegaConf.load(ROOT / "conf" / "model" / "cpu_bench.yaml")
-    config = Qwen2Config(
-        vocab_size=bench.token_id_fold,
-        hidden_size=bench.hidden_size,
-        num_hidden_layers=bench.num_hidden_layers,
-        num_attention_heads=bench.num_attention_heads,
-        num_key_value_heads=bench.num_key_value_heads,
-        intermediate_size=bench.intermediate_size,
-    )
     first = results["odb"][0]
     flops = flops_per_token(
-        config, context_tokens=first["real_tokens"] / first["emitted_samples"] / 2
+        cpu_bench_config(), context_tokens=first["real_tokens"] / first["emitted_samples"] / 2
     )
     median = {
         arm: statistics.median(s["emitted_samples_per_s"] for s in runs)

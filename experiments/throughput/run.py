@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from odb_lightning.core.loss_weights import rank_loss_scale
 from odb_lightning.lit.batching import BatchingConfig
@@ -36,6 +35,7 @@ from odb_lightning.lit.plans import epoch_plan
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_lock import bench_lock  # noqa: E402
+from cpu_bench import build_cpu_bench  # noqa: E402
 from throughput_arms import (  # noqa: E402
     ARMS,
     IGNORE_INDEX,
@@ -87,20 +87,6 @@ def add_step(record: EpochRecord, inputs: dict[str, Any], num_loss_tokens: int) 
     record.loss_tokens += num_loss_tokens
     record.steps += 1
     record.shapes.append((rows, row_length, num_loss_tokens))
-
-
-def build_model(seed: int) -> CausalLMModule:
-    """``conf/model/cpu_bench.yaml``'s architecture, the same init for every arm."""
-    bench = OmegaConf.load(ROOT / "conf" / "model" / "cpu_bench.yaml")
-    torch.manual_seed(seed)
-    return CausalLMModule(
-        hidden_size=bench.hidden_size,
-        num_hidden_layers=bench.num_hidden_layers,
-        num_attention_heads=bench.num_attention_heads,
-        num_key_value_heads=bench.num_key_value_heads,
-        intermediate_size=bench.intermediate_size,
-        token_id_fold=bench.token_id_fold,
-    )
 
 
 def train_epoch(
@@ -179,7 +165,7 @@ def group_whole_regime(
 
 def warm_up(seed: int) -> None:
     """One untimed step, so the first timed arm pays no one-off allocation cost."""
-    model = build_model(seed)
+    model = build_cpu_bench(seed)
     ids = torch.arange(2048).remainder(2048).unsqueeze(0)
     loss_sum, _ = model({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
     loss_sum.backward()
@@ -265,7 +251,7 @@ def main() -> None:
                 bench = data[regime]
                 if arm == "odb_packed":
                     bench = bench.head(max(1, round(args.packed_fraction * len(bench.lengths))))
-                model = build_model(args.seed)
+                model = build_cpu_bench(args.seed)
                 with bench_lock(args.lock):
                     record = train_epoch(model, make_arm(arm, bench, settings), args.lr)
                 check_coverage(bench, arm, record)
@@ -277,7 +263,7 @@ def main() -> None:
                     flush=True,
                 )
     timed_s = time.perf_counter() - started
-    config = build_model(args.seed).model.config
+    config = build_cpu_bench(args.seed).model.config
     grouping = {}
     for regime in filter(None, args.whole_regime.split(",")):
         with bench_lock(args.lock):  # CPU-heavy (tokenization): keep it off timed runs
