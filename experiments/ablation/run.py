@@ -12,7 +12,7 @@ Simulator: ``outstanding_depth`` 32..1,024 at 8 and 64 ranks on real ShareGPT le
 (``experiments/scale/shards.py``), steps per rank against the oracle, and the gap to the
 oracle at D = 512 against the shard size.
 
-    python experiments/ablation/run.py [--repeats 3] [--lock FILE] [--parts train,simulator]
+    python -m experiments.ablation.run [--repeats 3] [--lock FILE] [--parts train,simulator]
 """
 
 from __future__ import annotations
@@ -20,27 +20,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
-from datetime import date
 from pathlib import Path
 from typing import Any
 
 import psutil
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.common import (
+    ROOT,
+    bench_lock,
+    command_line,
+    read_summary,
+    results_meta,
+    train_command,
+)
+from experiments.cpu_bench import cpu_bench_config
+from experiments.scale.shards import (
+    draw_lengths,
+    oracle_steps_per_rank,
+    sharegpt_lengths,
+    simulate_figures,
+)
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(ROOT / "experiments" / "scale"), str(ROOT / "experiments")]
-from bench_lock import bench_lock  # noqa: E402
-from cpu_bench import cpu_bench_config  # noqa: E402
-from shards import draw_lengths, oracle_steps_per_rank, sharegpt_lengths, simulate_figures  # noqa: E402
 
 SWEEPS = ("token_budget", "outstanding_depth")
 # Every point shares these; a sweep overrides its own key. max_seq_len 2048 keeps every
@@ -127,7 +135,7 @@ def children_cpu_s() -> float:
 
 def run_point(overrides: list[str], out_dir: Path, lock: Path | None) -> dict[str, Any]:
     """One ``train.py`` run: its summary figures and the peak memory of its processes."""
-    command = [sys.executable, "train.py", f"hydra.run.dir={out_dir}", *overrides]
+    command = train_command(out_dir, overrides)
     with bench_lock(lock):
         started, load = time.perf_counter(), os.getloadavg()[0]
         cpu_before = children_cpu_s()
@@ -140,7 +148,7 @@ def run_point(overrides: list[str], out_dir: Path, lock: Path | None) -> dict[st
         elapsed, cpu_s = time.perf_counter() - started, children_cpu_s() - cpu_before
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(overrides)} failed:\n{stderr[-4000:]}")
-    summary = json.loads((out_dir / "summary.json").read_text())
+    summary = read_summary(out_dir)
     machine = {"process_s": elapsed, "cpu_s": cpu_s, "load_average_1m_at_start": load}
     return {k: summary.get(k) for k in SUMMARY_KEYS} | peaks | machine
 
@@ -288,20 +296,17 @@ def main() -> None:
     if "train" in parts:
         load_start = os.getloadavg()
         report["train"] = train_ablation(args)
-        report["train_meta"] = {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "load_average_start_end": [load_start, os.getloadavg()],
-            "repeats": args.repeats,
-            "samples": args.samples,
-            "common_overrides": COMMON,
-            "base": BASE,
-        }
-    command = "python experiments/ablation/run.py " + " ".join(sys.argv[1:])
+        report["train_meta"] = results_meta(
+            load_average_start_end=[load_start, os.getloadavg()],
+            repeats=args.repeats,
+            samples=args.samples,
+            common_overrides=COMMON,
+            base=BASE,
+        )
     if parts:
-        report.setdefault("commands", {}).update({part: command for part in parts})
+        report.setdefault("commands", {}).update({part: command_line() for part in parts})
         path.write_text(json.dumps(report, indent=2) + "\n")
-    from plots import markdown_tables, plot_simulator, plot_train
+    from experiments.ablation.plots import markdown_tables, plot_simulator, plot_train
 
     print(markdown_tables(report))
     if "train" in report:

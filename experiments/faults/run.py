@@ -1,37 +1,33 @@
 """Fault matrix, timed: each fault three times, at the loader level and in train.py.
 
-Loader level (``tests/integration/fault_matrix.py``): ``ODBLoader`` on 2 real ranks
+Loader level (``odb_lightning.testing.fault_matrix``): ``ODBLoader`` on 2 real ranks
 (gloo, 2 workers each), one fault on rank 1: a worker, the collate process or the whole
 rank SIGKILLed after 2 batches, a sample that hangs (``timeout_s=2``) or raises (under
 ``on_bad_sample`` raise and skip). Recorded per run: each rank's error and the seconds
 from the fault to it, the seconds until every process of the job had exited, and the
 processes left running (by PID, recorded before the fault).
 
-train.py level (``tests/integration/train_faults.py``): ``train.py debug=smoke
-trainer=ddp_cpu`` with ``tests/fault_injection.FaultInjectingModule``: an exception in
-``training_step`` on rank 1, rank 1 SIGKILLed, SIGTERM to rank 0, SIGINT to the process
-group (Ctrl-C), all at training step 2. Recorded: exit code, the error lines of the
+train.py level (``odb_lightning.testing.train_faults``): ``train.py debug=smoke
+trainer=ddp_cpu`` with ``odb_lightning.testing.fault_injection.FaultInjectingModule``: an
+exception in ``training_step`` on rank 1, rank 1 SIGKILLed, SIGTERM to rank 0, SIGINT to
+the process group (Ctrl-C), all at training step 2. Recorded: exit code, the error lines of the
 output, seconds from the fault until all 6 processes were gone, leftover PIDs.
 
-    .venv/bin/python experiments/faults/run.py            # ~4 minutes on 2 cores
+    .venv/bin/python -m experiments.faults.run            # ~4 minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests")]
+from experiments.common import results_meta
+from odb_lightning.testing.fault_matrix import matrix, run_fault
+from odb_lightning.testing.train_faults import outcome_lines, run_train_fault
 
-from fault_matrix import matrix, run_fault  # noqa: E402
-from train_faults import outcome_lines, run_train_fault  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 TRAIN_FAULTS = {  # name: (fault, rank)
     "training_step_raises": ("raise", 1),
@@ -110,9 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="odb-faults-") as work:
         results = {
-            "command": "python experiments/faults/run.py " + " ".join(sys.argv[1:]),
-            "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
-            "repeats": args.repeats,
+            "meta": results_meta(repeats=args.repeats),
             "loader": loader_runs(Path(work), args.repeats),
             "train_py": train_runs(Path(work), args.repeats),
         }

@@ -6,7 +6,7 @@ tokens), budget 16,384. Adversarial: the patterns that make many cuts tie or sit
 at budgets 16,384 and 65,536; the slowest of them is reported. Also one whole epoch as
 the ``oracle`` mode cuts it. Best of ``--repeats`` per window. Run from the repository root:
 
-    .venv/bin/python experiments/grouping/run.py
+    .venv/bin/python -m experiments.grouping.run
 
 Writes ``results.json`` next to this script.
 """
@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
-import sys
 import time
-from datetime import date
 from pathlib import Path
 
+from experiments.common import results_meta
+from experiments.scale.shards import sharegpt_lengths
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import padded_cuts, sort_longest_first
 from odb_lightning.core.types import SampleInfo
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "scale"))
-from shards import sharegpt_lengths  # noqa: E402
 
 
 def cut_ms(lengths: list[int], budget: Budget, repeats: int) -> float:
@@ -89,11 +86,7 @@ def main() -> None:
     report = {
         "rows": rows,
         "whole_epoch_ms": epochs,
-        "meta": {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {platform.python_version()}",
-            "command": ".venv/bin/python experiments/grouping/run.py " + " ".join(sys.argv[1:]),
-        },
+        "meta": results_meta(),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
 

@@ -6,22 +6,19 @@ each mode, runs `train.py` with the same data, token budget and CPU benchmark mo
 interleaved, and records padding efficiency, steps per epoch, emitted samples/s, real
 tokens/s and the length-cache build time from each run's summary.json.
 
-    python experiments/modes/run.py [--samples 112] [--repeats 1]
+    python -m experiments.modes.run [--samples 112] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import statistics
-import subprocess
-import sys
-from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.common import results_meta, run_train
+
 HERE = Path(__file__).resolve().parent
 # odb_packed is left out on CPU: without varlen kernels its block-diagonal mask makes
 # attention dense over the whole packed row, (sum L)^2 per step (a 16k-token row costs
@@ -29,21 +26,6 @@ HERE = Path(__file__).resolve().parent
 # (tests/integration/test_train_packed.py). Run it with --modes on a GPU with flash-attn.
 MODES = ("standard", "sorted", "bucketed", "oracle", "odb")
 REGIMES = ("whole", "mix")
-
-
-def run_mode(mode: str, regime: str, overrides: list[str], out_dir: Path) -> dict:
-    command = [
-        sys.executable,
-        "train.py",
-        f"batching={mode}",
-        f"data.regime={regime}",
-        f"hydra.run.dir={out_dir}",
-        *overrides,
-    ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{mode}/{regime} failed:\n{done.stderr[-4000:]}")
-    return json.loads((out_dir / "summary.json").read_text())
 
 
 def main() -> None:
@@ -71,7 +53,10 @@ def main() -> None:
     for repeat in range(args.repeats):
         for regime in REGIMES:
             for mode in modes:
-                summary = run_mode(mode, regime, overrides, args.out / f"{regime}_{mode}_{repeat}")
+                out_dir = args.out / f"{regime}_{mode}_{repeat}"
+                summary = run_train(
+                    out_dir, [f"batching={mode}", f"data.regime={regime}", *overrides]
+                )
                 runs[regime][mode].append(summary)
                 print(
                     f"{regime:6s} {mode:10s} eff {summary['padding_efficiency']:.3f} "
@@ -94,13 +79,7 @@ def main() -> None:
     }
     report = {
         "regimes": table,
-        "meta": {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, 2 cores",
-            "repeats": args.repeats,
-            "command": "python experiments/modes/run.py " + " ".join(sys.argv[1:]),
-            "overrides": overrides,
-        },
+        "meta": results_meta(repeats=args.repeats, overrides=overrides),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(table, indent=2))

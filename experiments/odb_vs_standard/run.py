@@ -19,30 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
-import sys
 import time
-from datetime import date
 from pathlib import Path
 
+from experiments.common import results_meta, run_train
+from experiments.cpu_bench import cpu_bench_config
 from odb_lightning.lit.module import flops_per_token
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments"))
-from cpu_bench import cpu_bench_config  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ARMS = {"odb": "experiment=sharegpt_odb", "standard_bs8": "experiment=sharegpt_standard"}
-
-
-def run_arm(arm: str, overrides: list[str], out_dir: Path) -> dict:
-    command = [sys.executable, "train.py", ARMS[arm], f"hydra.run.dir={out_dir}", *overrides]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{arm} failed:\n{done.stderr[-4000:]}")
-    return json.loads((out_dir / "summary.json").read_text())
 
 
 def predicted_gain(odb: dict, standard: dict, flops: dict) -> float:
@@ -73,7 +59,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for arm in ARMS:  # interleaved, so drifting machine load hits both arms alike
             started = time.perf_counter()
-            summary = run_arm(arm, overrides, args.out / f"{arm}_{repeat}")
+            summary = run_train(args.out / f"{arm}_{repeat}", [ARMS[arm], *overrides])
             print(
                 f"repeat {repeat} {arm}: {summary['emitted_samples_per_s']:.3f} samples/s "
                 f"({time.perf_counter() - started:.0f} s)",
@@ -117,13 +103,7 @@ def main() -> None:
         / results["standard_bs8"][0]["padding_efficiency"],
         "predicted_gain": predicted,
         "realized_fraction": measured / predicted,
-        "meta": {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 2 cores",
-            "repeats": args.repeats,
-            "command": "python experiments/odb_vs_standard/run.py " + " ".join(sys.argv[1:]),
-            "overrides": overrides,
-        },
+        "meta": results_meta(repeats=args.repeats, overrides=overrides),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2))
     print(

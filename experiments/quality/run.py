@@ -23,7 +23,7 @@ Validation loss (token-weighted, ``val/loss``) after every epoch on the same hel
 records, read from each run's CSV log, plotted against supervised tokens seen and against
 optimizer steps; ``results.json`` holds the curves and the final deltas to ``standard``.
 
-    python experiments/quality/run.py [--samples 896] [--val-samples 128] [--epochs 5]
+    python -m experiments.quality.run [--samples 896] [--val-samples 128] [--epochs 5]
         [--probes 96,160] [--reuse]
 """
 
@@ -33,15 +33,12 @@ import argparse
 import csv
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.common import ROOT, read_summary, results_meta, run_train
+
 HERE = Path(__file__).resolve().parent
 TOLERANCE = 0.02
 ARMS = ("standard", "odb", "odb_token_target")
@@ -77,7 +74,8 @@ def compose(overrides: list[str]) -> Any:
 def plan_arms(args: argparse.Namespace) -> dict[str, Any]:
     """``N`` for the token-target arm, and every arm's optimizer steps, from the data."""
     import hydra
-    from optimizer_steps import (
+
+    from experiments.quality.optimizer_steps import (
         choose_tokens_per_step,
         predict_batches,
         step_statistics,
@@ -108,16 +106,13 @@ def plan_arms(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_arm(arm: str, overrides: list[str], out_dir: Path, reuse: bool) -> dict[str, Any]:
+def run_arm(overrides: list[str], out_dir: Path, reuse: bool) -> dict[str, Any]:
     """One training run (or, with ``reuse``, the finished run already in ``out_dir``)."""
-    command = [sys.executable, "train.py", f"hydra.run.dir={out_dir}", *overrides]
     started = time.perf_counter()
-    if not (reuse and (out_dir / "summary.json").exists()):
-        shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a second CSV version
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{arm} failed:\n{done.stderr[-4000:]}")
-    summary = json.loads((out_dir / "summary.json").read_text())
+    if reuse and (out_dir / "summary.json").exists():
+        summary = read_summary(out_dir)
+    else:
+        summary = run_train(out_dir, overrides)  # a fresh run, not a second CSV version
     return {
         "summary": summary,
         "curve": val_curve(out_dir),
@@ -148,7 +143,7 @@ def run_probes(args: argparse.Namespace, tokens_per_step: int, reference: dict) 
             *arm_overrides("odb_token_target", tokens_per_step),
             f"batching.outstanding_depth={depth}",
         ]
-        run = run_arm(arm, overrides, args.out / arm, args.reuse)
+        run = run_arm(overrides, args.out / arm, args.reuse)
         final = run["curve"][-1]["val_loss"]
         probes.append(
             {
@@ -184,7 +179,7 @@ def main() -> None:
     arms = {}
     for arm in ARMS:
         overrides = [*common_overrides(args), *arm_overrides(arm, choice["tokens_per_step"])]
-        arms[arm] = run_arm(arm, overrides, args.out / arm, args.reuse) | {"overrides": overrides}
+        arms[arm] = run_arm(overrides, args.out / arm, args.reuse) | {"overrides": overrides}
         print(
             arm, json.dumps(arms[arm]["curve"][-1]), f"{arms[arm]['process_s']:.0f} s", flush=True
         )
@@ -221,12 +216,7 @@ def main() -> None:
             }
             for arm, a in arms.items()
         },
-        "meta": {
-            "date": date.today().isoformat(),
-            "machine": f"{os.cpu_count()} cores",
-            "load_average_after": list(os.getloadavg()),
-            "command": "python experiments/quality/run.py " + " ".join(sys.argv[1:]),
-        },
+        "meta": results_meta(load_average_after=list(os.getloadavg())),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report)

@@ -6,44 +6,23 @@ to the end of the epoch; the id audits of both runs give the samples emitted bef
 after the checkpoint, the duplicates and the missing ones against the epoch's 64 training
 samples.
 
-    python experiments/resume/run.py [--stop-at 3] [--modes odb,standard,bucketed]
+    python -m experiments.resume.run [--stop-at 3] [--modes odb,standard,bucketed]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
-import sys
 import tempfile
 from collections import Counter
-from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.common import results_meta, run_train
+from odb_lightning.core.order import epoch_permutation
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from odb_lightning.core.order import epoch_permutation  # noqa: E402
-
 TRAIN_INDICES = sorted(epoch_permutation(80, 0, -1)[16:])  # debug=smoke: 64 train records
-
-
-def train(run_dir: Path, overrides: list[str]) -> dict:
-    command = [
-        sys.executable,
-        "train.py",
-        "debug=smoke",
-        "audit_ids=true",
-        f"hydra.run.dir={run_dir}",
-    ]
-    done = subprocess.run(
-        [*command, *overrides], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{done.stderr[-4000:]}")
-    return json.loads((run_dir / "summary.json").read_text())
+SMOKE = ["debug=smoke", "audit_ids=true"]
 
 
 def emitted(run_dir: Path) -> Counter[int]:
@@ -55,12 +34,12 @@ def emitted(run_dir: Path) -> Counter[int]:
 
 
 def stop_and_resume(mode: str, trainer: str, stop_at: int, work: Path) -> dict:
-    common = [f"experiment=sharegpt_{mode}", f"trainer={trainer}"]
+    common = [*SMOKE, f"experiment=sharegpt_{mode}", f"trainer={trainer}"]
     common.append(f"data.length_cache_dir={work / 'cache'}")
     first, second = work / f"{mode}_{trainer}_first", work / f"{mode}_{trainer}_second"
     stop = [f"trainer.max_steps={stop_at}", f"callbacks.checkpoint.every_n_train_steps={stop_at}"]
-    train(first, [*common, *stop])
-    summary = train(second, [*common, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"])
+    run_train(first, [*common, *stop])
+    summary = run_train(second, [*common, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"])
     before, after = emitted(first), emitted(second)
     total = before + after
     return {
@@ -89,12 +68,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     report = {
         "runs": rows,
-        "meta": {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, CPU",
-            "epoch_samples": len(TRAIN_INDICES),
-            "command": "python experiments/resume/run.py " + " ".join(sys.argv[1:]),
-        },
+        "meta": results_meta(epoch_samples=len(TRAIN_INDICES)),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
 

@@ -12,12 +12,12 @@ of at most 4,096 tokens; a seeded bootstrap of them where ``W x per-rank`` excee
 * Real: W processes on this machine, each a real gloo default group and an ``ODBLoader``
   (one worker, its collate process and the dedicated Gloo metadata channel), over a
   dataset that builds each sample from its length (no tokenization), started by the
-  runtime tests' harness (``tests/integration/test_runtime_harness.py``). Recorded: the
+  multi-rank harness the runtime tests use (``odb_lightning.testing.ranks``). Recorded: the
   round latency as the loader measures it (publishing the report to holding the plan:
   the all-gather plus waiting for the slowest rank's window), steps per rank, and whether
   every step equals the simulator's on the same shards.
 
-    python experiments/scale/run.py [--per-rank 2185] [--depths 64,512] [--real-worlds 2,4]
+    python -m experiments.scale.run [--per-rank 2185] [--depths 64,512] [--real-worlds 2,4]
 """
 
 from __future__ import annotations
@@ -26,22 +26,21 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict
-from datetime import date
 from pathlib import Path
 
-from shards import deal, draw_lengths, sharegpt_lengths, simulate_figures
-
+from experiments.common import results_meta
+from experiments.scale.shards import deal, draw_lengths, sharegpt_lengths, simulate_figures
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.settings import LoaderSettings
 from odb_lightning.core.simulate import simulate
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow
 from odb_lightning.core.wire import decode_report, encode_report, message_length
+from odb_lightning.testing.datasets import SyntheticChatDataset
+from odb_lightning.testing.ranks import RankJob, run_ranks
 
-ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SIMULATED_WORLDS = (2, 4, 8, 16, 64, 256, 1024)
 BUDGET = 16384
@@ -91,9 +90,6 @@ def simulated_row(real: list[int], world: int, depth: int, per_rank: int) -> dic
 
 def real_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     """``world`` real processes with a Gloo channel over the simulated twin's shards."""
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
-    from test_runtime_harness import RankJob, SyntheticChatDataset, run_ranks
-
     lengths, resampled = draw_lengths(real, world * per_rank, seed=world)
     dataset = SyntheticChatDataset(lengths)
     kwargs = {
@@ -216,15 +212,12 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     report = {
         "rows": rows,
-        "meta": {
-            "date": date.today().isoformat(),
-            "token_budget": BUDGET,
-            "samples_per_rank": args.per_rank,
-            "lengths": f"ShareGPT whole conversations <= 4096 tokens ({len(real)}), Qwen2.5 ChatML",
-            "machine": f"{os.cpu_count()} cores",
-            "load_average_start_end": [load_start, os.getloadavg()],
-            "command": "python experiments/scale/run.py " + " ".join(sys.argv[1:]),
-        },
+        "meta": results_meta(
+            token_budget=BUDGET,
+            samples_per_rank=args.per_rank,
+            lengths=f"ShareGPT whole conversations <= 4096 tokens ({len(real)}), Qwen2.5 ChatML",
+            load_average_start_end=[load_start, os.getloadavg()],
+        ),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(rows)

@@ -1,8 +1,8 @@
 """Soak: many short epochs of the ODB loader on 2 ranks with 2 workers each; open file
 descriptors, child processes and memory must stay bounded (no leak per epoch).
 
-Each rank is a real process in a gloo default group (the test harness of
-``tests/integration/test_runtime_harness.py``) running ``ODBLoader`` over ShareGPT
+Each rank is a real process in a gloo default group (the multi-rank harness of
+``odb_lightning.testing.ranks``, which the runtime tests use too) running ``ODBLoader`` over ShareGPT
 first exchanges, tokenized with the Qwen2.5 BPE in the workers. Per epoch every rank
 samples, after its first batch and after the epoch: its open fds (``/proc/<pid>/fd``),
 its live descendants (workers and collate process), its RSS, the largest RSS among its
@@ -10,28 +10,22 @@ descendants, and the PSS of the whole process tree. Both process lifetimes are s
 ``persistent_workers=False`` (processes and the metadata channel are rebuilt every
 epoch, the path where a leak would show first) and ``True`` (the training default).
 
-    .venv/bin/python experiments/soak/run.py            # 30 epochs, ~3 minutes on 2 cores
+    .venv/bin/python -m experiments.soak.run            # 30 epochs, ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
-import sys
 import time
 from pathlib import Path
 
+from experiments.common import results_meta
+from odb_lightning.data import ChatDataset, QwenTokenizer, load_source
+from odb_lightning.testing.ranks import RankJob, run_ranks
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests")]
-
-from test_runtime_harness import RankJob, run_ranks  # noqa: E402
-
-from odb_lightning.data import ChatDataset, QwenTokenizer, load_source  # noqa: E402
-
 MIB = 1 << 20
 LOADER = {
     "token_budget": 4096,
@@ -97,9 +91,7 @@ def main() -> None:
     dataset = ChatDataset(records, QwenTokenizer(), max_seq_len=LOADER["max_seq_len"])
     runs = [soak(dataset, args.epochs, persistent) for persistent in (False, True)]
     results = {
-        "command": "python experiments/soak/run.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
-        "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "meta": results_meta(fd_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
         "epochs": args.epochs,
         "samples": args.samples,
         "loader": LOADER,

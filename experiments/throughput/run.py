@@ -7,7 +7,7 @@ budget and window depth. Per regime the arms run interleaved, ``--repeats`` time
 figures are medians, the ratios medians of the per-repeat ratios. Run from the repository
 root (see README.md next to this file):
 
-    .venv/bin/python experiments/throughput/run.py --lock /tmp/odb_bench.lock
+    .venv/bin/python -m experiments.throughput.run --lock /tmp/odb_bench.lock
 
 Writes ``results.json`` and ``throughput.png`` next to this script.
 """
@@ -17,26 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import date
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from odb_lightning.core.loss_weights import rank_loss_scale
-from odb_lightning.lit.batching import BatchingConfig
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.plans import epoch_plan
-
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_lock import bench_lock  # noqa: E402
-from cpu_bench import build_cpu_bench  # noqa: E402
-from throughput_arms import (  # noqa: E402
+from experiments.common import bench_lock, results_meta
+from experiments.cpu_bench import build_cpu_bench
+from experiments.throughput.throughput_arms import (
     ARMS,
     IGNORE_INDEX,
     REGIMES,
@@ -45,9 +36,17 @@ from throughput_arms import (  # noqa: E402
     load_bench_data,
     make_arm,
 )
-from throughput_report import flop_model, plot_results, summarize, summarize_grouping  # noqa: E402
+from experiments.throughput.throughput_report import (
+    flop_model,
+    plot_results,
+    summarize,
+    summarize_grouping,
+)
+from odb_lightning.core.loss_weights import rank_loss_scale
+from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.plans import epoch_plan
 
-ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 # Samples per regime: about the same compute per regime (more of the short ones).
 DEFAULT_SAMPLES = {"whole": 64, "first_exchange": 176, "mix": 96, "chitchat": 112}
@@ -278,23 +277,20 @@ def main() -> None:
             r: summarize(runs[r], data[r], flop_model(config), args.token_budget) for r in regimes
         },
         "whole_regime_grouping": grouping,
-        "meta": {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-            f", {torch.get_num_threads()} intra-op threads",
-            "repeats": args.repeats,
-            "command": ".venv/bin/python experiments/throughput/run.py " + " ".join(sys.argv[1:]),
-            "timed_wall_s": timed_s,
-            "wall_s": time.perf_counter() - started,
-            "load_average_before": load_before,
-            "load_average_after": list(os.getloadavg()),
-            "settings": asdict(settings),
-            "model": "conf/model/cpu_bench.yaml (token ids folded modulo token_id_fold)",
-            "flops_per_token": flop_model(config).describe(),
-            "samples": {r: len(data[r].lengths) for r in regimes},
-            "packed_fraction": args.packed_fraction,
-            "regime_lengths": {r: asdict(data[r].population) for r in regimes},
-        },
+        "meta": results_meta(
+            intra_op_threads=torch.get_num_threads(),
+            repeats=args.repeats,
+            timed_wall_s=timed_s,
+            wall_s=time.perf_counter() - started,
+            load_average_before=load_before,
+            load_average_after=list(os.getloadavg()),
+            settings=asdict(settings),
+            model="conf/model/cpu_bench.yaml (token ids folded modulo token_id_fold)",
+            flops_per_token=flop_model(config).describe(),
+            samples={r: len(data[r].lengths) for r in regimes},
+            packed_fraction=args.packed_fraction,
+            regime_lengths={r: asdict(data[r].population) for r in regimes},
+        ),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")

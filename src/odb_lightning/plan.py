@@ -2,7 +2,8 @@
 
 Reads token lengths (a file, a synthetic lognormal profile, or a data source), plans one
 epoch per batching mode and token budget, and prints steps per epoch, batch sizes, padding
-efficiency and budget fill, plus the seed case study's bucket table for ``bucketed``::
+efficiency and budget fill, plus the bucket table (range, count, mean length, batch size,
+efficiency) for ``bucketed``::
 
     odb-plan --synthetic 1456,0.54,17545 --budget 16384,49152
     python -m odb_lightning.plan --lengths lengths.npy --modes sorted,bucketed --json
@@ -24,7 +25,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
-from odb_lightning.core.plan import BatchingMode, plan_epoch, summarize_plan, validate_lengths
+from odb_lightning.core.config import BatchingConfig, BatchingMode
+from odb_lightning.core.planners import plan_epoch, summarize_plan, validate_lengths
 from odb_lightning.core.profiles import lognormal_lengths
 
 DEFAULT_BUDGET = 16384
@@ -178,16 +180,16 @@ def evaluate_budget(lengths: list[int], budget: int, args: argparse.Namespace) -
     if BatchingMode.BUCKETED in args.modes:
         report["buckets"] = _bucket_report(lengths, budget, args)
     for mode in args.modes:
-        batches = plan_epoch(
-            lengths,
-            mode,
+        config = BatchingConfig(
+            mode=mode,
             token_budget=budget,
             batch_size=args.batch_size,
             max_batch_size=args.max_batch_size if mode is BatchingMode.BUCKETED else None,
-            boundaries=report.get("buckets", {}).get("boundaries"),
-            window=args.window,
+            boundaries=tuple(report.get("buckets", {}).get("boundaries", ())),
+            outstanding_depth=args.window,
             seed=args.seed,
         )
+        batches = plan_epoch(lengths, config)
         stats = summarize_plan(lengths, batches, budget, packed=mode is BatchingMode.ODB_PACKED)
         report["modes"][mode.value] = dataclasses.asdict(stats)
     report["comparison"] = {

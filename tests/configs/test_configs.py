@@ -6,30 +6,14 @@ from pathlib import Path
 
 import hydra
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
+from helpers.configs import CONF, SWEEPS, compose_train
 from odb_lightning.app.validation import ConfigError, instantiate_checked, validate_config
-from odb_lightning.core.plan import BatchingMode
-from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.core.config import BatchingConfig, BatchingMode
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
-
-
-def compose_train(tmp_path: Path, overrides: list[str]) -> DictConfig:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            cfg.paths.output_dir = str(tmp_path)
-            cfg.paths.root_dir = str(tmp_path)
-    return cfg
 
 
 def test_every_config_group_is_covered() -> None:
@@ -99,7 +83,7 @@ def startup_checks(cfg: DictConfig) -> None:
         ("batching.on_bad_sample=ignore", "batching.on_bad_sample"),
         ("batching.multiprocessing_context=threads", "batching.multiprocessing_context"),
         ("data.max_seq_len=0", "data.max_seq_len"),
-        ("data.num_workers=-1", "data.num_workers"),
+        ("batching.num_workers=-1", "batching.num_workers"),
         ("data.val_samples=-1", "data.val_samples"),
         ("data.max_samples=0", "data.max_samples"),
     ],

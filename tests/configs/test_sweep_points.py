@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from test_configs import CONF, SWEEPS, compose_train
 
+from helpers.configs import CONF, SWEEPS, compose_train
 from odb_lightning.app.validation import instantiate_checked, validate_config
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from odb_lightning.core.plan import plan_epoch
+from odb_lightning.core.planners import plan_epoch
 from odb_lightning.data import (
     BadRecordError,
     ChatDataset,
@@ -32,13 +32,6 @@ from odb_lightning.runtime.stats import EpochStats
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQ_LEN = 1024
 MILLION = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> QwenTokenizer:
-    tokenizer = QwenTokenizer()
-    tokenizer.encode_text("warm")  # loaded once here; the forked workers inherit it
-    return tokenizer
 
 
 def chat(record_id: object, answer: object = "fine, thanks") -> dict:
@@ -252,7 +245,7 @@ def test_bad_length_names_its_index(bad: float) -> None:
     with pytest.raises(
         ValueError, match=rf"lengths\[1\] must be a positive integer token count, got {bad}"
     ):
-        plan_epoch([10, bad, 5], "oracle", token_budget=64)  # type: ignore[list-item]
+        plan_epoch([10, bad, 5], mode="oracle", token_budget=64)  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("bad", ["NaN", "-1", "0", "2.5"])

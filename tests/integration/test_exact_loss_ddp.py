@@ -40,10 +40,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.strategy import ODBStrategy
-from odb_lightning.runtime.batch import ODBBatch
-from tiny_lm import (
+from helpers.tiny_lm import (
     flat_grad,
     flat_params,
     hand_over,
@@ -54,6 +51,9 @@ from tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
+from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.strategy import ODBStrategy
+from odb_lightning.runtime.batch import ODBBatch
 
 WORLD_SIZE = 2
 ACCUMULATE = 2
@@ -192,7 +192,7 @@ def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     # A clean environment: no rank or rendezvous variables leak in from outside.
     leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in leaks}
-    # The ranks import this file as a script: put tests/ (tiny_lm) on their path.
+    # The ranks import this file as a script: put tests/ (helpers) on their path.
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])
     )

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_train import read_audit, train
 
+from helpers.train_run import read_audit, train
 from odb_lightning.core.order import epoch_permutation
 
 BUDGET = 4096  # experiment=sharegpt_odb's token budget

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import ROOT, read_audit, train
 
+from helpers.train_run import ROOT, read_audit, train
 from odb_lightning.core.order import epoch_permutation
 
 TRAIN_INDICES = sorted(epoch_permutation(80, 0, -1)[16:])  # debug=smoke: 64 train records

@@ -19,7 +19,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.lit.datamodule import ODBDataModule
 
 NUM_TRAIN = 32
@@ -43,7 +43,12 @@ class RecordingModule(pl.LightningModule):
 
 def _datamodule(mode: str) -> ODBDataModule:
     batching = BatchingConfig(
-        mode=mode, batch_size=4, token_budget=4096, outstanding_depth=16, persistent_workers=False
+        mode=mode,
+        batch_size=4,
+        token_budget=4096,
+        outstanding_depth=16,
+        persistent_workers=False,
+        num_workers=0,
     )
     return ODBDataModule(
         "synthetic",
@@ -53,7 +58,6 @@ def _datamodule(mode: str) -> ODBDataModule:
         max_seq_len=1024,
         max_samples=NUM_TRAIN,
         val_samples=0,
-        num_workers=0,
     )
 
 

@@ -12,7 +12,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from test_runtime_harness import RankJob, SyntheticChatDataset, expected_steps, run_ranks
+
+from odb_lightning.testing.datasets import SyntheticChatDataset
+from odb_lightning.testing.ranks import RankJob, expected_steps, run_ranks
 
 N_SAMPLES = 240
 # Ranks are forked from a forkserver, whose children default to forkserver too: name the

@@ -1,6 +1,6 @@
 """Failures end every rank with an error that names what failed, within bounded time,
 and leave no child process behind: single-rank checks, then the 2-rank fault matrix
-(:mod:`fault_matrix`: a worker, the collate process or a whole rank killed, a sample that
+(:mod:`odb_lightning.testing.fault_matrix`: a worker, the collate process or a whole rank killed, a sample that
 hangs or raises, with ``on_bad_sample`` raise and skip)."""
 
 from __future__ import annotations
@@ -13,22 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_matrix import (
-    ERROR_BOUND_S,
-    HANG_TIMEOUT_S,
-    NUM_SAMPLES,
-    LoaderFault,
-    matrix,
-    rank1_sample,
-    run_fault,
-)
-from test_runtime_harness import (
-    RankJob,
-    SyntheticChatDataset,
-    run_ranks,
-    run_silent_peer,
-    wait_gone,
-)
 
 from odb_lightning.runtime import (
     BadSampleError,
@@ -37,6 +21,18 @@ from odb_lightning.runtime import (
     SampleFetchError,
 )
 from odb_lightning.runtime.pipeline import STALL_GRACE_S
+from odb_lightning.testing.datasets import SyntheticChatDataset
+from odb_lightning.testing.fault_matrix import (
+    ERROR_BOUND_S,
+    HANG_TIMEOUT_S,
+    NUM_SAMPLES,
+    LoaderFault,
+    matrix,
+    rank1_sample,
+    run_fault,
+)
+from odb_lightning.testing.processes import wait_gone
+from odb_lightning.testing.ranks import RankJob, run_ranks, run_silent_peer
 
 LOADER = {
     "token_budget": 600,

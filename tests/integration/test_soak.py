@@ -4,7 +4,9 @@ and memory stay bounded (``experiments/soak`` runs 30 epochs on real chat data).
 from __future__ import annotations
 
 import pytest
-from test_runtime_harness import RankJob, SyntheticChatDataset, run_ranks
+
+from odb_lightning.testing.datasets import SyntheticChatDataset
+from odb_lightning.testing.ranks import RankJob, run_ranks
 
 EPOCHS = 10
 MIB = 1 << 20

@@ -27,11 +27,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from odb_lightning.core.loss_weights import token_target_boundaries
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.strategy import ODBStrategy
-from odb_lightning.runtime.batch import ODBBatch
-from tiny_lm import (
+from helpers.tiny_lm import (
     flat_grad,
     flat_params,
     hand_over,
@@ -41,6 +37,10 @@ from tiny_lm import (
     tiny_module,
     union_gradient,
 )
+from odb_lightning.core.loss_weights import token_target_boundaries
+from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.strategy import ODBStrategy
+from odb_lightning.runtime.batch import ODBBatch
 
 VOCAB = 128
 WORLD_SIZE = 2

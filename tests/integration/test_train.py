@@ -7,33 +7,12 @@ a one-layer body and token ids folded to 4,096 so that the LM head stays small).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.train_run import read_audit, train
 from odb_lightning.core.order import epoch_permutation, shard_indices
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def train(tmp_path: Path, *overrides: str, timeout_s: float = 300) -> dict:
-    """Run train.py with ``overrides``; return its summary.json."""
-    command = [sys.executable, "train.py", "debug=smoke", f"hydra.run.dir={tmp_path}", *overrides]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert "odb_lightning run summary" in done.stdout
-    return json.loads((tmp_path / "summary.json").read_text())
-
-
-def read_audit(tmp_path: Path, world_size: int) -> list[list[list[int]]]:
-    return [
-        [json.loads(line) for line in (tmp_path / f"emitted_ids_rank{r}.jsonl").open()]
-        for r in range(world_size)
-    ]
 
 
 @pytest.mark.parametrize("experiment", ["sharegpt_odb", "sharegpt_standard"])

@@ -10,7 +10,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
+
+from odb_lightning.testing.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 
 PROCESSES = 6  # 2 ranks, each with 1 loader worker (debug=smoke) and 1 collate process
 GLOO_PEER_GONE = "Connection closed by peer"  # the training group's all-reduce on rank 0

@@ -10,11 +10,11 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from train_faults import ROOT, run_train_fault
+from helpers.train_run import ROOT
+from odb_lightning.testing.processes import listening_sockets
+from odb_lightning.testing.train_faults import run_train_fault
 
-from fault_injection import listening_sockets
-
-TRIGGER = "TRIGGER-PREPROCESSING-FAILURE"  # fault_injection.RaisingTokenizer's default
+TRIGGER = "TRIGGER-PREPROCESSING-FAILURE"  # RaisingTokenizer's default
 NUM_RECORDS = 40
 RAISING = (5, 17)
 WILDCARDS = {"0.0.0.0", "::"}
@@ -78,7 +78,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         "data.max_samples=null",
         "batching.on_bad_sample=skip",
         "audit_ids=true",
-        "tokenizer._target_=fault_injection.RaisingTokenizer",
+        "tokenizer._target_=odb_lightning.testing.fault_injection.RaisingTokenizer",
         "~tokenizer.name_or_path",
         env={"HOME": str(home), "TMPDIR": str(temp)},
         cwd=cwd,

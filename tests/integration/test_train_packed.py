@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_train import read_audit, train
-
+from helpers.train_run import read_audit, train
 from odb_lightning.core.order import epoch_permutation
 
 

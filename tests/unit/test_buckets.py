@@ -21,7 +21,7 @@ from odb_lightning.core.buckets import (
     predict_efficiency,
     simulate_bucketed,
 )
-from odb_lightning.core.plan import bucket_of, plan_epoch
+from odb_lightning.core.planners import bucket_of, plan_epoch
 from odb_lightning.core.profiles import lognormal_lengths
 
 SEED_BOUNDARIES = [0, 770, 1216, 1728, 2432, 3296, 8192]
@@ -100,7 +100,7 @@ def test_few_distinct_lengths_pad_with_empty_buckets():
     lengths = [40] * 30 + [90] * 30
     edges = optimize_boundaries(lengths, 4, token_budget=1000, max_batch_size=8)
     assert edges == [0, 90, 91, 92, 93]
-    batches = plan_epoch(lengths, "bucketed", token_budget=1000, boundaries=edges)
+    batches = plan_epoch(lengths, mode="bucketed", token_budget=1000, boundaries=edges)
     assert sorted(i for b in batches for i in b) == list(range(60))
 
 

@@ -39,11 +39,6 @@ BOTH = Augmentation(
 )
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> QwenTokenizer:
-    return QwenTokenizer()
-
-
 @pytest.mark.parametrize(
     ("fields", "error", "field"),
     [

@@ -43,10 +43,12 @@ THIRD_PARTY = {
 }
 OWN_LAYERS = {
     "core": {"core"},
-    "runtime": {"core", "runtime"},
-    "data": {"core", "runtime", "data"},
-    "lit": {"core", "runtime", "data", "lit"},
+    "sample": {"core", "sample"},
+    "runtime": {"core", "sample", "runtime"},
+    "data": {"core", "sample", "data"},
+    "lit": {"core", "sample", "runtime", "data", "lit"},
 }
+THIRD_PARTY["sample"] = {"torch"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -62,9 +64,14 @@ def imported_roots(path: Path) -> set[str]:
     return names
 
 
+def layer_files(layer: str) -> list[Path]:
+    single = SRC / f"{layer}.py"
+    return [single] if single.is_file() else sorted((SRC / layer).rglob("*.py"))
+
+
 def violations(layer: str) -> list[str]:
     found = []
-    for path in sorted((SRC / layer).rglob("*.py")):
+    for path in layer_files(layer):
         for name in imported_roots(path):
             root, *rest = name.split(".")
             if root == "odb_lightning":
@@ -79,6 +86,59 @@ def violations(layer: str) -> list[str]:
 @pytest.mark.parametrize("layer", sorted(OWN_LAYERS))
 def test_layer_imports_only_downwards(layer: str) -> None:
     assert violations(layer) == []
+
+
+def test_data_never_imports_the_runtime() -> None:
+    for path in layer_files("data"):
+        runtime = [n for n in imported_roots(path) if n.startswith("odb_lightning.runtime")]
+        assert runtime == [], f"{path.relative_to(SRC)} imports {runtime}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (anywhere in its body)."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = {i for i in imported_roots(path) if i in modules and i != name}
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle (as a path that returns to its start), or ``[]``."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return stack[stack.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert find_cycle(import_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) == []
 
 
 def test_checker_catches_a_violation(tmp_path: Path) -> None:

@@ -15,9 +15,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
-from tiny_lm import (
+from helpers.tiny_lm import (
     fit_on_cpu,
     flat_grad,
     full_loss_sum,
@@ -29,6 +27,8 @@ from tiny_lm import (
     tiny_module,
     union_gradient,
 )
+from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
 
 ARGUMENTS = {"loss_chunk_tokens": 5, "lr": 1e-3}
 

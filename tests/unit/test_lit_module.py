@@ -11,9 +11,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from transformers import Qwen2Config
 
-from odb_lightning.lit.lm_head import chunked_lm_loss
-from odb_lightning.lit.module import CausalLMModule, LRSchedule, flops_per_token, lr_factor
-from tiny_lm import (
+from helpers.tiny_lm import (
     VOCAB,
     full_loss_sum,
     grads_of,
@@ -24,6 +22,10 @@ from tiny_lm import (
     seeded_samples,
     tiny_module,
 )
+from odb_lightning.lit.lm_head import chunked_lm_loss
+from odb_lightning.lit.flops import flops_per_token
+from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.module import CausalLMModule
 
 
 def padded_batch(

@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from odb_lightning.core.plan import BatchingMode
+from helpers.tiny_lm import VOCAB, grads_of, loss_tokens, rel_err, seeded_samples, tiny_module
+from odb_lightning.core.config import BatchingConfig, BatchingMode
 from odb_lightning.data import QwenTokenizer
-from odb_lightning.lit.batching import BatchingConfig
 from odb_lightning.lit.datamodule import ODBDataModule
-from odb_lightning.lit.module import CausalLMModule, body_inputs
-from odb_lightning.runtime.batch import block_causal_mask, idle_sample, pack_collate, pad_collate
-from odb_lightning.runtime.samples import IGNORE_INDEX
-from tiny_lm import VOCAB, grads_of, loss_tokens, rel_err, seeded_samples, tiny_module
+from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.packed_inputs import block_causal_mask, body_inputs
+from odb_lightning.runtime.batch import idle_sample, pack_collate, pad_collate
+from odb_lightning.sample import IGNORE_INDEX
 
 
 def sample(ids: list[int], labels: list[int] | None = None) -> dict[str, Tensor]:
@@ -183,7 +183,7 @@ def test_flash_backends_get_varlen_kwargs_and_no_mask() -> None:
 # -- the data module -----------------------------------------------------------------------
 @pytest.mark.parametrize("mode", [BatchingMode.ODB_PACKED, BatchingMode.ODB])
 def test_data_module_collates_by_mode(mode: BatchingMode) -> None:
-    batching = BatchingConfig(mode=mode, token_budget=2048, outstanding_depth=16)
+    batching = BatchingConfig(mode=mode, token_budget=2048, outstanding_depth=16, num_workers=0)
     data = ODBDataModule(
         "synthetic",
         QwenTokenizer(),
@@ -192,7 +192,6 @@ def test_data_module_collates_by_mode(mode: BatchingMode) -> None:
         max_seq_len=1024,
         max_samples=24,
         val_samples=0,
-        num_workers=0,
     )
     data.setup("fit")
     loader = data.train_dataloader()

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.plan import (
-    BatchingMode,
+from odb_lightning.core.config import BatchingMode
+from odb_lightning.core.planners import (
     bucket_of,
     pack_in_order,
     plan_epoch,
@@ -31,12 +31,12 @@ def _edges_for(lengths: list[int], cuts: list[int]) -> list[int]:
 def _plan(lengths: list[int], mode: str, budget: int, cap: int | None = None, **kwargs):
     return plan_epoch(
         lengths,
-        mode,
+        mode=mode,
         token_budget=budget,
         batch_size=kwargs.pop("batch_size", 4),
         max_batch_size=cap,
         boundaries=kwargs.pop("boundaries", _edges_for(lengths, [300, 900, 1800])),
-        window=kwargs.pop("window", 16),
+        outstanding_depth=kwargs.pop("window", 16),
         **kwargs,
     )
 
@@ -197,10 +197,10 @@ def test_summarize_plan_numbers():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "standard"}, "batch_size is required"),
+        ({"mode": "standard", "batch_size": None}, "batch_size must be a positive integer"),
         ({"mode": "sorted", "batch_size": 0}, "batch_size must be a positive integer"),
-        ({"mode": "odb"}, "window"),
-        ({"mode": "odb_packed", "window": -1}, "window must be a positive integer"),
+        ({"mode": "odb", "outstanding_depth": None}, "outstanding_depth"),
+        ({"mode": "odb_packed", "outstanding_depth": -1}, "outstanding_depth must be a positive"),
         ({"mode": "bucketed"}, "boundaries are required"),
         ({"mode": "bucketed", "boundaries": [0, 50]}, r"lengths\[1\] = 70"),
         ({"mode": "bucketed", "boundaries": [0, 60, 40, 100]}, "strictly increasing"),
@@ -219,13 +219,13 @@ def test_clear_errors_name_the_parameter(kwargs, message):
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "7"])
 def test_bad_length_names_its_index(bad):
     with pytest.raises(ValueError, match=r"lengths\[2\]"):
-        plan_epoch([5, 6, bad, 7], "oracle", token_budget=100)
+        plan_epoch([5, 6, bad, 7], mode="oracle", token_budget=100)
 
 
 def test_mode_accepts_enum_and_string():
     lengths = [3, 1, 2]
-    assert plan_epoch(lengths, BatchingMode.ORACLE, token_budget=9) == plan_epoch(
-        lengths, "oracle", token_budget=9
+    assert plan_epoch(lengths, mode=BatchingMode.ORACLE, token_budget=9) == plan_epoch(
+        lengths, mode="oracle", token_budget=9
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
-from odb_lightning.core.plan import plan_epoch, summarize_plan
+from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.plan import main
 
@@ -28,12 +28,12 @@ def _run_json(capsys, *argv: str) -> dict:
 def _expected_stats(lengths, mode, budget, edges, *, seed=0, batch_size=8, window=512, cap=64):
     batches = plan_epoch(
         lengths,
-        mode,
+        mode=mode,
         token_budget=budget,
         batch_size=batch_size,
         max_batch_size=cap if mode == "bucketed" else None,
         boundaries=edges,
-        window=window,
+        outstanding_depth=window,
         seed=seed,
     )
     return dataclasses.asdict(summarize_plan(lengths, batches, budget, packed=mode == "odb_packed"))

@@ -50,7 +50,7 @@ def test_single_rank_matches_simulation(epoch: int) -> None:
     expected = simulate(
         [[dataset.lengths[i] for i in order]],
         token_budget=800,
-        window=48,
+        outstanding_depth=48,
         seed=5,
         loss_tokens=[[dataset.num_loss_tokens(i) for i in order]],
         epoch=epoch,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_lightning.core.order import make_rng
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.simulate import simulate, simulate_epoch
 
 
@@ -35,7 +35,7 @@ def jobs(draw: st.DrawFn) -> dict:
 
 
 def run(job: dict, *, join: bool):
-    settings_ = LoaderSettings(
+    settings_ = BatchingConfig(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         max_steps_per_round=job["max_steps_per_round"],
@@ -93,7 +93,7 @@ def test_non_join_accounts_for_every_sample(job: dict) -> None:
 def test_same_seed_same_plan(job: dict) -> None:
     kwargs = {
         "token_budget": job["token_budget"],
-        "window": job["window"],
+        "outstanding_depth": job["window"],
         "seed": job["seed"],
         "max_steps_per_round": job["max_steps_per_round"],
     }
@@ -102,13 +102,13 @@ def test_same_seed_same_plan(job: dict) -> None:
 
 def test_step_order_changes_with_the_seed() -> None:
     lengths = [[(i * 37) % 97 + 1 for i in range(200)]]
-    a = simulate(lengths, token_budget=400, window=64, seed=1)
-    b = simulate(lengths, token_budget=400, window=64, seed=2)
+    a = simulate(lengths, token_budget=400, outstanding_depth=64, seed=1)
+    b = simulate(lengths, token_budget=400, outstanding_depth=64, seed=2)
     assert sorted(map(sorted, a[0])) == sorted(map(sorted, b[0])) and a != b
 
 
 def test_over_budget_sample_is_its_own_step_and_counted() -> None:
-    result = simulate_epoch([[5, 50, 4, 3]], LoaderSettings(token_budget=16, outstanding_depth=4))
+    result = simulate_epoch([[5, 50, 4, 3]], BatchingConfig(token_budget=16, outstanding_depth=4))
     groups = [sorted(s.sample_id for s in st_.group.samples) for st_ in result.steps[0]]
     assert [1] in groups
     assert result.over_budget == [1]
@@ -121,7 +121,7 @@ def test_1024_ranks_finish_fast_and_align() -> None:
         for _ in range(1024)
     ]
     start = time.perf_counter()
-    result = simulate_epoch(rank_lengths, LoaderSettings(token_budget=16384, outstanding_depth=64))
+    result = simulate_epoch(rank_lengths, BatchingConfig(token_budget=16384, outstanding_depth=64))
     elapsed = time.perf_counter() - start
     assert elapsed < 60
     job = {"rank_lengths": rank_lengths, "token_budget": 16384}
@@ -134,12 +134,12 @@ def test_1024_ranks_finish_fast_and_align() -> None:
 @settings(max_examples=60, deadline=None)
 @given(jobs())
 def test_packed_groups_fit_a_real_token_budget_and_cover_every_sample(job: dict) -> None:
-    settings_ = LoaderSettings(
+    settings_ = BatchingConfig(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         max_steps_per_round=job["max_steps_per_round"],
         seed=job["seed"],
-        packed=True,
+        mode="odb_packed",
     )
     result = simulate_epoch(job["rank_lengths"], settings_, loss_tokens=job["loss_tokens"])
     assert len({len(rank_steps) for rank_steps in result.steps}) == 1

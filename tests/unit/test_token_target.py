@@ -17,10 +17,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from odb_lightning.core.loss_weights import token_target_boundaries
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.runtime.batch import ODBBatch
-from tiny_lm import (
+from helpers.tiny_lm import (
     fit_on_cpu,
     flat_grad,
     flat_params,
@@ -30,6 +27,9 @@ from tiny_lm import (
     tiny_module,
     union_gradient,
 )
+from odb_lightning.core.loss_weights import token_target_boundaries
+from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.runtime.batch import ODBBatch
 
 TOKENS_PER_STEP = 12
 # Micro-batches as (length, unsupervised prompt, seed) per sample; None is an IDLE step.

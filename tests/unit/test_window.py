@@ -6,11 +6,11 @@ import pytest
 
 from odb_lightning.core.alignment import AlignmentError, plan_round
 from odb_lightning.core.order import make_rng
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round
 
-SETTINGS = LoaderSettings(token_budget=64, outstanding_depth=6, max_steps_per_round=4)
+SETTINGS = BatchingConfig(token_budget=64, outstanding_depth=6, max_steps_per_round=4)
 LENGTHS = [9, 30, 2, 17, 5, 40, 8, 3, 12, 21]
 
 

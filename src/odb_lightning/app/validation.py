@@ -18,8 +18,9 @@ def _failing_key(cfg: DictConfig, key: str, message: str) -> str:
     their messages with the argument name, which equals the YAML key), else ``key``."""
     fields = sorted((name for name in cfg if isinstance(name, str)), key=len, reverse=True)
     for name in fields:
-        if message.startswith((f"{name} ", f"{name}:", f"{name}=")):
-            return f"{key}.{name}"
+        for spelled in (f"{key}.{name}", name):
+            if message.startswith((f"{spelled} ", f"{spelled}:", f"{spelled}=")):
+                return f"{key}.{name}"
     return key
 
 
@@ -39,7 +40,7 @@ def _is_int(value: object) -> bool:
 
 
 # Data knobs that would otherwise fail late (inside DDP setup or the first loader build).
-_DATA_MINIMUMS = {"max_seq_len": 1, "num_workers": 0, "val_samples": 0}
+_DATA_MINIMUMS = {"max_seq_len": 1, "val_samples": 0}
 
 
 def _validate_data(data: DictConfig) -> None:

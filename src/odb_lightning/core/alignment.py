@@ -1,10 +1,9 @@
 """The DGAP alignment rule: one pure function of all ranks' reports.
 
 Every rank calls :func:`plan_round` on the same gathered reports, so every rank computes
-the same :class:`RoundPlan`; a rank acts on its own row of it. There is no second code
-path that "predicts" other ranks: prediction and action are the same call.
+the same :class:`RoundPlan` and acts on its own row: prediction and action are one call.
 
-Max-based, bidirectional alignment (SPEC 3):
+Max-based, bidirectional alignment:
 
 * A rank that failed publishes ``aborted``; every rank then raises
   :class:`PeerFailedError` instead of finishing the epoch cleanly.
@@ -61,10 +60,8 @@ class RoundPlan:
 
 
 def peel_order(sizes: list[int], num_peels: int) -> list[int]:
-    """Which group each successive peel takes a sample from.
-
-    Always the largest group with more than one sample, the earliest on ties; the new
-    singletons are appended after the existing groups and are never peeled.
+    """Which group each successive peel takes a sample from: the largest group with more
+    than one sample, the earliest on ties (new singletons are never peeled).
 
     Raises:
         AlignmentError: If fewer than ``num_peels`` samples can be peeled.

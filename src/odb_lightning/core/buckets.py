@@ -1,4 +1,4 @@
-"""Bucket optimizer for ``bucketed`` batching (the seed case study, done exactly).
+"""Bucket optimizer for ``bucketed`` batching: edges that minimize modelled padding.
 
 Model. A bucket holds ``m`` samples; each epoch they are shuffled and packed greedily in
 batches of (about) ``b``. Shuffled chunks of a random permutation are draws *without
@@ -6,20 +6,18 @@ replacement*, so a batch is padded to the maximum of ``b`` such draws, and the b
 costs about ``m * E[max_b]`` padded tokens. With the bucket's values sorted,
 ``P(max <= x) = C(c(x), b) / C(m, b)`` where ``c(x)`` counts samples ``<= x`` (all ``b``
 draws must land among them), so ``P(max = x_j) = C(j-1, b-1) / C(m, b)``: the empirical
-order statistic, not the seed's uniform-within-bucket guess. ``b`` is the largest batch
+order statistic, not a uniform-within-bucket approximation. ``b`` is the largest batch
 size ``<= max_batch_size`` with ``b * E[max_b] <= token_budget`` (at least 1); since
 ``E[max_b]`` grows with ``b`` the feasible sizes are ``1..b``. The quadratic attention
-term is not modelled: the optimizer works in padded tokens. On lognormal profiles the
-model is within 1 point of the real packer, on the conservative side (the packer's
-variable batch sizes absorb some of the tail).
+term is not modelled: the optimizer works in padded tokens. The model errs on the
+conservative side: the real packer's variable batch sizes absorb some of the tail
+(accuracy and speed: docs/data.md, "Bucket length model").
 
 Speed. The probabilities are evaluated in log space (``lgamma``, no giant integers) on a
-histogram: a ratio recurrence ``P(j-1) = P(j) * (j-b) / (j-1)`` would step one sample at a
-time, ``lgamma`` jumps a whole bin in O(1). One ``E[max_b]`` is one pass over the bucket's
-bins from the top down, stopped once the remaining mass is below 1e-13. The optimizer
-merges adjacent distinct lengths into bins no wider than ``bin_width`` (relative),
-represented by their mean (17.5k lengths, k=6, 128 candidates: ~1 s instead of ~6 s with
-the exact histogram, same edges on lognormal profiles). Every reported figure
+histogram, so one step jumps a whole bin instead of one sample. One ``E[max_b]`` is one
+pass over the bucket's bins from the top down, stopped once the remaining mass is below
+1e-13. The optimizer merges adjacent distinct lengths into bins no wider than
+``bin_width`` (relative), represented by their mean; every reported figure
 (:func:`predict_efficiency`, :func:`bucket_table`) uses the exact histogram.
 """
 
@@ -32,8 +30,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from odb_lightning.core.plan import (
-    BatchingMode,
+from odb_lightning.core.config import BatchingConfig, BatchingMode
+from odb_lightning.core.planners import (
     bucket_of,
     plan_epoch,
     summarize_plan,
@@ -48,7 +46,7 @@ _MAX_GRID_COMBINATIONS = 2_000_000
 
 @dataclass(frozen=True, slots=True)
 class BucketRow:
-    """One row of the seed's bucket table.
+    """One row of the bucket table (:func:`bucket_table`).
 
     Attributes:
         lo: Inclusive lower edge in tokens.
@@ -233,11 +231,9 @@ def optimize_boundaries(
     empty ones above the longest sample.
 
     Args:
-        lengths: A sample of token lengths.
         k: Number of buckets.
         token_budget: Padded tokens per batch.
-        max_batch_size: Cap on samples per batch.
-        num_candidates: Quantile positions tried as edges.
+        num_candidates: Quantile positions tried as edges (:func:`candidate_edges`).
         bin_width: Relative width of the model's histogram bins (0 = exact histogram).
 
     Returns:
@@ -253,11 +249,8 @@ def optimize_boundaries(
 
 
 def _best_cuts(cost: list[list[float]], buckets: int) -> list[int]:
-    """Interior positions of the cheapest cover of ``0..last`` by ``buckets`` buckets.
-
-    ``best[j]`` after round ``t`` is the least cost of covering positions ``0..j`` with
-    ``t`` buckets: ``min_i best_prev[i] + cost[i][j]``; ``back[t][j]`` keeps the argmin.
-    """
+    """Interior positions of the cheapest cover of ``0..last`` by ``buckets`` buckets (the
+    recurrence of :func:`optimize_boundaries`; ``back[t][j]`` keeps the argmin)."""
     last = len(cost) - 1
     best = [0.0] + [math.inf] * last  # zero buckets cover only position 0
     back: list[list[int]] = []
@@ -353,18 +346,14 @@ def _bucketed_plans(
     seed: int,
     epochs: int,
 ) -> list[list[int]]:
-    batches: list[list[int]] = []
-    for epoch in range(epochs):
-        batches += plan_epoch(
-            lengths,
-            BatchingMode.BUCKETED,
-            token_budget=token_budget,
-            max_batch_size=max_batch_size,
-            boundaries=boundaries,
-            seed=seed,
-            epoch=epoch,
-        )
-    return batches
+    config = BatchingConfig(
+        mode=BatchingMode.BUCKETED,
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+        boundaries=tuple(boundaries),
+        seed=seed,
+    )
+    return [batch for epoch in range(epochs) for batch in plan_epoch(lengths, config, epoch=epoch)]
 
 
 def simulate_bucketed(
@@ -390,8 +379,8 @@ def bucket_table(
     seed: int = 0,
     epochs: int = 3,
 ) -> list[BucketRow]:
-    """The seed's table: per bucket its range, count, mean, model batch size, predicted
-    efficiency and the efficiency the real packer measures over ``epochs`` epochs."""
+    """Per bucket: range, count, mean, model batch size, predicted efficiency and the
+    efficiency the real packer measures over ``epochs`` epochs."""
     model = _exact_model(lengths, boundaries)
     bucket = bucket_of(lengths, boundaries)
     real = [0] * (len(boundaries) - 1)

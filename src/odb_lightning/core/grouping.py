@@ -18,22 +18,19 @@ def padded_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = Non
 
     A group starting at ``i`` may take up to ``c_i = max(1, floor(budget / row_cost(L_i)))``
     adjacent samples (capped by ``cap``): every later sample is no longer, so the group is
-    within budget. Among such cuts this returns one with the fewest groups and, among
-    those, the least cost ``sum(size x row_cost(longest))`` (padded tokens when
-    ``attention_weight`` is 0); on exact ties the larger first group.
+    within budget. Returns the cut with the fewest groups and, among those, the least cost
+    ``sum(size x row_cost(longest))`` (padded tokens when ``attention_weight`` is 0); on
+    exact ties the larger first group. Greedy (``c_i`` at every cut) already gives the
+    fewest groups (its k-th cut is never behind any other's, and ``c_i`` grows as lengths
+    shrink) but leaves all the slack to the shortest group; this spends it where it saves
+    the most padding.
 
-    Taking ``c_i`` samples at every cut (the plain greedy rule) already gives the fewest
-    groups: its k-th cut is never behind any other cut's k-th, and ``c_i`` grows as the
-    lengths shrink. What is left to choose is where the groups that are not full fall;
-    greedy leaves all the slack to the shortest group; this spends it where it saves the
-    most padding.
-
-    Suffix dynamic program by group count. ``fewest(j)``, the fewest groups for
-    ``ordered[j:]``, never grows with ``j``, so the starts needing ``k + 1`` groups are one
-    run just left of the run needing ``k``, and each of them ends its first group inside
-    that run. Between two runs the cost ``(j - i) x row_cost(L_i)`` is Monge (``row_cost``
-    falls as ``i`` grows), so the best end moves right with the start and each run is
-    solved by divide and conquer: ``O(n log n)`` in all.
+    Suffix dynamic program by group count: ``fewest(j)`` for ``ordered[j:]`` never grows
+    with ``j``, so the starts needing ``k + 1`` groups form one run just left of the run
+    needing ``k`` and end their first group inside it. Between two runs the cost
+    ``(j - i) x row_cost(L_i)`` is Monge (``row_cost`` falls as ``i`` grows), so the best
+    end moves right with the start and each run is solved by divide and conquer:
+    ``O(n log n)`` in all.
     """
     n = len(ordered)
     sizes = [budget.max_group_size(s.length) for s in ordered]
@@ -107,15 +104,9 @@ def group_window(
     packed: bool = False,
     max_group_size: int | None = None,
 ) -> list[Group]:
-    """Longest-first grouping of one window.
-
-    Sorts the window longest first and cuts it into adjacent groups. Padded: the fewest
-    groups of at most ``max(1, floor(budget / row_cost(L)))`` samples (``L`` the group's
-    first, longest sample), with the least padded cost among those (:func:`padded_cuts`).
-    Packed:
-    each group takes samples while the sum of their lengths fits (:func:`packed_cuts`).
-    Either way an over-budget sample becomes a group of one, and ``max_group_size`` caps
-    every group.
+    """Sort the window longest first and cut it into adjacent groups (:func:`padded_cuts`,
+    or :func:`packed_cuts` when ``packed``). An over-budget sample becomes a group of one;
+    ``max_group_size`` caps every group.
 
     Returns:
         Groups in longest-first order, every sample in exactly one group.

@@ -16,17 +16,7 @@ def lognormal_lengths(
     ``CV^2 = exp(sigma^2) - 1``, so ``sigma^2 = ln(1 + CV^2)`` and
     ``mu = ln(mean) - sigma^2 / 2``. Draws are rounded to integers >= 1 and, when
     ``max_len`` is given, clipped to it (what truncation at ``max_seq_len`` does), which
-    lowers the realised mean and CV slightly.
-
-    Args:
-        n: Number of lengths.
-        mean: Target mean length in tokens (> 0).
-        cv: Target coefficient of variation (std / mean, >= 0).
-        seed: RNG seed; the same arguments always give the same list.
-        max_len: Optional truncation length in tokens.
-
-    Returns:
-        ``n`` positive integer lengths.
+    lowers the realised mean and CV slightly. The same arguments always give the same list.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}")

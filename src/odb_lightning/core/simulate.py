@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import plan_round
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.config import BatchingConfig, resolve_config
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, Step
 from odb_lightning.core.wire import decode_report, encode_report
@@ -53,7 +53,7 @@ def _fill(window: GroupingWindow, lengths: list[int], loss_tokens: list[int]) ->
 
 def simulate_epoch(
     rank_lengths: list[list[int]],
-    settings: LoaderSettings,
+    config: BatchingConfig,
     *,
     loss_tokens: list[list[int]] | None = None,
     epoch: int = 0,
@@ -63,18 +63,18 @@ def simulate_epoch(
     if len(losses) != len(rank_lengths):
         raise ValueError("loss_tokens must have one list per rank")
     windows = [
-        GroupingWindow(settings, len(lengths), rank=rank, epoch=epoch)
+        GroupingWindow(config, len(lengths), rank=rank, epoch=epoch)
         for rank, lengths in enumerate(rank_lengths)
     ]
     steps: list[list[Step]] = [[] for _ in windows]
-    max_steps = settings.max_steps_per_round
+    max_steps = config.max_steps_per_round
     # Every emitting round takes >= 1 sample from some rank; one more round ends it.
     bound = sum(len(lengths) for lengths in rank_lengths) + 2
     for rounds in range(1, bound + 1):
         for window, lengths, loss in zip(windows, rank_lengths, losses, strict=True):
             _fill(window, lengths, loss)
         messages = [encode_report(w.make_report(max_steps), max_steps) for w in windows]
-        plan = plan_round([decode_report(m, max_steps) for m in messages], join=settings.join)
+        plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.join)
         for window, rank_steps in zip(windows, steps, strict=True):
             rank_steps.extend(window.apply(plan).steps)
         if plan.epoch_over:
@@ -89,45 +89,28 @@ def simulate_epoch(
 
 def simulate(
     rank_lengths: list[list[int]],
+    config: BatchingConfig | None = None,
     *,
-    token_budget: int,
-    window: int,
-    join: bool = True,
-    seed: int = 0,
-    max_steps_per_round: int = 8,
     loss_tokens: list[list[int]] | None = None,
-    attention_weight: float = 0.0,
-    packed: bool = False,
     epoch: int = 0,
+    **knobs: object,
 ) -> list[list[list[int]]]:
     """Steps every rank emits for one epoch, in order.
 
     Args:
         rank_lengths: Per rank, the token lengths of its shard in arrival order.
-        token_budget: ``L_max``.
-        window: Outstanding depth ``D``.
-        join: Join mode (every sample once) or non-join (shortest-rank closure).
-        seed: Seed of the step order inside each round.
-        max_steps_per_round: ``Q``, most steps a round emits per rank.
+        config: The batching settings (``mode`` ``odb_packed`` budgets real tokens).
         loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
-        attention_weight: Quadratic attention term of the budget.
-        packed: Budget counts real tokens (``odb_packed``) instead of padded ones.
         epoch: Epoch number (changes the step order).
+        **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
+            those of ``config`` (or make a config of their own).
 
     Returns:
         For each rank its steps in order; each step the indices into that rank's list it
         emits, ``[]`` for an IDLE step. Every rank has the same number of steps.
     """
-    settings = LoaderSettings(
-        token_budget=token_budget,
-        outstanding_depth=window,
-        max_steps_per_round=max_steps_per_round,
-        join=join,
-        seed=seed,
-        attention_weight=attention_weight,
-        packed=packed,
-    )
-    result = simulate_epoch(rank_lengths, settings, loss_tokens=loss_tokens, epoch=epoch)
+    resolved = resolve_config(config, knobs)
+    result = simulate_epoch(rank_lengths, resolved, loss_tokens=loss_tokens, epoch=epoch)
     return [
         [[] if s.group is None else [m.sample_id for m in s.group.samples] for s in rank_steps]
         for rank_steps in result.steps

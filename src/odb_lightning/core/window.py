@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import make_rng
-from odb_lightning.core.settings import LoaderSettings
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
 
@@ -69,22 +69,22 @@ class GroupingWindow:
     """One rank's window for one epoch.
 
     Args:
-        settings: Job-wide loader settings (identical on every rank).
+        config: Job-wide batching settings (identical on every rank).
         shard_size: Samples in this rank's shard this epoch.
         rank: This rank's index in the reports (to check its row of the plan).
         epoch: Epoch number (part of every report and of the step-order seed).
     """
 
     def __init__(
-        self, settings: LoaderSettings, shard_size: int, *, rank: int = 0, epoch: int = 0
+        self, config: BatchingConfig, shard_size: int, *, rank: int = 0, epoch: int = 0
     ) -> None:
         if shard_size < 0:
             raise ValueError(f"shard_size must be >= 0, got {shard_size}")
-        self.settings = settings
+        self.config = config
         self.shard_size = shard_size
         self.rank = rank
         self.epoch = epoch
-        self._budget = settings.budget
+        self._budget = config.budget
         self._buffer: list[SampleInfo] = []
         self._num_requested = 0
         self._num_received = 0
@@ -107,7 +107,7 @@ class GroupingWindow:
 
     def num_to_request(self) -> int:
         """How many more samples the window has room for and the shard still holds."""
-        room = self.settings.outstanding_depth - self.num_buffered - self.num_in_flight
+        room = self.config.outstanding_depth - self.num_buffered - self.num_in_flight
         return max(0, min(room, self.shard_size - self._num_requested))
 
     def request(self) -> range:
@@ -153,8 +153,8 @@ class GroupingWindow:
         """Group the window and describe it for the exchange (see :mod:`wire`)."""
         if not self.is_ready():
             raise RuntimeError("the window is not ready: samples are still in flight")
-        max_steps = self.settings.max_steps_per_round
-        groups = group_window(self._buffer, self._budget, packed=self.settings.packed)
+        max_steps = self.config.max_steps_per_round
+        groups = group_window(self._buffer, self._budget, packed=self.config.packed)
         groups.sort(key=lambda g: g.age)
         self._groups = groups
         shown = groups[:max_steps]
@@ -197,7 +197,7 @@ class GroupingWindow:
             return RoundOutcome(skipped=True)
         local = self._local_steps(groups, plan)
         order = list(range(plan.target_steps))
-        make_rng(self.settings.seed, "round", self.epoch, self.round_index - 1).shuffle(order)
+        make_rng(self.config.seed, "round", self.epoch, self.round_index - 1).shuffle(order)
         steps = tuple(
             Step(
                 group=local[i],
@@ -247,7 +247,7 @@ class GroupingWindow:
 
 def exchange_round(window: GroupingWindow, exchange: Exchange, free_slots: int) -> RoundOutcome:
     """One round as the runtime runs it: report, all-gather, plan, act."""
-    max_steps = window.settings.max_steps_per_round
+    max_steps = window.config.max_steps_per_round
     message = encode_report(window.make_report(free_slots), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
-    return window.apply(plan_round(reports, join=window.settings.join))
+    return window.apply(plan_round(reports, join=window.config.join))

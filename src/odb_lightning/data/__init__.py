@@ -1,15 +1,14 @@
-"""The input pipeline that runs inside DataLoader workers.
+"""The input pipeline that runs inside the loader workers.
 
 Sources yield conversations (:class:`ChatRecord`); :class:`ChatDataset` applies the ChatML
-template and tokenizer per item; :func:`inspect_sample` checks each sample. The collates
-that pad or pack a group live in :mod:`odb_lightning.runtime.batch`. Imports torch and
-tokenizer/data libraries, never Lightning or Hydra.
+template and tokenizer per item. Imports torch, tokenizer and data libraries, the core and
+the sample contract (:mod:`odb_lightning.sample`); never the runtime, Lightning or Hydra.
 """
 
 from odb_lightning.data.augment import DEFAULT_SYSTEM_PROMPTS, Augmentation, augment_messages
 from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, Role
 from odb_lightning.data.dataset import ChatDataset, TokenizedDataset
-from odb_lightning.data.hf_tokenizer import HFTokenizer, export_hf_tokenizer
+from odb_lightning.data.hf_tokenizer import HFTokenizer, export_hf_tokenizer, load_tokenizer
 from odb_lightning.data.length_cache import (
     CachedLengths,
     LengthCache,
@@ -24,13 +23,7 @@ from odb_lightning.data.lengths import (
     measure_source,
     source_lengths,
 )
-from odb_lightning.data.sample import (
-    IGNORE_INDEX,
-    BadSampleError,
-    Sample,
-    SampleStats,
-    inspect_sample,
-)
+from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources import (
     ShareGPTRegime,
     SourceName,
@@ -46,22 +39,29 @@ from odb_lightning.data.synthetic import (
     LengthProfile,
     SyntheticDataset,
 )
-from odb_lightning.data.template import (
-    QWEN25_SYSTEM_PROMPT,
-    ChatMLTemplate,
-    TokenizedChat,
+from odb_lightning.data.template import QWEN25_SYSTEM_PROMPT, ChatMLTemplate, TokenizedChat
+from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.sample import (
+    IGNORE_INDEX,
+    BadSampleError,
+    Sample,
+    SampleStats,
     count_loss_tokens,
+    inspect_sample,
 )
-from odb_lightning.data.tokenizer import ChatTokenizer, QwenTokenizer, load_tokenizer
 
 __all__ = [
-    "DEFAULT_SYSTEM_PROMPTS",
     "IGNORE_INDEX",
+    "BadSampleError",
+    "Sample",
+    "SampleStats",
+    "count_loss_tokens",
+    "inspect_sample",
+    "DEFAULT_SYSTEM_PROMPTS",
     "LENGTH_PROFILES",
     "QWEN25_SYSTEM_PROMPT",
     "Augmentation",
     "BadRecordError",
-    "BadSampleError",
     "CachedLengths",
     "ChatDataset",
     "ChatMLTemplate",
@@ -76,8 +76,6 @@ __all__ = [
     "OverLength",
     "QwenTokenizer",
     "Role",
-    "Sample",
-    "SampleStats",
     "ShareGPTRegime",
     "SourceName",
     "SourceRecords",
@@ -86,7 +84,6 @@ __all__ = [
     "TokenizedDataset",
     "augment_messages",
     "chitchat_records",
-    "count_loss_tokens",
     "export_hf_tokenizer",
     "jsonl_records",
     "length_fingerprint",
@@ -98,5 +95,4 @@ __all__ = [
     "source_parts",
     "source_version",
     "ultrachat_records",
-    "inspect_sample",
 ]

@@ -1,18 +1,17 @@
 """Seeded conversation augmentation, applied per item inside the loader workers.
 
-Two augmentations that change a sample's token length, which is exactly what makes an
-offline length cache go stale and what online batching absorbs:
+Both change a sample's token length (what makes an offline length cache stale and what
+online batching absorbs):
 
 * **System prompt**: with ``system_prompt_probability`` a conversation without a system
-  message gets one drawn from ``system_prompts``. A conversation's own system message is
-  data (the answers may depend on it) and is never replaced.
+  message gets one drawn from ``system_prompts``; its own system message is data (the
+  answers may depend on it) and is never replaced.
 * **Trailing-turn drop**: with ``drop_trailing_turns_probability`` a random number >= 1 of
-  trailing exchanges is cut off. The kept prefix always ends with an assistant turn that
-  answers a user turn, so every augmented sample keeps at least one supervised exchange.
+  trailing exchanges is cut off; the kept prefix ends with an assistant turn that answers
+  a user turn, so at least one supervised exchange remains.
 
 Every draw comes from ``make_rng(seed, "augment", epoch, index)``: the result depends only
-on ``(seed, epoch, index)``, never on worker count, order of access or process, and it
-changes from epoch to epoch.
+on ``(seed, epoch, index)``, never on workers or access order, and changes every epoch.
 """
 
 from __future__ import annotations
@@ -46,15 +45,11 @@ def _checked_probability(value: object, name: str) -> float:
 
 @dataclass(frozen=True)
 class Augmentation:
-    """Which augmentations run, how often, and the seed they draw from.
+    """Which augmentations run (see the module docstring), how often, and their seed.
 
     Attributes:
-        system_prompts: Prompts a conversation without a system message may get (one,
-            uniformly at random). Empty: no system prompt is ever added.
-        system_prompt_probability: Chance that such a conversation gets one; needs
-            ``system_prompts`` when > 0.
-        drop_trailing_turns_probability: Chance that trailing exchanges are dropped.
-        seed: Seed of every draw (with the epoch and the dataset index).
+        system_prompts: Drawn from uniformly; must not be empty when
+            ``system_prompt_probability > 0``.
     """
 
     system_prompts: tuple[str, ...] = ()
@@ -145,14 +140,9 @@ def augment_messages(
 ) -> list[Message]:
     """The conversation at dataset ``index`` as augmented in ``epoch``.
 
-    Args:
-        messages: The source conversation (never modified).
-        augmentation: The settings.
-        epoch: Training epoch; each epoch draws afresh.
-        index: Dataset index of the conversation.
-
     Returns:
-        A new list (message dicts are shared, not copied: nothing here mutates them).
+        A new list; ``messages`` is never modified (message dicts are shared, not copied:
+        nothing here mutates them).
     """
     result = list(messages)
     if not augmentation.enabled:

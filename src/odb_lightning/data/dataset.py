@@ -1,7 +1,7 @@
 """Map-style datasets whose items are ready-to-batch samples.
 
 Every item is ``{"input_ids": LongTensor[L], "labels": LongTensor[L]}`` (1-D), the shape
-:func:`~odb_lightning.data.sample.inspect_sample` checks and the collates consume.
+:func:`~odb_lightning.sample.inspect_sample` checks and the collates consume.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
 from odb_lightning.data.conversation import ChatRecord
-from odb_lightning.data.sample import BadSampleError, Sample
 from odb_lightning.data.template import ChatMLTemplate
 from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.sample import BadSampleError, Sample
 
 
 def as_sample(input_ids: Sequence[int], labels: Sequence[int]) -> Sample:
@@ -30,14 +30,11 @@ def as_sample(input_ids: Sequence[int], labels: Sequence[int]) -> Sample:
 class ChatDataset(Dataset[Sample]):
     """Conversations tokenized with the ChatML template when they are read.
 
-    Tokenization happens in ``__getitem__``, i.e. inside DataLoader workers, which is where
-    online batching observes lengths. The dataset pickles as its records, the tokenizer's
-    name or path and the template and augmentation settings; each worker loads the
-    tokenizer once.
+    Tokenization happens in ``__getitem__``, i.e. inside the loader workers, which is where
+    online batching observes lengths.
 
     Args:
         records: Conversations (any random-access sequence of :class:`ChatRecord`).
-        tokenizer: The tokenizer.
         max_seq_len: Samples are right-truncated to this many tokens.
         system_prompt: Default system prompt for conversations that have none (after
             augmentation, which may already have given one).

@@ -13,15 +13,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from odb_lightning.data.tokenizer import (
-    ENDOFTEXT,
-    IM_END,
-    IM_START,
+from odb_lightning.data.qwen_bpe import (
     QWEN_SPECIAL_IDS,
+    QWEN_TOKENIZER_NAME,
+    QwenTokenizer,
     qwen_pattern,
     qwen_vocab_file,
     read_bpe_ranks,
 )
+from odb_lightning.data.tokenizer import ENDOFTEXT, IM_END, IM_START, ChatTokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -225,3 +225,19 @@ def export_hf_tokenizer(out_dir: str | Path, vocab_file: str | Path | None = Non
     config = json.dumps(_tokenizer_config(), indent=2)
     (out / "tokenizer_config.json").write_text(config, encoding="utf-8")
     return out
+
+
+def load_tokenizer(name_or_path: str = QWEN_TOKENIZER_NAME) -> ChatTokenizer:
+    """Build a tokenizer from a short name or a Hugging Face tokenizer directory.
+
+    Args:
+        name_or_path: ``"qwen2.5"`` (or ``"qwen2"``) for the bundled Qwen BPE; an existing
+            directory for ``AutoTokenizer.from_pretrained``; any other string is tried as a
+            hub name, which fails with a clear message when offline.
+
+    Returns:
+        A :class:`ChatTokenizer`; nothing heavy is loaded until first use.
+    """
+    if name_or_path.lower() in {"qwen2", "qwen2.5", "qwen"}:
+        return QwenTokenizer()
+    return HFTokenizer(name_or_path)

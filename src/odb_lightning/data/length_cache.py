@@ -1,16 +1,10 @@
 """The on-disk length cache that the ``sorted``, ``bucketed`` and ``oracle`` modes need.
 
-Those modes plan with the exact post-pipeline length of every sample, so the cache is built
-by running the real preprocessing (``dataset[i]``, the code the training workers run) once,
-in a ``DataLoader`` with the same worker count. It is keyed by a fingerprint of everything
-that changes lengths: the source and its version, the record count, the tokenizer, the
-template, ``max_seq_len`` and the augmentation. A changed fingerprint rebuilds it, the log
-says which part changed, and the build time is reported: that is the cost online batching
-avoids.
-
-Augmented datasets are refused: their lengths change every epoch, so any cache is stale
-from the second epoch on. Cache-based modes need augmentation off; ``batching=odb`` is the
-online alternative.
+It holds the exact post-pipeline length of every sample, built by running the real
+preprocessing (``dataset[i]``, in a ``DataLoader``) once, and is keyed by a fingerprint of
+everything that changes lengths: source and version, record count, tokenizer, template,
+``max_seq_len``, augmentation. Augmented datasets are refused: their lengths change every
+epoch, so any cache would be stale from the second epoch on.
 
 File format (one file per fingerprint, ``lengths-<fingerprint[:16]>.json``): line 1 is a
 JSON header (format, fingerprint, parts, count, build time), line 2 the JSON arrays; a miss
@@ -34,7 +28,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from odb_lightning.data.augment import Augmentation
-from odb_lightning.data.sample import inspect_sample
+from odb_lightning.sample import inspect_sample
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +71,6 @@ def _path_version(path: Path) -> str:
 
 def source_version(name: str, path: str | Path | None = None) -> str:
     """What identifies a source's content without reading it.
-
-    Args:
-        name: Source name (``sharegpt``, ``chitchat``, ``ultrachat``, ``jsonl``, ...).
-        path: Its file, directory or hub name, where it has one.
 
     Returns:
         ``"<package>==<version>"`` for bundled sources; ``"<path>:<size>:<mtime_ns>"`` for a
@@ -255,8 +245,6 @@ class LengthCache:
             fingerprint: ``length_fingerprint(**parts)``.
             parts: What the fingerprint is made of; stored, so a miss names what changed.
             num_workers: Loader workers for the build (0 = in process).
-            progress: Show a progress bar on stderr while building.
-            multiprocessing_context: Worker start method (``None``: torch's default).
 
         Raises:
             ValueError: The dataset's augmentation is enabled, or ``fingerprint`` is not

@@ -1,12 +1,11 @@
 """Length pass: run the real template and tokenizer over a source and report token lengths.
 
-This is the offline pass the ``sorted``/``bucketed``/``oracle`` modes and the planner need
-(and that online batching avoids); its wall time is part of the report.
-
-Over-length conversations: ``drop`` (default) leaves out conversations longer than
-``max_seq_len`` and counts them; ``truncate`` keeps them at ``max_seq_len`` tokens, as
-:class:`~odb_lightning.data.ChatDataset` does. With ``drop``, ShareGPT whole conversations
-reproduce the SPEC profile (mean 1456, CV 0.54 at 4096).
+This is the offline pass the length-pass modes and the planner need (and that online
+batching avoids); its wall time is part of the report. Over-length conversations:
+``drop`` (default) leaves them out and counts them, which is how the ShareGPT
+:data:`~odb_lightning.data.synthetic.LENGTH_PROFILES` were measured (``docs/data.md``);
+``truncate`` keeps them at ``max_seq_len`` tokens, as
+:class:`~odb_lightning.data.ChatDataset` does.
 """
 
 from __future__ import annotations
@@ -21,10 +20,11 @@ from pathlib import Path
 
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
+from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources import SourceName, load_source
 from odb_lightning.data.synthetic import LENGTH_PROFILES
 from odb_lightning.data.template import ChatMLTemplate
-from odb_lightning.data.tokenizer import ChatTokenizer, QwenTokenizer
+from odb_lightning.data.tokenizer import ChatTokenizer
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_DEFAULT_SAMPLES = 10_000
@@ -157,13 +157,10 @@ def measure_source(
     Args:
         name: A :class:`SourceName` or ``"synthetic"`` (lognormal draws; ``regime`` picks
             the ``sharegpt_<regime>`` profile, ``max_samples`` the count, default 10,000).
-        max_seq_len: Length limit, applied per ``over_length``.
-        max_samples: Cap on the records measured.
-        regime: ShareGPT regime (``whole``, ``first_exchange``, ``mix``).
+        max_seq_len: Length limit, applied per ``over_length`` (see the module docstring).
         tokenizer: Defaults to the Qwen2.5 BPE.
         path: Source path (``ultrachat``, ``jsonl``).
-        system_prompt: Default system prompt (none by default, as in the SPEC numbers).
-        over_length: ``drop`` or ``truncate``.
+        system_prompt: Default system prompt (none by default, as for the length profiles).
         seed: ShareGPT ``mix`` seed / synthetic seed.
         progress: Show a progress bar on stderr.
     """

@@ -1,10 +1,5 @@
-"""Seeded synthetic samples with lognormal token lengths, for tests and simulation.
-
-A lognormal with mean ``m`` and coefficient of variation ``c`` has
-``sigma^2 = ln(1 + c^2)`` and ``mu = ln(m) - sigma^2 / 2``. Lengths are rounded and clipped
-to ``[min_length, max_seq_len]``, which pulls the realised mean and CV slightly below the
-targets when the tail is clipped.
-"""
+"""Seeded synthetic samples with lognormal token lengths
+(:func:`~odb_lightning.core.profiles.lognormal_lengths`), for tests and simulation."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 from odb_lightning.core.profiles import lognormal_lengths
-from odb_lightning.data.sample import IGNORE_INDEX, Sample
+from odb_lightning.sample import IGNORE_INDEX, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +20,8 @@ class LengthProfile:
     cv: float
 
 
-# Measured on ShareGPT with the Qwen2.5 ChatML template at <= 4096 tokens (SPEC section 5).
+# ShareGPT regimes with the Qwen2.5 ChatML template at <= 4096 tokens (how they were
+# measured: docs/data.md, "Data sources").
 LENGTH_PROFILES: dict[str, LengthProfile] = {
     "sharegpt_whole": LengthProfile(1456.0, 0.54),
     "sharegpt_first_exchange": LengthProfile(501.0, 0.92),
@@ -36,17 +32,9 @@ LENGTH_PROFILES: dict[str, LengthProfile] = {
 class SyntheticDataset(Dataset[Sample]):
     """Random token samples whose lengths follow a lognormal profile.
 
-    Each sample is a prompt (the first ``prompt_fraction`` of its tokens, unsupervised)
-    followed by a supervised response. Item ``i`` depends only on ``(seed, i)``.
-
-    Args:
-        num_samples: Dataset size.
-        mean_length: Target mean length in tokens.
-        cv: Target coefficient of variation of the length.
-        max_seq_len: Upper clip on lengths.
-        seed: Seed of lengths and token ids.
-        vocab_size: Token ids are drawn from ``[0, vocab_size)``.
-        prompt_fraction: Share of each sample that is prompt (label ``-100``).
+    Each sample is a prompt (the first ``prompt_fraction`` of its tokens, label ``-100``)
+    followed by a supervised response. Item ``i`` depends only on ``(seed, i)``; lengths
+    are at least 2 (a prompt token and a supervised one) and at most ``max_seq_len``.
     """
 
     def __init__(

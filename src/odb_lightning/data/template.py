@@ -20,19 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from odb_lightning.data.conversation import Message, Role
-from odb_lightning.data.sample import IGNORE_INDEX, BadSampleError
-from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.data.tokenizer import IM_END, IM_START, ChatTokenizer
+from odb_lightning.sample import IGNORE_INDEX, BadSampleError, count_loss_tokens
 
 QWEN25_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 _ROLES = frozenset(role.value for role in Role)
-
-
-def count_loss_tokens(labels: Sequence[int]) -> int:
-    """Supervised positions after the causal shift: ``t`` with ``labels[t + 1] != -100``.
-
-    Logits at position ``t`` predict token ``t + 1``, so ``labels[0]`` is never a target.
-    """
-    return sum(1 for label in labels[1:] if label != IGNORE_INDEX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +92,7 @@ class ChatMLTemplate:
     def render(self, messages: Sequence[Message]) -> str:
         """The template as text (for inspection; tokenization does not go through it)."""
         return "".join(
-            f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+            f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n"
             for m in self.with_system_prompt(messages)
         )
 

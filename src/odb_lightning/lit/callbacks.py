@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from odb_lightning.lit.run_report import LoaderCounters, ReportsRun, RunReport
 from odb_lightning.runtime.resume import gather_objects
 
 
@@ -59,7 +60,6 @@ class ODBMetricsCallback(pl.Callback):
 
     Args:
         output_dir: Directory of the run (``summary.json`` and audit files go here).
-        token_budget: ``L_max``, for the budget fill.
         audit_ids: Write ``emitted_ids_rank{r}.jsonl``: one line per step with its sample
             ids (``[]`` for IDLE).
         log_every_n_steps: How often throughput is logged (a cross-rank reduction).
@@ -72,12 +72,10 @@ class ODBMetricsCallback(pl.Callback):
     def __init__(
         self,
         output_dir: str,
-        token_budget: int,
         audit_ids: bool = False,
         log_every_n_steps: int = 10,
     ) -> None:
         self.output_dir = Path(output_dir)
-        self.token_budget = token_budget
         self.audit_ids = audit_ids
         self.log_every_n_steps = log_every_n_steps
         self.totals = RankTotals()
@@ -183,9 +181,12 @@ class ODBMetricsCallback(pl.Callback):
             self._audit_file.close()
             self._audit_file = None
         per_rank = self._gather_totals(trainer, pl_module)
-        self.summary = self._summarize(trainer, per_rank)
-        self.summary.update(_gather_loader_counters(trainer, pl_module))
-        self.summary.update(_gather_skipped_ids(trainer))
+        report = _run_report(trainer)
+        self.summary = self._summarize(trainer, per_rank, report)
+        if report is not None:
+            self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))
+            rows = gather_objects(list(report.skipped_sample_ids), trainer.world_size)
+            self.summary["skipped_sample_ids"] = sorted(i for row in rows for i in row)
         if trainer.is_global_zero:
             (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             for logger in trainer.loggers:
@@ -210,16 +211,19 @@ class ODBMetricsCallback(pl.Callback):
             for row in rows
         ]
 
-    def _summarize(self, trainer: pl.Trainer, per_rank: list[RankTotals]) -> dict[str, Any]:
+    def _summarize(
+        self, trainer: pl.Trainer, per_rank: list[RankTotals], report: RunReport | None
+    ) -> dict[str, Any]:
         total = {f.name: sum(getattr(r, f.name) for r in per_rank) for f in fields(RankTotals)}
         wall_s = self._train_s
         padded_per_rank = [r.padded_tokens for r in per_rank]
         mean_padded = statistics.fmean(padded_per_rank) if padded_per_rank else 0.0
-        facts = _datamodule_facts(trainer)
+        facts = report.summary_facts() if report is not None else {}
+        token_budget = report.batching.token_budget if report is not None else None
         steps = per_rank[0].steps if per_rank else 0
         summary: dict[str, Any] = {
             **facts,
-            "token_budget": self.token_budget,
+            "token_budget": token_budget,
             "world_size": trainer.world_size,
             "optimizer_steps": trainer.global_step,
             "steps_per_rank": steps,
@@ -229,7 +233,7 @@ class ODBMetricsCallback(pl.Callback):
             "padded_tokens": total["padded_tokens"],
             "loss_tokens": total["loss_tokens"],
             "padding_efficiency": _ratio(total["real_tokens"], total["padded_tokens"]),
-            "budget_fill": _ratio(mean_padded, self.token_budget * steps),
+            "budget_fill": _ratio(mean_padded, (token_budget or 0) * steps),
             "rank_imbalance": _ratio(max(padded_per_rank, default=0), mean_padded),
             "wall_s": wall_s,
             "emitted_samples_per_s": _ratio(total["samples"], wall_s),
@@ -257,10 +261,10 @@ def _metric(trainer: pl.Trainer, name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _datamodule_facts(trainer: pl.Trainer) -> dict[str, Any]:
-    """Mode, depth, source and round latency from the data module, if it tells them."""
-    describe = getattr(getattr(trainer, "datamodule", None), "run_facts", None)
-    return describe() if callable(describe) else {}
+def _run_report(trainer: pl.Trainer) -> RunReport | None:
+    """The data module's report of the run, if it gives one (``ODBDataModule`` does)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    return datamodule.run_report() if isinstance(datamodule, ReportsRun) else None
 
 
 def _gather_rows(
@@ -271,28 +275,16 @@ def _gather_rows(
     return trainer.strategy.all_gather(local).reshape(-1, len(values)).cpu().tolist()
 
 
-def _gather_loader_counters(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, int]:
-    """The data module's per-rank loader counters (dropped, over budget, skipped bad
-    samples), summed over ranks; alignment rounds are the same on every rank."""
-    counters = getattr(getattr(trainer, "datamodule", None), "loader_counters", None)
-    if not callable(counters):
-        return {}
-    local = counters()
-    names = sorted(local)
-    rows = _gather_rows(trainer, pl_module, [float(local[n]) for n in names])
+def _gather_loader_counters(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, local: LoaderCounters
+) -> dict[str, int]:
+    """Every rank's loader counters (dropped, over budget, skipped bad samples) summed;
+    alignment rounds are the same on every rank."""
+    names = [f.name for f in fields(LoaderCounters)]
+    rows = _gather_rows(trainer, pl_module, [float(getattr(local, n)) for n in names])
     totals = {n: int(sum(row[i] for row in rows)) for i, n in enumerate(names)}
-    if "alignment_rounds" in totals:
-        totals["alignment_rounds"] = int(max(row[names.index("alignment_rounds")] for row in rows))
+    totals["alignment_rounds"] = int(max(row[names.index("alignment_rounds")] for row in rows))
     return totals
-
-
-def _gather_skipped_ids(trainer: pl.Trainer) -> dict[str, list[int]]:
-    """The dataset indices skipped as bad samples on every rank, sorted."""
-    skipped = getattr(getattr(trainer, "datamodule", None), "skipped_sample_ids", None)
-    if not callable(skipped):
-        return {}
-    rows = gather_objects(skipped(), trainer.world_size)
-    return {"skipped_sample_ids": sorted(i for row in rows for i in row)}
 
 
 SUMMARY_ROWS = (

@@ -1,13 +1,12 @@
 """Chunked LM head: cross-entropy of the supervised positions only, without full logits.
 
 A causal LM predicts token ``t + 1`` from the hidden state at ``t``, so the loss needs the
-head only at positions ``t`` whose shifted label ``labels[t + 1]`` is supervised (not
-``-100``). Running the head on every position of a 16k-token batch against a 152k
-vocabulary would create a 16k x 152k logits tensor (about 10 GB in float32) and keep it,
-plus its log-softmax, for backward. Here the supervised rows are gathered first, then pushed
-through the head in chunks of ``chunk_tokens`` rows, each under non-reentrant activation
-checkpointing: forward keeps only the chunk's inputs, and backward recomputes one chunk's
-logits at a time. The peak is ``chunk_tokens x vocab`` whatever the batch size.
+head only where ``labels[t + 1]`` is supervised. Full logits of a 16k-token batch against
+a 152k vocabulary would be 16k x 152k floats (about 10 GB in float32), kept with their
+log-softmax for backward. Here the supervised rows are gathered first, then pushed through
+the head in chunks of ``chunk_tokens`` rows, each under activation checkpointing: backward
+recomputes one chunk's logits at a time, so the peak is ``chunk_tokens x vocab`` whatever
+the batch size.
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from odb_lightning.runtime.samples import IGNORE_INDEX
+from odb_lightning.sample import supervised_targets
 
 
 def chunked_lm_loss(
     hidden: Tensor, labels: Tensor, lm_head: nn.Module, chunk_tokens: int
 ) -> tuple[Tensor, int]:
-    """Summed token cross-entropy of a causal LM, computed on supervised positions only.
+    """Summed token cross-entropy of a causal LM.
 
     Args:
         hidden: Final hidden states ``[..., L, H]`` (after the body's last norm).
@@ -41,7 +40,7 @@ def chunked_lm_loss(
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     targets = labels[..., 1:]
-    supervised = targets != IGNORE_INDEX
+    supervised = supervised_targets(labels)
     # Gather the rows that reach the head: [n, H] instead of [..., L, H].
     rows = hidden[..., :-1, :][supervised]
     targets = targets[supervised]

@@ -12,11 +12,13 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from odb_lightning.core.loss_weights import gradient_scale
+from odb_lightning.lit.idle_steps import zero_weight
 from odb_lightning.lit.token_target import (
     HOLD_ACCUMULATE_GRAD_BATCHES,
     check_token_target_trainer,
     check_tokens_per_step,
     global_loss_tokens_of,
+    sum_over_ranks,
 )
 from odb_lightning.runtime.batch import StepMeta
 
@@ -99,7 +101,7 @@ class TokenWeightedLossMixin(pl.LightningModule):
             # This rank adds no token, but the step's global count (other ranks' tokens at
             # this step position) still belongs to N: every rank must divide by the same N.
             self._count_tokens(0, meta)
-            return loss_sum * 0.0
+            return zero_weight(loss_sum)
         self._count_tokens(num_loss_tokens, meta)
         detached = loss_sum.detach()
         pending = self._pending_loss_sum
@@ -202,9 +204,4 @@ class TokenWeightedLossMixin(pl.LightningModule):
         """Sum the locally counted tokens over ranks: one collective per optimizer step,
         taken on every rank alike (all ranks get the same kind of batches)."""
         local, self._pending_local_tokens = self._pending_local_tokens, None
-        if local is None:
-            return 0
-        if self.trainer.world_size == 1:
-            return local
-        count = torch.tensor(local, device=self.device)
-        return int(self.trainer.strategy.reduce(count, reduce_op="sum").item())
+        return 0 if local is None else sum_over_ranks(self.trainer, local, self.device)

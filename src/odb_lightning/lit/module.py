@@ -18,8 +18,10 @@ from typing_extensions import override
 
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.loss import TokenWeightedLossMixin
-from odb_lightning.runtime.batch import ODBBatch, StepMeta, block_causal_mask
-from odb_lightning.runtime.samples import IGNORE_INDEX
+from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.packed_inputs import body_inputs
+from odb_lightning.runtime.batch import ODBBatch, StepMeta
+from odb_lightning.sample import IGNORE_INDEX
 
 
 class ModelDType(StrEnum):
@@ -32,73 +34,6 @@ class ModelDType(StrEnum):
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.value)
-
-
-class LRSchedule(StrEnum):
-    """Learning-rate shape after the linear warmup."""
-
-    COSINE = "cosine"
-    CONSTANT = "constant"
-
-
-def lr_factor(
-    step: int,
-    warmup_steps: int,
-    decay_steps: int,
-    min_lr_ratio: float,
-    schedule: LRSchedule,
-    progress: float | None = None,
-) -> float:
-    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
-
-    Linear warmup over ``warmup_steps`` (step 0 already trains at ``1 / warmup_steps``),
-    then either constant, or a cosine from 1 down to ``min_lr_ratio`` reached at
-    ``decay_steps`` and held after it. With ``progress`` (the fraction of the run done,
-    e.g. samples seen / samples planned) the cosine follows it instead of the step count.
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule is LRSchedule.CONSTANT:
-        return 1.0
-    if progress is None:
-        progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)
-    progress = min(1.0, progress)
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def flops_per_token(config: PretrainedConfig, context_tokens: float = 0.0) -> dict[str, float]:
-    """Training FLOPs (forward + backward) per token of a dense Qwen2/Llama-style decoder.
-
-    The ``6 N`` rule: a weight matrix with ``N`` entries costs ``2 N`` FLOPs per token
-    forward and ``4 N`` backward (gradients of inputs and of weights). Attention scores and
-    their weighted sum add ``2 * 2 * d_attn`` FLOPs per attended key per layer forward,
-    ``12 * d_attn * context_tokens`` per layer for forward + backward. Embedding lookups,
-    norms, biases and the softmax are left out (lower order).
-
-    Args:
-        config: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-            ``num_key_value_heads``, ``intermediate_size``, ``vocab_size`` (and
-            ``head_dim`` when it is not ``hidden_size / num_attention_heads``).
-        context_tokens: Mean number of keys a token attends to: ``(L + 1) / 2`` for a
-            causal sequence of length ``L`` with a causal kernel, ``L`` for a kernel that
-            computes the full masked square; 0 gives the ``6 N`` part alone.
-
-    Returns:
-        ``{"body": ..., "head": ...}``: the transformer layers (with attention) and the LM
-        head, for one token that is run through the head.
-    """
-    hidden = config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
-    q_width = config.num_attention_heads * head_dim
-    kv_width = config.num_key_value_heads * head_dim
-    # q and o projections, k and v projections, gate/up/down of the SwiGLU MLP.
-    layer_weights = (
-        2 * hidden * q_width + 2 * hidden * kv_width + 3 * hidden * config.intermediate_size
-    )
-    layers = config.num_hidden_layers
-    body = 6.0 * layers * layer_weights + 12.0 * layers * q_width * context_tokens
-    head = 6.0 * config.vocab_size * hidden
-    return {"body": body, "head": head}
 
 
 def build_causal_lm(
@@ -140,47 +75,6 @@ def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str
 
 SAMPLES_SEEN_KEY = "odb_samples_seen"
 """Checkpoint key of the samples the sample-budget LR schedule has seen."""
-FLASH_VARLEN_BACKENDS = frozenset({"flash_attention_2", "flash_attention_3"})
-"""``transformers`` attention backends that take packed-row boundaries as varlen kwargs."""
-
-
-def body_inputs(
-    inputs: Mapping[str, Tensor | int], model: PreTrainedModel, attn_implementation: str
-) -> dict[str, Any]:
-    """Keyword arguments of the decoder body: every input but ``labels``, with the
-    boundaries of a packed row (``cu_seqlens``, ``max_seqlen``) in the backend's form.
-
-    Samples packed in one row must not attend to each other. ``flash_attention_2/3``
-    (which ``transformers`` only builds where flash-attn is installed) get the boundaries
-    as ``cu_seq_lens_q/k`` and ``max_length_q/k`` and run the varlen kernel, memory
-    linear in the row (UNTESTED here: no GPU, no flash-attn). Every other backend gets a
-    4-D block-diagonal causal mask (:func:`block_causal_mask`, ``N x N``: keep packed
-    rows to a few thousand tokens); ``transformers`` uses a 4-D mask as given instead of
-    building its causal one: bool for ``sdpa``, additive (0 or the dtype's min) for
-    ``eager``. Rotary positions come from the row's ``position_ids``.
-    """
-    body = {k: v for k, v in inputs.items() if k not in ("labels", "cu_seqlens", "max_seqlen")}
-    if "cu_seqlens" not in inputs:
-        return body
-    cu_seqlens, max_seqlen = inputs["cu_seqlens"], int(inputs["max_seqlen"])
-    if attn_implementation in FLASH_VARLEN_BACKENDS:
-        varlen = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
-        return body | varlen | {"max_length_q": max_seqlen, "max_length_k": max_seqlen}
-    if attn_implementation not in ("sdpa", "eager"):
-        raise ValueError(
-            f"packed rows need sdpa, eager or flash attention, not {attn_implementation}"
-        )
-    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
-        raise ValueError("the packed-row mask has no sliding window: use flash attention")
-    allowed = block_causal_mask(cu_seqlens)
-    if attn_implementation == "sdpa":
-        return body | {"attention_mask": allowed}
-    # eager adds the mask to the scores: the dtype's min makes a blocked weight exp(.) = 0.
-    additive = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device)
-    additive.masked_fill_(~allowed, torch.finfo(model.dtype).min)
-    return body | {"attention_mask": additive}
-
-
 class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     """Trains a causal LM with the exact token-weighted loss of :class:`TokenWeightedLossMixin`.
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from typing_extensions import override
 
+from odb_lightning.lit.idle_steps import zero_weight
 from odb_lightning.runtime.batch import ODBBatch
 from odb_lightning.runtime.rendezvous import Rendezvous, host_rendezvous
 
@@ -58,7 +58,7 @@ class ODBStrategy(DDPStrategy):
         output = super().training_step(*args, **kwargs)
         batch = args[0] if args else kwargs.get("batch")
         if isinstance(batch, ODBBatch) and batch.meta.is_idle:
-            return _zero_weight(output)
+            return zero_weight(output)
         return output
 
     @override
@@ -75,19 +75,6 @@ class ODBStrategy(DDPStrategy):
             cls,
             description="DDP with the ODB metadata rendezvous and zero-weight IDLE steps",
         )
-
-
-def _zero_weight(output: Any) -> Any:
-    """The step output with its loss multiplied by 0 (the graph, and so the all-reduce,
-    is kept)."""
-    if isinstance(output, torch.Tensor):
-        return output * 0.0
-    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
-        return {**output, "loss": output["loss"] * 0.0}
-    raise TypeError(
-        "training_step must return a loss tensor or a dict with 'loss' for IDLE steps to be "
-        f"run as zero-weight steps, got {type(output).__name__}"
-    )
 
 
 ODBStrategy.register_strategies(StrategyRegistry)

@@ -103,7 +103,12 @@ def global_loss_tokens_of(batch: Any, trainer: pl.Trainer, device: torch.device)
     meta = batch.meta
     if meta.global_loss_tokens is not None:
         return int(meta.global_loss_tokens)
+    return sum_over_ranks(trainer, meta.local_loss_tokens, device)
+
+
+def sum_over_ranks(trainer: pl.Trainer, count: int, device: torch.device) -> int:
+    """``count`` summed over ranks: one all-reduce, which every rank must take alike."""
     if trainer.world_size == 1:
-        return meta.local_loss_tokens
-    count = torch.tensor(meta.local_loss_tokens, device=device)
-    return int(trainer.strategy.reduce(count, reduce_op="sum").item())
+        return count
+    total = torch.tensor(count, device=device)
+    return int(trainer.strategy.reduce(total, reduce_op="sum").item())

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 
 from odb_lightning.core.window import Step
-from odb_lightning.runtime.samples import IGNORE_INDEX
+from odb_lightning.sample import IGNORE_INDEX
 
 CollateFn = Callable[[list[Any]], Any]
 """Turns the list of sample dicts of one step into model inputs."""
@@ -64,20 +64,43 @@ class ODBBatch(NamedTuple):
     meta: StepMeta
 
 
+def build_step_meta(
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    num_loss_tokens: int,
+    *,
+    packed: bool,
+    global_samples: int,
+    global_loss_tokens: int | None,
+    round_index: int,
+    step: int,
+    epoch: int,
+) -> StepMeta:
+    """The metadata of one step from its samples' ids, lengths and supervised tokens."""
+    real = sum(lengths)
+    return StepMeta(
+        sample_ids=tuple(sample_ids),
+        is_idle=not sample_ids,
+        local_samples=len(sample_ids),
+        local_real_tokens=real,
+        local_padded_tokens=real if packed else len(lengths) * max(lengths, default=0),
+        local_loss_tokens=num_loss_tokens,
+        global_samples=global_samples,
+        global_loss_tokens=global_loss_tokens,
+        round_index=round_index,
+        step=step,
+        epoch=epoch,
+    )
+
+
 def make_step_meta(step: Step, *, step_index: int, epoch: int, packed: bool) -> StepMeta:
     """The metadata of an aligned core :class:`~odb_lightning.core.window.Step`."""
-    group = step.group
-    local = (0, 0, 0, 0)
-    if group is not None:
-        padded = group.num_real_tokens if packed else group.num_padded_tokens
-        local = (group.size, group.num_real_tokens, padded, group.num_loss_tokens)
-    return StepMeta(
-        sample_ids=() if group is None else tuple(s.sample_id for s in group.samples),
-        is_idle=group is None,
-        local_samples=local[0],
-        local_real_tokens=local[1],
-        local_padded_tokens=local[2],
-        local_loss_tokens=local[3],
+    members = () if step.group is None else step.group.samples
+    return build_step_meta(
+        [s.sample_id for s in members],
+        [s.length for s in members],
+        sum(s.num_loss_tokens for s in members),
+        packed=packed,
         global_samples=step.global_samples,
         global_loss_tokens=step.global_loss_tokens,
         round_index=step.round_index,
@@ -155,30 +178,3 @@ def pack_collate(samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, tor
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(lengths.max()),
     }
-
-
-def block_causal_mask(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Boolean attention mask of a packed row: causal inside each sample, nothing across.
-
-    Query ``q`` may attend to key ``k`` iff both lie in the same sample and ``k <= q``:
-    the mask is block-diagonal, one lower-triangular block per sample, so a packed row
-    computes exactly what the same samples compute as separate rows.
-
-    Memory: the mask is dense, ``N x N`` bytes on ``cu_seqlens.device`` (``N`` =
-    ``cu_seqlens[-1]``): 16 MiB at 4k tokens, 256 MiB at 16k; attention without a varlen
-    kernel also materialises ``N x N`` scores per head. Beyond a few thousand tokens per
-    row use a varlen kernel (``flash_attention_2``), which takes ``cu_seqlens`` instead.
-
-    Args:
-        cu_seqlens: int ``[B + 1]`` sample boundaries, as :func:`pack_collate` makes them.
-
-    Returns:
-        bool ``[1, 1, N, N]``, ``True`` where attention is allowed.
-    """
-    lengths = cu_seqlens.diff().long()
-    num_tokens = int(cu_seqlens[-1])
-    sample_of = torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=cu_seqlens.device), lengths, output_size=num_tokens
-    )
-    mask = sample_of[:, None] == sample_of[None, :]
-    return mask.tril_()[None, None]

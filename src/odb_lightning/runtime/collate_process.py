@@ -1,10 +1,6 @@
-"""The collate process of one rank: owns the grouping window and the metadata channel.
-
-It serves :class:`~odb_lightning.runtime.messages.EpochStart` commands from the main
-process: requests samples from the workers (round robin, each worker has its own
-queue), runs the rounds with :class:`~odb_lightning.runtime.engine.EpochRunner` and
-puts batches, then :class:`EpochEnd`, on the output queue. Output capacity is a
-semaphore of ``2 Q`` slots; the main process releases one per batch it takes.
+"""The collate process of one rank: owns the grouping window and the metadata channel,
+and runs each epoch with :class:`~odb_lightning.runtime.engine.EpochRunner`. Output
+capacity is a semaphore of ``2 Q`` slots; the main process releases one per batch it takes.
 
 It counts its progress in a shared counter (a sample received, an all-gather done, a
 batch queued). Each of its waits is bounded (``timeout_s`` per sample, ``alignment_timeout_s``
@@ -23,6 +19,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Semaphore
 from typing import Protocol
 
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.runtime.batch import CollateFn
 from odb_lightning.runtime.engine import EpochRunner
 from odb_lightning.runtime.errors import SampleTimeoutError
@@ -36,7 +33,6 @@ from odb_lightning.runtime.messages import (
     FetchResult,
     Shutdown,
 )
-from odb_lightning.runtime.options import LoaderOptions
 from odb_lightning.runtime.rendezvous import Rendezvous
 
 
@@ -121,20 +117,17 @@ class CollateProcessSpec:
     """Everything the collate process needs (picklable, for spawn).
 
     Attributes:
-        options: Loader options.
-        rank: This rank.
         rendezvous: Channel address, ``None`` for a single rank.
         generation: Index of the channel among those this loader opened.
-        collate_fn: Builds model inputs from one step's samples.
-        requests: One request queue per worker.
-        results: Results of all workers.
-        commands: Commands from the main process.
+        requests: One request queue per worker; ``results`` is shared by all workers.
         outputs: Batches and epoch ends to the main process.
         slots: The ``2 Q`` output slots.
         progress: Counter of this process's progress, read by the main process.
     """
 
-    options: LoaderOptions
+    config: BatchingConfig
+    max_seq_len: int | None
+    pad_id: int
     rank: int
     rendezvous: Rendezvous | None
     generation: int
@@ -159,12 +152,13 @@ def _report_failure(outputs: Queue, error: Exception) -> None:
 
 def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
     runner = EpochRunner(
-        spec.options,
+        spec.config,
         rank=spec.rank,
         channel=ProgressChannel(channel, spec.progress),
-        source=WorkerQueues(spec.requests, spec.results, spec.options.timeout_s, spec.progress),
+        source=WorkerQueues(spec.requests, spec.results, spec.config.timeout_s, spec.progress),
         slots=SemaphoreSlots(spec.slots),
         collate_fn=spec.collate_fn,
+        pad_id=spec.pad_id,
     )
     while True:
         command = spec.commands.get()
@@ -187,12 +181,7 @@ def collate_main(spec: CollateProcessSpec) -> None:
     """Entry point of the collate process; a failure is reported to the main process."""
     prepare_child()
     try:
-        channel = open_channel(
-            spec.options.settings,
-            spec.rendezvous,
-            spec.generation,
-            spec.options.alignment_timeout_s,
-        )
+        channel = open_channel(spec.config, spec.rendezvous, spec.generation)
     except Exception as error:  # reported to the main process, which raises it
         _report_failure(spec.outputs, error)
         return

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from odb_lightning.core.alignment import AlignmentError, PeerFailedError
-from odb_lightning.core.settings import SettingsMismatchError
+from odb_lightning.core.config import BatchingConfig, SettingsMismatchError
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, RoundOutcome, Step, exchange_round
 from odb_lightning.core.wire import encode_report
 from odb_lightning.runtime.batch import CollateFn, ODBBatch, idle_sample, make_step_meta
 from odb_lightning.runtime.errors import (
-    BadSampleError,
     MetadataChannelError,
     RemoteTraceback,
     SampleFetchError,
@@ -37,10 +36,10 @@ from odb_lightning.runtime.messages import (
     SampleFailed,
     SampleSkipped,
 )
-from odb_lightning.runtime.options import LoaderOptions
 from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.transport import load_sample
 from odb_lightning.runtime.worker import MapDataset, fetch_sample
+from odb_lightning.sample import BadSampleError
 
 SHARED_FAILURES = (MetadataChannelError, PeerFailedError, AlignmentError, SettingsMismatchError)
 """Errors every rank already sees (or that broke the channel): no abort report is sent."""
@@ -67,16 +66,21 @@ class OutputSlots(Protocol):
 class InlineSource:
     """``num_workers=0``: each sample is fetched in this process when it is received."""
 
-    def __init__(self, dataset: MapDataset, options: LoaderOptions) -> None:
+    def __init__(
+        self, dataset: MapDataset, config: BatchingConfig, max_seq_len: int | None
+    ) -> None:
         self._dataset = dataset
-        self._options = options
+        self._config = config
+        self._max_seq_len = max_seq_len
         self._pending: deque[FetchRequest] = deque()
 
     def submit(self, request: FetchRequest) -> None:
         self._pending.append(request)
 
     def receive(self) -> FetchResult:
-        return fetch_sample(self._dataset, self._pending.popleft(), self._options)
+        return fetch_sample(
+            self._dataset, self._pending.popleft(), self._config.on_bad_sample, self._max_seq_len
+        )
 
 
 class InlineSlots:
@@ -119,26 +123,28 @@ class EpochRunner:
     """Runs epochs for one rank (see the module docstring).
 
     Args:
-        options: Loader options (the settings part is identical on every rank).
+        config: Batching settings (identical on every rank: the handshake checked it).
         rank: This rank.
         channel: The metadata exchange, already past its settings handshake.
         source: Where samples come from.
         slots: Output capacity; ``Q`` slots are held across each round.
         collate_fn: Builds model inputs from one step's samples.
+        pad_id: Token id of the IDLE dummy sample.
     """
 
     def __init__(
         self,
-        options: LoaderOptions,
+        config: BatchingConfig,
         *,
         rank: int,
         channel: Channel,
         source: SampleSource,
         slots: OutputSlots,
         collate_fn: CollateFn,
+        pad_id: int = 0,
     ) -> None:
-        self._options = options
-        self._settings = options.settings
+        self._config = config
+        self._pad_id = pad_id
         self._rank = rank
         self._channel = channel
         self._source = source
@@ -152,7 +158,7 @@ class EpochRunner:
         abort report in the next round, so every peer raises ``PeerFailedError`` instead
         of waiting or finishing cleanly; then it is re-raised here.
         """
-        window = GroupingWindow(self._settings, len(indices), rank=self._rank, epoch=epoch)
+        window = GroupingWindow(self._config, len(indices), rank=self._rank, epoch=epoch)
         log = _EpochLog(epoch=epoch, started=time.monotonic())
         try:
             yield from self._rounds(window, indices, log)
@@ -210,7 +216,7 @@ class EpochRunner:
         raise error from (RemoteTraceback(result.traceback) if result.traceback else None)
 
     def _align(self, window: GroupingWindow, log: _EpochLog) -> RoundOutcome:
-        max_steps = self._settings.max_steps_per_round
+        max_steps = self._config.max_steps_per_round
         context = f"epoch {window.epoch} round {window.round_index}"
 
         def exchange(message: list[int]) -> list[list[int]]:
@@ -226,18 +232,18 @@ class EpochRunner:
 
     def _collate(self, step: Step, log: _EpochLog) -> ODBBatch:
         if step.group is None:
-            samples = [idle_sample(self._options.pad_id)]
+            samples = [idle_sample(self._pad_id)]
         else:
             samples = [load_sample(log.payloads.pop(s.position)) for s in step.group.samples]
         meta = make_step_meta(
-            step, step_index=log.steps, epoch=log.epoch, packed=self._settings.packed
+            step, step_index=log.steps, epoch=log.epoch, packed=self._config.packed
         )
         log.steps += 1
         log.idle_steps += int(step.is_idle)
         return ODBBatch(self._collate_fn(samples), meta)
 
     def _publish_abort(self, window: GroupingWindow, error: Exception) -> None:
-        max_steps = self._settings.max_steps_per_round
+        max_steps = self._config.max_steps_per_round
         message = encode_report(window.make_abort_report(), max_steps)
         context = f"epoch {window.epoch} round {window.round_index} (abort report)"
         try:

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from odb_lightning.core.settings import LoaderSettings, check_settings_agree
+from odb_lightning.core.config import BatchingConfig, check_settings_agree
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import Rendezvous
 
@@ -89,7 +89,7 @@ class GlooChannel:
 
 
 def open_channel(
-    settings: LoaderSettings, rendezvous: Rendezvous | None, generation: int, timeout_s: float
+    config: BatchingConfig, rendezvous: Rendezvous | None, generation: int
 ) -> Channel:
     """Connect the channel and check that every rank runs the same loader settings.
 
@@ -99,9 +99,9 @@ def open_channel(
     """
     if rendezvous is None or rendezvous.world_size == 1:
         return LocalChannel()
-    channel = GlooChannel(rendezvous, generation, timeout_s)
+    channel = GlooChannel(rendezvous, generation, config.alignment_timeout_s)
     try:
-        check_settings_agree(channel.allgather(settings.encode(), "the settings handshake"))
+        check_settings_agree(channel.allgather(config.handshake(), "the settings handshake"))
     except Exception:
         channel.close()
         raise

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from odb_lightning.core.config import ONLINE_MODES, BatchingConfig, resolve_config
 from odb_lightning.core.order import shard_indices
-from odb_lightning.runtime.batch import CollateFn, ODBBatch, pad_collate
+from odb_lightning.runtime.batch import CollateFn, ODBBatch, pack_collate, pad_collate
 from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
-from odb_lightning.runtime.options import LoaderOptions, OnBadSample, StartMethod
 from odb_lightning.runtime.pipeline import Pipeline
 from odb_lightning.runtime.rendezvous import Rendezvous, default_world, host_rendezvous
 from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
@@ -24,6 +24,10 @@ from odb_lightning.runtime.worker import MapDataset
 
 ShardFn = Callable[[int], list[int]]
 """``shard(epoch)``: this rank's dataset indices for an epoch, in order."""
+
+
+def _is_count(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 class ODBLoader:
@@ -49,72 +53,51 @@ class ODBLoader:
 
     Args:
         dataset: Map-style dataset of ``{"input_ids": LongTensor[L], "labels": ...}``.
-        token_budget: Most padded tokens per step (``g x longest``).
-        outstanding_depth: Samples in flight and in the grouping window (``D``).
-        num_workers: Worker processes; 0 runs everything in the main process (debug).
-        collate_fn: Builds model inputs from a list of samples (default: pad to longest).
-        join: Every sample once (IDLE steps for finished ranks) or stop at the first
-            finished rank, counting the rest as dropped.
-        seed: Seed of the default shard order and of the step order in a round.
-        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None``
-            (the platform default).
-        max_steps_per_round: Most steps per rank per alignment round (``Q``).
-        max_seq_len: Longer samples are bad samples; must not exceed ``token_budget``.
-        on_bad_sample: ``"raise"`` or ``"skip"`` (skipped ids are counted in the stats).
-        timeout_s: Most seconds without any sample arriving from the workers.
-        alignment_timeout_s: Most seconds for connecting and for one all-gather.
-        persistent_workers: Keep the processes (and the channel) across epochs.
+        config: The batching settings (:class:`~odb_lightning.core.config.BatchingConfig`:
+            token budget, window, workers, join, seed, timeouts, ...); ``mode``
+            ``odb_packed`` emits groups padding-free with :func:`pack_collate`.
+        collate_fn: Builds model inputs from a list of samples (default: pad to the
+            longest, or pack for ``odb_packed``).
         shard: ``shard(epoch) -> indices`` of this rank; default: a seeded shuffle split
             by rank (:func:`~odb_lightning.core.order.shard_indices`).
         rendezvous: The metadata channel's store address and this rank's place.
         pad_id: Padding token id of the default collate and of IDLE batches.
-        attention_weight: Quadratic attention term of the budget (0 = plain padding).
-        packed: Groups are emitted padding-free (``odb_packed``; pass a packing
-            ``collate_fn``): the budget counts real tokens, not ``g x longest``.
+        max_seq_len: Longer samples are bad samples (``None``: no limit).
+        **knobs: ``BatchingConfig`` fields that replace those of ``config``, or make a
+            config of their own: ``ODBLoader(dataset, token_budget=8192, num_workers=2)``.
     """
 
     def __init__(
         self,
         dataset: MapDataset,
+        config: BatchingConfig | None = None,
         *,
-        token_budget: int,
-        outstanding_depth: int = 256,
-        num_workers: int = 2,
         collate_fn: CollateFn | None = None,
-        join: bool = True,
-        seed: int = 0,
-        multiprocessing_context: StartMethod | str | None = None,
-        max_steps_per_round: int = 8,
-        max_seq_len: int | None = None,
-        on_bad_sample: OnBadSample | str = OnBadSample.RAISE,
-        timeout_s: float = 60.0,
-        alignment_timeout_s: float = 60.0,
-        persistent_workers: bool = False,
         shard: ShardFn | None = None,
         rendezvous: Rendezvous | None = None,
         pad_id: int = 0,
-        attention_weight: float = 0.0,
-        packed: bool = False,
+        max_seq_len: int | None = None,
+        **knobs: Any,
     ) -> None:
-        self.options = LoaderOptions(
-            token_budget=token_budget,
-            outstanding_depth=outstanding_depth,
-            num_workers=num_workers,
-            join=join,
-            seed=seed,
-            multiprocessing_context=multiprocessing_context,  # type: ignore[arg-type]
-            max_steps_per_round=max_steps_per_round,
-            max_seq_len=max_seq_len,
-            on_bad_sample=on_bad_sample,  # type: ignore[arg-type]
-            timeout_s=timeout_s,
-            alignment_timeout_s=alignment_timeout_s,
-            persistent_workers=persistent_workers,
-            pad_id=pad_id,
-            attention_weight=attention_weight,
-            packed=packed,
-        )
+        self.config = resolve_config(config, knobs)
+        if self.config.mode not in ONLINE_MODES:
+            raise ValueError(
+                f"ODBLoader forms batches online (mode odb or odb_packed), got mode "
+                f"{self.config.mode.value!r}: planned modes use PlannedLoader"
+            )
+        if not _is_count(pad_id, 0):
+            raise ValueError(f"pad_id must be an integer >= 0, got {pad_id!r}")
+        if max_seq_len is not None and not _is_count(max_seq_len, 1):
+            raise ValueError(f"max_seq_len must be an integer >= 1 or None, got {max_seq_len!r}")
+        self.pad_id, self.max_seq_len = pad_id, max_seq_len
+        if collate_fn is None:
+            collate_fn = (
+                pack_collate
+                if self.config.packed
+                else functools.partial(pad_collate, pad_id=pad_id)
+            )
         self.dataset = dataset
-        self.collate_fn = collate_fn or functools.partial(pad_collate, pad_id=pad_id)
+        self.collate_fn = collate_fn
         self._shard = shard
         self._store: dist.TCPStore | None = None
         if rendezvous is None:
@@ -175,7 +158,7 @@ class ODBLoader:
     def __iter__(self) -> Iterator[ODBBatch]:
         if self._closed:
             raise RuntimeError("this ODBLoader is closed; build a new one to iterate again")
-        if self.options.num_workers == 0:
+        if self.config.num_workers == 0:
             return self._iterate_in_process()
         return self._iterate_with_processes()
 
@@ -203,9 +186,7 @@ class ODBLoader:
     def _indices(self, epoch: int) -> list[int]:
         if self._shard is not None:
             return list(self._shard(epoch))
-        return shard_indices(
-            len(self.dataset), self.world_size, self.rank, self.options.seed, epoch
-        )
+        return shard_indices(len(self.dataset), self.world_size, self.rank, self.config.seed, epoch)
 
     def _begin_epoch(self, epoch: int) -> tuple[EpochRecord, list[int]]:
         """The record of this iteration and this rank's indices for ``epoch``, without
@@ -239,11 +220,13 @@ class ODBLoader:
         if self._pipeline is None:
             self._pipeline = Pipeline(
                 self.dataset,
-                self.options,
+                self.config,
                 self.collate_fn,
                 rank=self.rank,
                 rendezvous=self._rendezvous,
                 generation=self._next_generation(),
+                max_seq_len=self.max_seq_len,
+                pad_id=self.pad_id,
             )
         pipeline, epoch = self._pipeline, self._epoch
         record, indices = self._begin_epoch(epoch)
@@ -266,26 +249,22 @@ class ODBLoader:
         self._epoch_active = False
         record.finished = True
         self.last_epoch_stats = replace(message.stats, loader_wait_s=waited_s)
-        if not self.options.persistent_workers:
+        if not self.config.persistent_workers:
             self._close_pipeline(graceful=True)
 
     def _iterate_in_process(self) -> Generator[ODBBatch, None, None]:
         if self._epoch_active:
             self._close_channel()  # the last epoch was abandoned midway
         if self._channel is None:
-            self._channel = open_channel(
-                self.options.settings,
-                self._rendezvous,
-                self._next_generation(),
-                self.options.alignment_timeout_s,
-            )
+            self._channel = open_channel(self.config, self._rendezvous, self._next_generation())
         runner = EpochRunner(
-            self.options,
+            self.config,
             rank=self.rank,
             channel=self._channel,
-            source=InlineSource(self.dataset, self.options),
+            source=InlineSource(self.dataset, self.config, self.max_seq_len),
             slots=InlineSlots(),
             collate_fn=self.collate_fn,
+            pad_id=self.pad_id,
         )
         epoch = self._epoch
         record, indices = self._begin_epoch(epoch)

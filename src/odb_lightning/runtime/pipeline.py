@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.runtime.batch import CollateFn, ODBBatch
 from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
 from odb_lightning.runtime.errors import LoaderProcessError, RemoteTraceback
@@ -23,7 +24,6 @@ from odb_lightning.runtime.messages import (
     Shutdown,
     StopWorker,
 )
-from odb_lightning.runtime.options import LoaderOptions
 from odb_lightning.runtime.rendezvous import Rendezvous
 from odb_lightning.runtime.worker import MapDataset, worker_main
 
@@ -32,8 +32,14 @@ POLL_S = 0.1
 EXIT_WAIT_S = 2.0
 """How long to wait for a child whose connection broke to be seen as exited."""
 STALL_GRACE_S = 5.0
-"""Slack on top of ``timeout_s + alignment_timeout_s`` before a collate process that
-makes no progress counts as stuck (scheduling delays on a loaded machine)."""
+"""Slack for scheduling delays on top of ``timeout_s + alignment_timeout_s`` (the collate
+process's bounded waits) before one that makes no progress counts as stuck."""
+
+
+def output_slots(config: BatchingConfig) -> int:
+    """Batches the collate process may have queued for the main process: ``2 Q``, so a
+    round of ``Q`` steps can be collated while the last one is consumed."""
+    return 2 * config.max_steps_per_round
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -51,8 +57,6 @@ class Pipeline:
 
     Args:
         dataset: Map-style dataset (pickled to the workers under spawn).
-        options: Loader options.
-        collate_fn: Builds model inputs from one step's samples.
         rank: This rank (named in errors).
         rendezvous: Metadata channel address, ``None`` for a single rank.
         generation: Index of this pipeline's channel among those the loader opened.
@@ -61,35 +65,37 @@ class Pipeline:
     def __init__(
         self,
         dataset: MapDataset,
-        options: LoaderOptions,
+        config: BatchingConfig,
         collate_fn: CollateFn,
         *,
         rank: int,
         rendezvous: Rendezvous | None,
         generation: int,
+        max_seq_len: int | None,
+        pad_id: int,
     ) -> None:
-        method = options.multiprocessing_context
+        method = config.multiprocessing_context
         context = multiprocessing.get_context(None if method is None else method.value)
         self._rank = rank
-        self._requests = [context.Queue() for _ in range(options.num_workers)]
+        self._requests = [context.Queue() for _ in range(config.num_workers)]
         self._results = context.Queue()
         self._commands = context.Queue()
         self._outputs = context.Queue()
-        self._slots = context.Semaphore(options.output_slots)
+        self._slots = context.Semaphore(output_slots(config))
         self._progress = context.RawValue(ctypes.c_uint64, 0)
         # Every wait of the collate process is bounded by one of the two timeouts.
-        self._stall_s = options.timeout_s + options.alignment_timeout_s + STALL_GRACE_S
+        self._stall_s = config.timeout_s + config.alignment_timeout_s + STALL_GRACE_S
         self._workers = [
             context.Process(
                 target=worker_main,
-                args=(dataset, options, requests, self._results),
+                args=(dataset, config, max_seq_len, requests, self._results),
                 name=f"odb-worker-{i}",
                 daemon=True,
             )
             for i, requests in enumerate(self._requests)
         ]
         spec = CollateProcessSpec(
-            options, rank, rendezvous, generation, collate_fn, self._requests,
+            config, max_seq_len, pad_id, rank, rendezvous, generation, collate_fn, self._requests,
             self._results, self._commands, self._outputs, self._slots, self._progress,
         )  # fmt: skip
         self._collate = context.Process(

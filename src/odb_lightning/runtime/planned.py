@@ -1,6 +1,6 @@
 """Loader for modes whose epoch plan is made up front (``standard``, ``sorted``,
 ``bucketed``, ``oracle``): the whole job's batch list comes from
-:func:`~odb_lightning.core.plan.plan_epoch`, is dealt to ranks round-robin, and a plain
+:func:`~odb_lightning.core.planners.plan_epoch`, is dealt to ranks round-robin, and a plain
 ``torch.utils.data.DataLoader`` runs this rank's share.
 
 Ranks that get fewer batches are topped up with IDLE batches, so every rank yields the
@@ -21,9 +21,16 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, Dataset
 
-from odb_lightning.runtime.batch import CollateFn, ODBBatch, StepMeta, idle_sample, pad_collate
+from odb_lightning.core.config import BatchingConfig, resolve_config
+from odb_lightning.runtime.batch import (
+    CollateFn,
+    ODBBatch,
+    build_step_meta,
+    idle_sample,
+    pad_collate,
+)
 from odb_lightning.runtime.resume import EpochRecord, EpochResume
-from odb_lightning.runtime.samples import inspect_sample
+from odb_lightning.sample import inspect_sample
 
 PlanFn = Callable[[int], list[list[int]]]
 """``plan(epoch)``: the whole job's batches for an epoch, dataset indices."""
@@ -138,16 +145,12 @@ class _PlannedCollate:
         ids = tuple(index for index, _ in items)
         counts = [inspect_sample(sample, index, self.max_seq_len) for index, sample in items]
         samples = [sample for _, sample in items] or [idle_sample(self.pad_id)]
-        lengths = [length for length, _ in counts]
-        real = sum(lengths)
-        meta = StepMeta(
-            sample_ids=ids,
-            is_idle=not ids,
-            local_samples=len(ids),
-            local_real_tokens=real,
-            local_padded_tokens=real if self.packed else len(ids) * max(lengths, default=0),
-            local_loss_tokens=sum(loss for _, loss in counts),
-            global_samples=0,  # both filled in per step from the plan: PlannedLoader.__iter__
+        meta = build_step_meta(
+            ids,
+            [length for length, _ in counts],
+            sum(loss for _, loss in counts),
+            packed=self.packed,
+            global_samples=0,  # the global counts and the step: PlannedLoader.__iter__
             global_loss_tokens=None,
             round_index=0,
             step=0,
@@ -162,37 +165,35 @@ class PlannedLoader:
     Args:
         dataset: Map-style dataset of ``{"input_ids", "labels"}`` samples.
         plan: ``plan(epoch)``: the whole job's batches for that epoch.
+        config: Loader settings (``num_workers``, ``timeout_s``, ``persistent_workers``,
+            ``multiprocessing_context``; ``mode`` ``odb_packed`` counts padded = real).
         world_size: Ranks sharing the plan.
         rank: This rank.
-        num_workers: DataLoader workers (0 = in process).
         collate_fn: Model inputs from a list of samples (default: pad to the longest).
         pad_id: Padding id (default collate and IDLE batches).
         max_seq_len: Longer samples are bad samples.
-        multiprocessing_context: DataLoader start method.
-        persistent_workers: Keep the workers across epochs.
-        timeout_s: Most seconds to wait for one batch from the workers.
-        packed: Batches are packed padding-free (padded tokens = real tokens).
         loss_tokens: Supervised tokens of every sample, when a length pass knows them:
             then each step's global count is in its metadata (no collective needed).
+        **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
+            those of ``config``.
     """
 
     def __init__(
         self,
         dataset: Any,
         plan: PlanFn,
+        config: BatchingConfig | None = None,
         *,
         world_size: int = 1,
         rank: int = 0,
-        num_workers: int = 2,
         collate_fn: CollateFn | None = None,
         pad_id: int = 0,
         max_seq_len: int | None = None,
-        multiprocessing_context: str | None = None,
-        persistent_workers: bool = False,
-        timeout_s: float = 60.0,
-        packed: bool = False,
         loss_tokens: Sequence[int] | None = None,
+        **knobs: Any,
     ) -> None:
+        config = resolve_config(config, knobs)
+        self.config = config
         self.batches = _EpochBatches(plan, world_size, rank, loss_tokens)
         self._num_samples = len(dataset)
         self._resume = EpochResume()
@@ -202,16 +203,18 @@ class PlannedLoader:
             collate_fn or functools.partial(pad_collate, pad_id=pad_id),
             pad_id,
             max_seq_len,
-            packed,
+            config.packed,
         )
+        workers = config.num_workers
+        method = config.multiprocessing_context
         self._loader = DataLoader(
             _IndexedDataset(dataset),
             batch_sampler=self.batches,
             collate_fn=collate,
-            num_workers=num_workers,
-            multiprocessing_context=multiprocessing_context if num_workers else None,
-            persistent_workers=persistent_workers and num_workers > 0,
-            timeout=timeout_s if num_workers else 0,
+            num_workers=workers,
+            multiprocessing_context=method.value if workers and method else None,
+            persistent_workers=config.persistent_workers and workers > 0,
+            timeout=config.timeout_s if workers else 0,
         )
 
     def set_epoch(self, epoch: int) -> None:

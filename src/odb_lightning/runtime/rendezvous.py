@@ -16,13 +16,9 @@ import torch.distributed as dist
 
 @dataclass(frozen=True, slots=True)
 class Rendezvous:
-    """Address of the metadata channel's store and this rank's place in it.
+    """Address of the metadata channel's ``TCPStore`` and this rank's place in it.
 
     Attributes:
-        host: Host name or address of the ``TCPStore`` server.
-        port: Its port.
-        rank: This rank.
-        world_size: Number of ranks.
         prefix: Key prefix shared by the ranks of one loader (unique per loader).
     """
 

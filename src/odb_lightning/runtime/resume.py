@@ -48,11 +48,8 @@ class EpochProgress:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], *, num_samples: int) -> EpochProgress:
-        """Validate a state written by :meth:`to_state`.
-
-        Args:
-            state: The checkpointed dictionary.
-            num_samples: ``len(dataset)``: every consumed id must index it.
+        """Validate a state written by :meth:`to_state`; every consumed id must index a
+        dataset of ``num_samples``.
 
         Raises:
             ResumeStateError: Naming the field at fault.

@@ -1,11 +1,11 @@
 """Serialization of samples between a worker and the collate process.
 
 Up to ``outstanding_depth`` samples are in flight at once. Sent as tensors through a
-``multiprocessing`` queue, each would travel as a shared-memory file descriptor (torch's
-queue reduction), which exhausts descriptors at a window of a thousand samples; plain
-``pickle`` of a tensor goes through ``torch.save`` and costs ~0.9 ms per sample. So a
-sample is pickled into bytes with CPU tensors carried as NumPy arrays (~0.07 ms round
-trip); other values (and tensors NumPy cannot hold, e.g. bfloat16) pickle normally.
+``multiprocessing`` queue, each would hold a shared-memory file descriptor, and a deep
+window runs out of descriptors; plain ``pickle`` of a tensor goes through ``torch.save``,
+which is several times slower. So a sample is pickled into bytes with CPU tensors
+carried as NumPy arrays; other values (and tensors NumPy cannot hold, e.g. bfloat16)
+pickle normally. Costs: ``experiments/runtime/README.md``, "Sample transport".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import traceback
 from multiprocessing.queues import Queue
 from typing import Any, Protocol
 
-from odb_lightning.runtime.errors import BadSampleError
+from odb_lightning.core.config import BatchingConfig, OnBadSample
 from odb_lightning.runtime.lifecycle import prepare_child
 from odb_lightning.runtime.messages import (
     FetchedSample,
@@ -16,9 +16,8 @@ from odb_lightning.runtime.messages import (
     SampleSkipped,
     StopWorker,
 )
-from odb_lightning.runtime.options import LoaderOptions, OnBadSample
-from odb_lightning.runtime.samples import inspect_sample
 from odb_lightning.runtime.transport import dump_sample
+from odb_lightning.sample import BadSampleError, inspect_sample
 
 
 class MapDataset(Protocol):
@@ -55,14 +54,19 @@ def _failure(request: FetchRequest, error: Exception) -> SampleFailed:
     )
 
 
-def _reject(request: FetchRequest, error: Exception, options: LoaderOptions) -> FetchResult:
+def _reject(request: FetchRequest, error: Exception, on_bad_sample: OnBadSample) -> FetchResult:
     """A sample that cannot be used: skipped and counted, or reported as a failure."""
-    if options.on_bad_sample is OnBadSample.SKIP:
+    if on_bad_sample is OnBadSample.SKIP:
         return SampleSkipped(request.position, request.dataset_index, reason=str(error))
     return _failure(request, error)
 
 
-def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOptions) -> FetchResult:
+def fetch_sample(
+    dataset: MapDataset,
+    request: FetchRequest,
+    on_bad_sample: OnBadSample,
+    max_seq_len: int | None,
+) -> FetchResult:
     """Run ``dataset[i]`` and turn the outcome into a typed result (never raises).
 
     A record the data layer rejects (:class:`BadSampleError`) or a sample that fails
@@ -78,16 +82,16 @@ def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOpti
         sample = dataset[index]
     except BadSampleError as error:
         located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
-        return _reject(request, located, options)
+        return _reject(request, located, on_bad_sample)
     except Exception as error:  # any user error is reported, with its traceback, by index
         where = f"dataset[{index}]{record_label(dataset, index)}"
         wrapped = RuntimeError(f"{where} raised {type(error).__name__}: {error}")
-        return _reject(request, wrapped, options)
+        return _reject(request, wrapped, on_bad_sample)
     try:
-        length, num_loss_tokens = inspect_sample(sample, index, options.max_seq_len)
+        length, num_loss_tokens = inspect_sample(sample, index, max_seq_len)
     except BadSampleError as error:
         located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
-        return _reject(request, located, options)
+        return _reject(request, located, on_bad_sample)
     try:
         payload = dump_sample(sample)
     except Exception as error:  # e.g. an unpicklable value in the sample
@@ -98,7 +102,11 @@ def fetch_sample(dataset: MapDataset, request: FetchRequest, options: LoaderOpti
 
 
 def worker_main(
-    dataset: MapDataset, options: LoaderOptions, requests: Queue, results: Queue
+    dataset: MapDataset,
+    config: BatchingConfig,
+    max_seq_len: int | None,
+    requests: Queue,
+    results: Queue,
 ) -> None:
     """Entry point of a worker: serve requests until :class:`StopWorker`."""
     prepare_child()
@@ -106,4 +114,4 @@ def worker_main(
         request = requests.get()
         if isinstance(request, StopWorker):
             return
-        results.put(fetch_sample(dataset, request, options))
+        results.put(fetch_sample(dataset, request, config.on_bad_sample, max_seq_len))

@@ -37,15 +37,13 @@ def load_source(
     """Load a conversation source by name.
 
     Args:
-        name: ``sharegpt``, ``chitchat``, ``ultrachat`` or ``jsonl``.
         path: Required by ``ultrachat`` (parquet file/dir or hub name) and ``jsonl``.
-        regime: ShareGPT only: ``whole``, ``first_exchange`` or ``mix``.
+        regime: ShareGPT only.
         max_samples: Cap on the number of records.
         seed: ShareGPT ``mix`` seed.
-        on_bad_record: ``jsonl`` only: ``raise`` at the first line that is not a valid
-            conversation, or ``skip`` it (counted as ``dropped/bad_record``). The bundled
-            sources drop what they cannot use and count it; UltraChat rows are converted
-            when read, so their problems are bad samples in the loader.
+        on_bad_record: ``jsonl`` only (see :func:`jsonl_records`). The bundled sources
+            drop what they cannot use and count it; UltraChat rows are converted when
+            read, so their problems are bad samples in the loader.
 
     Returns:
         The records and the counts of what was read, kept and dropped.

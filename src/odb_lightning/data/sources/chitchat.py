@@ -1,9 +1,10 @@
-"""Chit Chat Challenge (``chitchat-dataset``, MIT): 7,168 human-human chats.
+"""Chit Chat Challenge (``chitchat-dataset``, MIT): human-human chats.
 
 Each chat is a list of turns, a turn being one or more utterances by the same person.
 Turns alternate between the two people; the one who opens the chat becomes ``user``, the
-other ``assistant``. Utterances of a turn are joined with newlines. 3,150 chats have a
-single turn (nobody answered): they have no assistant turn and are dropped and counted.
+other ``assistant``. Utterances of a turn are joined with newlines. Single-turn chats
+(nobody answered) have no assistant turn and are dropped and counted (record counts:
+``docs/data.md``).
 """
 
 from __future__ import annotations

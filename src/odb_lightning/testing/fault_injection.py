@@ -1,11 +1,12 @@
-"""Faults injected from inside a real ``train.py`` run (this module holds no tests).
+"""Faults injected from inside a real ``train.py`` run.
 
-Selected with Hydra overrides, e.g. ``model._target_=fault_injection.FaultInjectingModule
-+model.fault=raise +model.fault_rank=1 +model.fault_step=2 +model.probe_dir=<dir>``, with
-``tests/`` on the run's ``PYTHONPATH``. Each rank writes ``probe_rank{r}.json`` at its
-first training step (its pid and every descendant's, for the orphan check) and, at the
-fault step, ``fault.json`` (the ``time.monotonic()`` of the fault, comparable across
-processes on Linux) just before the fault.
+Selected with Hydra overrides, e.g.
+``model._target_=odb_lightning.testing.fault_injection.FaultInjectingModule
++model.fault=raise +model.fault_rank=1 +model.fault_step=2 +model.probe_dir=<dir>``
+(:mod:`~odb_lightning.testing.train_faults` builds them). Each rank writes
+``probe_rank{r}.json`` at its first training step (its pid and every descendant's, for the
+orphan check) and, at the fault step, ``fault.json`` (the ``time.monotonic()`` of the
+fault, comparable across processes on Linux) just before the fault.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from typing_extensions import override
 
 from odb_lightning.data.tokenizer import QwenTokenizer
 from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.testing.processes import descendants, listening_sockets
 
 
 class Fault(StrEnum):
@@ -35,30 +35,6 @@ class Fault(StrEnum):
     KILL = "kill"  # SIGKILL of its own main process (preemption, OOM killer)
     SIGTERM = "sigterm"  # SIGTERM to its own main process (scheduler stop, `kill <pid>`)
     SIGINT = "sigint"  # SIGINT to the whole process group (Ctrl-C in the terminal)
-
-
-def descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid``."""
-    try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def listening_sockets(pids: Iterable[int]) -> list[dict[str, Any]]:
-    """Every listening inet socket of ``pids``: ``{"pid", "ppid", "host", "port"}``."""
-    found = []
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            connections, ppid = process.net_connections(kind="inet"), process.ppid()
-        except psutil.NoSuchProcess:
-            continue
-        for connection in connections:
-            if connection.status == psutil.CONN_LISTEN:
-                host, port = connection.laddr.ip, connection.laddr.port
-                found.append({"pid": pid, "ppid": ppid, "host": host, "port": port})
-    return found
 
 
 def write_json(path: Path, value: Any) -> None:

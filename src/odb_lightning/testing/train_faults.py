@@ -1,6 +1,6 @@
-"""Faults in a real 2-rank ``python train.py trainer=ddp_cpu`` run (this module holds no
-tests): the run is a subprocess in its own session, as a user or a scheduler starts it;
-the fault comes from :class:`fault_injection.FaultInjectingModule` inside it.
+"""Faults in a real 2-rank ``python train.py trainer=ddp_cpu`` run of a source checkout:
+the run is a subprocess in its own session, as a user or a scheduler starts it; the fault
+comes from :class:`~odb_lightning.testing.fault_injection.FaultInjectingModule` inside it.
 
 A result gives the exit code, the output of both ranks (rank 1 writes to rank 0's
 stdout and stderr), the seconds from the fault until every process of the job (both
@@ -20,10 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fault_matrix import kill_leftovers, wait_all_gone
+from odb_lightning.testing.processes import kill_leftovers, wait_all_gone
 
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
+TRAIN_SCRIPT = Path(__file__).resolve().parents[3] / "train.py"
+"""``train.py`` of the checkout this package is installed from (editable): the script and
+its ``conf/`` are not part of the package."""
+FAULT_MODULE = "odb_lightning.testing.fault_injection.FaultInjectingModule"
 EXIT_BOUND_S = 30.0
 """Every process of the job exits within this many seconds of the fault."""
 
@@ -50,16 +52,23 @@ class TrainFaultResult:
     probe_dir: Path
 
 
-def train_command(run_dir: Path, probe_dir: Path, fault: str, fault_rank: int, fault_step: int,
-                  overrides: tuple[str, ...]) -> list[str]:  # fmt: skip
+def train_command(
+    train_script: Path,
+    run_dir: Path,
+    probe_dir: Path,
+    fault: str,
+    fault_rank: int,
+    fault_step: int,
+    overrides: tuple[str, ...],
+) -> list[str]:
     return [
         sys.executable,
-        str(ROOT / "train.py"),
+        str(train_script),
         "debug=smoke",
         "trainer=ddp_cpu",
         f"hydra.run.dir={run_dir}",
         "data.val_samples=0",
-        "model._target_=fault_injection.FaultInjectingModule",
+        f"model._target_={FAULT_MODULE}",
         f"+model.probe_dir={probe_dir}",
         f"+model.fault={fault}",
         f"+model.fault_rank={fault_rank}",
@@ -104,26 +113,31 @@ def run_train_fault(
     *overrides: str,
     fault_step: int = 2,
     env: dict[str, str] | None = None,
-    cwd: Path = ROOT,
+    cwd: Path | None = None,
     timeout_s: float = 180.0,
+    train_script: Path = TRAIN_SCRIPT,
 ) -> TrainFaultResult:
-    """Run ``train.py`` with ``fault`` on ``fault_rank`` at ``fault_step`` (``"none"``: no
-    fault, the seconds are then counted from the run's exit).
+    """Run ``train_script`` with ``fault`` on ``fault_rank`` at ``fault_step`` (``"none"``:
+    no fault, the seconds are then counted from the run's exit).
 
     The run writes into ``work_dir/run`` (its Hydra output directory), probes into
-    ``work_dir/probe``; its output goes to ``work_dir/output.log``. A run still going
-    after ``timeout_s`` is killed with its whole session, and the error says so.
+    ``work_dir/probe``; its output goes to ``work_dir/output.log``. It runs in ``cwd``
+    (default: the script's directory) with ``env`` over this process's environment. A run
+    still going after ``timeout_s`` is killed with its whole session, and the error says so.
     """
+    if not train_script.is_file():
+        raise FileNotFoundError(f"no train.py at {train_script}: the run needs a source checkout")
     run_dir, probe_dir = work_dir / "run", work_dir / "probe"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    command = train_command(run_dir, probe_dir, fault, fault_rank, fault_step, overrides)
+    command = train_command(
+        train_script, run_dir, probe_dir, fault, fault_rank, fault_step, overrides
+    )
     environment = {**os.environ, **(env or {})}
-    search_path = [str(TESTS), environment.get("PYTHONPATH", "")]
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, search_path))
     log_path = work_dir / "output.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, cwd=cwd, env=environment, stdout=log, stderr=subprocess.STDOUT,
+            command, cwd=cwd or train_script.parent, env=environment, stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C (SIGINT to the process group) reaches the job only
             # A shell starts background jobs with SIGINT ignored, and Python then keeps it
             # ignored: give the run the disposition of a terminal's foreground job.

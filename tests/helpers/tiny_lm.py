@@ -1,10 +1,4 @@
-"""Shared test fixtures: a tiny float64 Qwen2 ``CausalLMModule`` and its batch helpers.
-
-Not a test module: ``pythonpath = ["tests"]`` in ``pyproject.toml`` makes it importable
-from ``tests/unit`` and ``tests/integration``. Tests that start their own processes must
-keep ``tests/`` on the children's path (torchrun: ``PYTHONPATH``; a forkserver inherits
-``sys.path``).
-"""
+"""A tiny float64 Qwen2 ``CausalLMModule`` and its batch helpers."""
 
 from __future__ import annotations
 

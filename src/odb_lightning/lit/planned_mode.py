@@ -1,21 +1,21 @@
 """Epoch plans of the planned modes (``standard``, ``sorted``, ``bucketed``, ``oracle``)
-for the data module: which ``plan_epoch`` call each mode makes, and the bucket edges."""
+for the data module, and the bucket edges of ``bucketed``."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries
-from odb_lightning.core.plan import BatchingMode, plan_epoch
-from odb_lightning.lit.batching import BatchingConfig
+from odb_lightning.core.config import LENGTH_PASS_MODES, BatchingConfig, BatchingMode
+from odb_lightning.core.planners import plan_epoch
 
 log = logging.getLogger(__name__)
 
 PlanFn = Callable[[int], list[list[int]]]
 
-LENGTH_PASS_MODES = (BatchingMode.SORTED, BatchingMode.BUCKETED, BatchingMode.ORACLE)
 DEFAULT_MAX_BATCH_SIZE = 64
 
 
@@ -61,37 +61,23 @@ def resolve_boundaries(lengths: Sequence[int], batching: BatchingConfig) -> list
     return edges
 
 
-def epoch_plan(
-    lengths: Sequence[int], batching: BatchingConfig, seed: int, num_samples: int
-) -> PlanFn:
+def epoch_plan(lengths: Sequence[int], batching: BatchingConfig, num_samples: int) -> PlanFn:
     """``plan(epoch)`` for a planned training mode over ``num_samples`` samples.
 
     Args:
         lengths: Exact lengths (length-pass modes); ignored by ``standard``.
-        batching: The mode and its knobs.
-        seed: Seed of every shuffle.
+        batching: The mode and its knobs; ``bucketed`` without boundaries gets optimized
+            ones, and a cap of :data:`DEFAULT_MAX_BATCH_SIZE` when it has none.
         num_samples: Samples in the training set.
     """
     mode = batching.mode
     if mode in LENGTH_PASS_MODES and len(lengths) != num_samples:
         raise ValueError(f"mode '{mode}' needs {num_samples} lengths, got {len(lengths)}")
-    boundaries = resolve_boundaries(lengths, batching) if mode is BatchingMode.BUCKETED else None
-    plan_lengths = list(lengths) if mode in LENGTH_PASS_MODES else [1] * num_samples
-    cap = batching.max_batch_size
     if mode is BatchingMode.BUCKETED:
-        cap = cap or DEFAULT_MAX_BATCH_SIZE
-
-    def plan(epoch: int) -> list[list[int]]:
-        return plan_epoch(
-            plan_lengths,
-            mode,
-            token_budget=batching.token_budget,
-            batch_size=batching.batch_size,
-            max_batch_size=cap,
-            boundaries=boundaries,
-            seed=seed,
-            epoch=epoch,
-            attention_weight=batching.attention_weight,
+        batching = replace(
+            batching,
+            boundaries=tuple(resolve_boundaries(lengths, batching)),
+            max_batch_size=batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
         )
-
-    return plan
+    plan_lengths = list(lengths) if mode in LENGTH_PASS_MODES else [1] * num_samples
+    return lambda epoch: plan_epoch(plan_lengths, batching, epoch=epoch)

@@ -1,4 +1,4 @@
-"""The loader-level fault matrix at 2 ranks (this module holds no tests).
+"""The loader-level fault matrix at 2 ranks.
 
 Each fault runs ``ODBLoader`` on two real ranks (gloo default group, 2 workers each, the
 metadata channel over Gloo) and injects one fault on rank 1, the shorter shard. A run
@@ -10,24 +10,15 @@ asserts the bounds once per fault; ``experiments/faults/run.py`` times each thre
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-from test_runtime_harness import (
-    Kill,
-    KillTarget,
-    RankJob,
-    SyntheticChatDataset,
-    read_fault_marker,
-    run_ranks,
-)
+from odb_lightning.testing.datasets import SyntheticChatDataset, read_fault_marker
+from odb_lightning.testing.processes import kill_leftovers, wait_all_gone
+from odb_lightning.testing.ranks import Kill, KillTarget, RankJob, run_ranks
 
 NUM_SAMPLES = 600
 LOADER = {
@@ -177,39 +168,6 @@ class FaultResult:
     leftover_pids: list[int]
     completed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
-
-
-def _running(pids: list[int]) -> list[psutil.Process]:
-    """Those of ``pids`` still running (an exited, unreaped zombie does not count)."""
-    running = []
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            if process.status() != psutil.STATUS_ZOMBIE:
-                running.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return running
-
-
-def wait_all_gone(pids: list[int], timeout_s: float) -> tuple[float | None, list[int]]:
-    """``(time.monotonic() when all had exited or None, those still running at the end)``."""
-    deadline = time.monotonic() + timeout_s
-    running = _running(pids)
-    while running and time.monotonic() < deadline:
-        psutil.wait_procs(running, timeout=0.05)
-        running = _running([process.pid for process in running])
-    return (None if running else time.monotonic()), [process.pid for process in running]
-
-
-def kill_leftovers(pids: list[int]) -> None:
-    """SIGKILL processes that outlived their job (after they were counted), so that one
-    failed check does not leave them running under the rest of the suite."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue  # exited since it was counted
 
 
 def _mismatches(fault: LoaderFault, errors: dict[int, tuple[str, str]]) -> list[str]:

@@ -12,23 +12,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from odb_lightning.core.budget import Budget
+from odb_lightning.core.config import BatchingConfig, BatchingMode, resolve_config
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation, make_rng
 from odb_lightning.core.simulate import simulate
-
-
-class BatchingMode(StrEnum):
-    """How an epoch is cut into batches (SPEC section 2)."""
-
-    STANDARD = "standard"
-    SORTED = "sorted"
-    BUCKETED = "bucketed"
-    ORACLE = "oracle"
-    ODB = "odb"
-    ODB_PACKED = "odb_packed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +44,6 @@ class PlanStats:
     over_budget_batches: int
     real_tokens: int
     padded_tokens: int
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def validate_lengths(lengths: Sequence[int]) -> None:
@@ -167,98 +151,62 @@ def _plan_oracle(
     return _shuffled(batches, seed, epoch)
 
 
-def _plan_odb(
-    lengths: Sequence[int], budget: Budget, window: int, seed: int, epoch: int, *, packed: bool
-) -> list[list[int]]:
-    order = epoch_permutation(len(lengths), seed, epoch)
-    (steps,) = simulate(
-        [[lengths[i] for i in order]],
-        token_budget=budget.token_budget,
-        window=window,
-        seed=seed,
-        attention_weight=budget.attention_weight,
-        packed=packed,
-        epoch=epoch,
-    )
+def _plan_odb(lengths: Sequence[int], config: BatchingConfig, epoch: int) -> list[list[int]]:
+    order = epoch_permutation(len(lengths), config.seed, epoch)
+    (steps,) = simulate([[lengths[i] for i in order]], config, epoch=epoch)
     # One rank never idles: T never exceeds its own group count.
     return [[order[j] for j in step] for step in steps]
 
 
 def plan_epoch(
     lengths: Sequence[int],
-    mode: BatchingMode | str,
+    config: BatchingConfig | None = None,
     *,
-    token_budget: int,
-    batch_size: int | None = None,
-    max_batch_size: int | None = None,
-    boundaries: Sequence[int] | None = None,
-    window: int | None = None,
-    seed: int = 0,
     epoch: int = 0,
-    attention_weight: float = 0.0,
+    **knobs: object,
 ) -> list[list[int]]:
-    """Plan one epoch on one rank.
+    """Plan one epoch on one rank with ``config.mode``.
 
-    Modes (SPEC section 2): ``standard`` chunks the epoch permutation into
-    ``batch_size``; ``sorted`` chunks the global (length, index) sort into ``batch_size``
-    and shuffles the batch order per epoch; ``bucketed`` shuffles inside each bucket of
-    ``boundaries``, packs greedily under the budget and ``max_batch_size``, and shuffles
-    the batch list; ``oracle`` groups the global longest-first sort under the budget
-    (capped by ``max_batch_size`` when given) and shuffles the batch order; ``odb`` runs
-    the single-rank simulator over the epoch permutation with window ``window``;
-    ``odb_packed`` is the same with a *real-token* budget (a group fits while the sum of
-    its lengths does; see :func:`~odb_lightning.core.grouping.group_window`). Arguments a
-    mode does not use are ignored.
+    ``standard`` chunks the epoch permutation into ``batch_size``; ``sorted`` chunks the
+    global (length, index) sort into ``batch_size`` and shuffles the batch order per
+    epoch; ``bucketed`` shuffles inside each bucket of ``boundaries``, packs greedily
+    under the budget and ``max_batch_size``, and shuffles the batch list; ``oracle``
+    groups the global longest-first sort under the budget (capped by ``max_batch_size``)
+    and shuffles the batch order; ``odb`` and ``odb_packed`` run the single-rank
+    simulator over the epoch permutation with window ``outstanding_depth``.
 
     Args:
         lengths: Token length of every sample (positive integers).
-        mode: A :class:`BatchingMode` or its string value.
-        token_budget: ``L_max``: most padded tokens per batch.
-        batch_size: Samples per batch (``standard``, ``sorted``).
-        max_batch_size: Optional cap on samples per batch (``bucketed``, ``oracle``).
-        boundaries: Bucket edges ``[e_0, ..., e_k]`` (``bucketed``).
-        window: Outstanding depth ``D`` (``odb``, ``odb_packed``).
-        seed: Seed of every shuffle.
+        config: The batching settings; fields a mode does not use are ignored.
         epoch: Epoch number; changes every shuffle.
-        attention_weight: Quadratic attention term of the budget.
+        **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
+            those of ``config`` (or make a config of their own).
 
     Returns:
         Batches of indices into ``lengths``, each index exactly once, in emission order.
 
     Raises:
-        ValueError: Naming the offending parameter (or sample index) when an argument the
-            mode needs is missing or invalid.
+        ValueError: Naming the sample index of a bad length, or a bucketed plan without
+            boundaries.
     """
-    try:
-        mode = BatchingMode(mode)
-    except ValueError:
-        valid = ", ".join(m.value for m in BatchingMode)
-        raise ValueError(f"mode must be one of {valid}; got {mode!r}") from None
+    config = resolve_config(config, knobs)
     validate_lengths(lengths)
-    budget = Budget(token_budget, attention_weight)
-    if max_batch_size is not None:
-        _check_positive_int("max_batch_size", max_batch_size)
-    if mode in (BatchingMode.STANDARD, BatchingMode.SORTED):
-        if batch_size is None:
-            raise ValueError(f"batch_size is required for mode '{mode}'")
-        _check_positive_int("batch_size", batch_size)
-        if mode is BatchingMode.STANDARD:
-            return _chunk(epoch_permutation(len(lengths), seed, epoch), batch_size)
+    mode, seed = config.mode, config.seed
+    if mode is BatchingMode.STANDARD:
+        return _chunk(epoch_permutation(len(lengths), seed, epoch), config.batch_size)
+    if mode is BatchingMode.SORTED:
         # Static composition: the sort ignores the epoch; only the batch order moves.
         order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-        return _shuffled(_chunk(order, batch_size), seed, epoch)
+        return _shuffled(_chunk(order, config.batch_size), seed, epoch)
     if mode is BatchingMode.BUCKETED:
-        if boundaries is None:
-            raise ValueError("boundaries are required for mode 'bucketed'")
-        return _plan_bucketed(lengths, boundaries, budget, max_batch_size, seed, epoch)
+        if not config.boundaries:
+            raise ValueError("batching.boundaries are required for mode 'bucketed'")
+        return _plan_bucketed(
+            lengths, config.boundaries, config.budget, config.max_batch_size, seed, epoch
+        )
     if mode is BatchingMode.ORACLE:
-        return _plan_oracle(lengths, budget, max_batch_size, seed, epoch)
-    if window is None:
-        raise ValueError(f"window (outstanding depth) is required for mode '{mode}'")
-    _check_positive_int("window", window)
-    if mode is BatchingMode.ODB:
-        return _plan_odb(lengths, budget, window, seed, epoch, packed=False)
-    return _plan_odb(lengths, budget, window, seed, epoch, packed=True)
+        return _plan_oracle(lengths, config.budget, config.max_batch_size, seed, epoch)
+    return _plan_odb(lengths, config, epoch)
 
 
 def summarize_plan(

@@ -1,0 +1,245 @@
+"""The batching configuration: every knob of batching and of the loader, defined once.
+
+Hydra builds :class:`BatchingConfig` from the ``batching`` group (YAML keys equal the
+field names); :class:`~odb_lightning.runtime.loader.ODBLoader`, the planned loader,
+:func:`~odb_lightning.core.planners.plan_epoch` and
+:func:`~odb_lightning.core.simulate.simulate` take it whole. A new knob is a field here,
+validated in ``__post_init__``, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from dataclasses import dataclass, fields, replace
+from enum import Enum, StrEnum
+from typing import Any, TypeVar
+
+from odb_lightning.core.budget import Budget
+
+GROUP = "batching"
+"""The Hydra config group of :class:`BatchingConfig`: every message names ``batching.<field>``."""
+
+
+class BatchingMode(StrEnum):
+    """How an epoch is cut into batches (see the README's table of modes)."""
+
+    STANDARD = "standard"
+    SORTED = "sorted"
+    BUCKETED = "bucketed"
+    ORACLE = "oracle"
+    ODB = "odb"
+    ODB_PACKED = "odb_packed"
+
+
+ONLINE_MODES = frozenset({BatchingMode.ODB, BatchingMode.ODB_PACKED})
+"""Modes the online runtime forms (no epoch plan up front)."""
+LENGTH_PASS_MODES = frozenset({BatchingMode.SORTED, BatchingMode.BUCKETED, BatchingMode.ORACLE})
+"""Modes that need every sample's exact length before the epoch (a length cache)."""
+
+
+class OnBadSample(StrEnum):
+    """What a sample that fails validation does: stop naming it, or be skipped and counted."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+
+class StartMethod(StrEnum):
+    """``multiprocessing`` start method of the loader's worker and collate processes."""
+
+    FORK = "fork"
+    SPAWN = "spawn"
+    FORKSERVER = "forkserver"
+
+
+class SettingsMismatchError(RuntimeError):
+    """Ranks of one job were started with different batching settings."""
+
+
+EnumT = TypeVar("EnumT", bound=Enum)
+
+
+def _key(name: str) -> str:
+    return f"{GROUP}.{name}"
+
+
+def _enum(kind: type[EnumT], name: str, value: object) -> EnumT:
+    """``value`` (a member, its value, or a member of another Enum with the same values)
+    as a member of ``kind``."""
+    try:
+        return kind(value.value if isinstance(value, Enum) else value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise ValueError(f"{_key(name)} must be one of {allowed}, got {value!r}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not _is_int(value) or value < 1:  # type: ignore[operator]
+        raise ValueError(f"{_key(name)} must be a positive integer, got {value!r}")
+
+
+def _seconds(name: str, value: object) -> None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):  # type: ignore[arg-type]
+        raise ValueError(f"{_key(name)} must be a positive number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """How batches are formed and how the loader runs. Errors name the Hydra key.
+
+    Attributes:
+        mode: ``standard``, ``sorted``, ``bucketed``, ``oracle``, ``odb`` or ``odb_packed``.
+        token_budget: ``L_max``: most padded tokens per step (real tokens when packed).
+        outstanding_depth: ODB grouping window ``D``: samples in flight per rank.
+        max_steps_per_round: ``Q``: most steps one alignment round emits per rank.
+        join: Every sample once per epoch (IDLE steps for finished ranks), or end the
+            epoch at the first finished rank and count the rest as dropped.
+        seed: Seed of the shard order, the step order in a round and the planned shuffles.
+        attention_weight: Weight ``w`` of the quadratic attention term of the budget.
+        batch_size: Samples per batch of ``standard`` and ``sorted`` (and of validation).
+        max_batch_size: Cap on samples per batch (``bucketed``, ``oracle``).
+        boundaries: Bucket edges of ``bucketed``; empty: optimized on the cached lengths.
+        num_buckets: Buckets to optimize when ``boundaries`` is empty.
+        num_workers: Loader worker processes per rank (0: everything in the main process).
+        on_bad_sample: ``raise`` (error naming the sample and field) or ``skip`` (count it).
+        timeout_s: Most seconds without a sample arriving from the workers.
+        alignment_timeout_s: Most seconds for connecting the metadata channel and for one
+            round's all-gather (keep it >= ``timeout_s``: peers wait while a rank waits).
+        persistent_workers: Keep the loader processes (and the channel) across epochs.
+        multiprocessing_context: ``fork``, ``spawn``, ``forkserver`` or ``None`` (default).
+    """
+
+    mode: BatchingMode = BatchingMode.ODB
+    token_budget: int = 16384
+    outstanding_depth: int = 256
+    max_steps_per_round: int = 8
+    join: bool = True
+    seed: int = 0
+    attention_weight: float = 0.0
+    batch_size: int = 8
+    max_batch_size: int | None = None
+    boundaries: tuple[int, ...] = ()
+    num_buckets: int = 6
+    num_workers: int = 2
+    on_bad_sample: OnBadSample = OnBadSample.RAISE
+    timeout_s: float = 60.0
+    alignment_timeout_s: float = 60.0
+    persistent_workers: bool = False
+    multiprocessing_context: StartMethod | None = None
+
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__
+        set_field(self, "mode", _enum(BatchingMode, "mode", self.mode))
+        set_field(self, "on_bad_sample", _enum(OnBadSample, "on_bad_sample", self.on_bad_sample))
+        for name in ("token_budget", "outstanding_depth", "max_steps_per_round", "batch_size"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("num_buckets", self.num_buckets)
+        if self.max_batch_size is not None:
+            _positive_int("max_batch_size", self.max_batch_size)
+        if not _is_int(self.num_workers) or self.num_workers < 0:
+            raise ValueError(
+                f"{_key('num_workers')} must be an integer >= 0, got {self.num_workers!r}"
+            )
+        if not _is_int(self.seed):
+            raise ValueError(f"{_key('seed')} must be an integer, got {self.seed!r}")
+        for name in ("join", "persistent_workers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{_key(name)} must be a bool, got {getattr(self, name)!r}")
+        weight = self.attention_weight
+        if not (isinstance(weight, int | float) and not isinstance(weight, bool)) or not (
+            math.isfinite(weight) and weight >= 0
+        ):
+            raise ValueError(f"{_key('attention_weight')} must be finite and >= 0, got {weight!r}")
+        _seconds("timeout_s", self.timeout_s)
+        _seconds("alignment_timeout_s", self.alignment_timeout_s)
+        self._check_boundaries()
+        self._check_start_method()
+
+    def _check_boundaries(self) -> None:
+        edges = tuple(self.boundaries)
+        if not all(_is_int(edge) and edge >= 0 for edge in edges):
+            raise ValueError(
+                f"{_key('boundaries')} must be non-negative integers, got {list(edges)}"
+            )
+        if any(b >= c for b, c in zip(edges, edges[1:], strict=False)):
+            raise ValueError(f"{_key('boundaries')} must be strictly increasing, got {list(edges)}")
+        object.__setattr__(self, "boundaries", edges)
+
+    def _check_start_method(self) -> None:
+        if self.multiprocessing_context is None:
+            return
+        method = _enum(StartMethod, "multiprocessing_context", self.multiprocessing_context)
+        if method.value not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"{_key('multiprocessing_context')} {method.value!r} is not available here"
+            )
+        object.__setattr__(self, "multiprocessing_context", method)
+
+    @property
+    def packed(self) -> bool:
+        """Groups are emitted padding-free (``odb_packed``): the budget counts real tokens."""
+        return self.mode is BatchingMode.ODB_PACKED
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.token_budget, self.attention_weight)
+
+    def handshake(self) -> list[int]:
+        """The knobs every rank must share, as integers (``attention_weight`` in 1e-9)."""
+        return [_HANDSHAKE_ENCODE[name](getattr(self, name)) for name in HANDSHAKE_FIELDS]
+
+
+HANDSHAKE_FIELDS = (
+    "token_budget",
+    "outstanding_depth",
+    "max_steps_per_round",
+    "join",
+    "seed",
+    "attention_weight",
+    "mode",
+)
+"""Fields that change what a round plans: ranks that differ in one of them would diverge."""
+_HANDSHAKE_ENCODE: dict[str, Any] = {
+    "token_budget": int,
+    "outstanding_depth": int,
+    "max_steps_per_round": int,
+    "join": int,
+    "seed": int,
+    "attention_weight": lambda weight: round(weight * 1e9),
+    "mode": lambda mode: list(BatchingMode).index(mode),
+}
+
+
+def check_settings_agree(messages: list[list[int]]) -> None:
+    """Raise naming the first field on which the ranks' handshake messages differ."""
+    for column, name in enumerate(HANDSHAKE_FIELDS):
+        values = [message[column] for message in messages]
+        if len(set(values)) > 1:
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise SettingsMismatchError(
+                f"ranks disagree on loader setting '{name}' ({per_rank}); "
+                "every rank must be started with the same loader settings"
+            )
+
+
+FIELD_NAMES = frozenset(f.name for f in fields(BatchingConfig))
+
+
+def resolve_config(config: BatchingConfig | None, knobs: dict[str, Any]) -> BatchingConfig:
+    """``config`` with ``knobs`` (field names) replaced, or a new config of ``knobs``.
+
+    The keyword form of the loaders, the planner and the simulator: knobs keep their
+    field names, so nothing is re-spelled.
+    """
+    unknown = sorted(set(knobs) - FIELD_NAMES)
+    if unknown:
+        raise TypeError(f"unknown batching settings {unknown}; fields: {sorted(FIELD_NAMES)}")
+    if config is None:
+        return BatchingConfig(**knobs)
+    return replace(config, **knobs) if knobs else config

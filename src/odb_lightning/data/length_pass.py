@@ -1,0 +1,70 @@
+"""The length pass of the length-pass modes: every training sample's exact length and
+supervised tokens, from the length cache (built once by rank 0 while the others wait)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from odb_lightning.data.length_cache import LengthCache, length_fingerprint, source_parts
+from odb_lightning.data.synthetic import SyntheticDataset
+from odb_lightning.sample import count_loss_tokens
+
+
+@dataclass(frozen=True)
+class ExactLengths:
+    """Per dataset index: length and supervised tokens; ``build_s`` is the time the
+    length pass cost this run (0 on a cache hit, ``None`` without a cache)."""
+
+    lengths: list[int]
+    num_loss_tokens: list[int]
+    build_s: float | None
+
+
+def exact_lengths(
+    dataset: Any,
+    source: dict[str, Any],
+    cache_dir: str | None,
+    *,
+    num_workers: int,
+    multiprocessing_context: str | None,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] | None = None,
+) -> ExactLengths:
+    """The exact lengths of ``dataset``.
+
+    Args:
+        dataset: A :class:`~odb_lightning.data.ChatDataset` or a ``SyntheticDataset``
+            (measured directly: it has no tokenizer to cache against).
+        source: The ``load_source`` arguments of the records (``name``, ``path``,
+            ``regime``, ``max_samples``, ``seed``): part of the cache key.
+        cache_dir: Where the length caches live; required for a ``ChatDataset``.
+        num_workers: Loader workers of a build (0: in process).
+        multiprocessing_context: Their start method.
+        rank: This rank; rank 0 builds a missing cache.
+        world_size: Ranks of the job.
+        barrier: Waits for every rank (called twice when ``world_size > 1``: ranks > 0
+            wait for rank 0's build before they read).
+    """
+    if isinstance(dataset, SyntheticDataset):
+        samples = [dataset[i] for i in range(len(dataset))]
+        lengths = [len(s["input_ids"]) for s in samples]
+        return ExactLengths(lengths, [count_loss_tokens(s["labels"]) for s in samples], None)
+    if cache_dir is None:
+        raise ValueError("length-pass modes need data.length_cache_dir")
+    parts = {**source_parts(**source), **dataset.length_settings()}
+    distributed = world_size > 1 and barrier is not None
+    if distributed and rank != 0:
+        barrier()
+    cached = LengthCache(cache_dir).load_or_build(
+        dataset,
+        length_fingerprint(**parts),
+        parts,
+        num_workers=num_workers,
+        multiprocessing_context=multiprocessing_context,
+    )
+    if distributed and rank == 0:
+        barrier()
+    return ExactLengths(cached.lengths, cached.num_loss_tokens, cached.build_s)

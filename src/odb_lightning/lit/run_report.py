@@ -1,0 +1,85 @@
+"""What a data module tells the metrics callback about the run (:class:`RunReport`)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.runtime.stats import EpochStats
+
+
+@dataclass(frozen=True)
+class LoaderCounters:
+    """One rank's loader counters over every finished epoch (summed over ranks by the
+    callback; ``alignment_rounds`` is the same on every rank, so it takes the max)."""
+
+    dropped_samples: int = 0
+    over_budget_samples: int = 0
+    skipped_bad_samples: int = 0
+    alignment_rounds: int = 0
+
+    @classmethod
+    def of(cls, stats: list[EpochStats]) -> LoaderCounters:
+        return cls(
+            dropped_samples=sum(s.dropped for s in stats),
+            over_budget_samples=sum(s.over_budget for s in stats),
+            skipped_bad_samples=sum(len(s.skipped_ids) for s in stats),
+            alignment_rounds=sum(s.rounds for s in stats),
+        )
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """This rank's view of the run, for the summary.
+
+    Attributes:
+        batching: The batching settings the run used.
+        facts: What the run was (source, regime, max_seq_len, train samples, length
+            cache time, source record counts).
+        counters: This rank's loader counters.
+        skipped_sample_ids: Dataset indices this rank skipped as bad samples.
+        round_latency_s: This rank's alignment round latencies.
+    """
+
+    batching: BatchingConfig
+    facts: dict[str, Any] = field(default_factory=dict)
+    counters: LoaderCounters = LoaderCounters()
+    skipped_sample_ids: tuple[int, ...] = ()
+    round_latency_s: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, batching: BatchingConfig, facts: dict[str, Any], stats: list[EpochStats]):
+        return cls(
+            batching=batching,
+            facts=facts,
+            counters=LoaderCounters.of(stats),
+            skipped_sample_ids=tuple(sorted(i for s in stats for i in s.skipped_ids)),
+            round_latency_s=tuple(t for s in stats for t in s.round_latency_s),
+        )
+
+    def summary_facts(self) -> dict[str, Any]:
+        """The summary's description of the run, with this rank's round latency."""
+        facts = {"mode": self.batching.mode.value, **self.facts}
+        facts["batching"] = {
+            name: getattr(value, "value", value)
+            for name, value in ((n, getattr(self.batching, n)) for n in _BATCHING_FIELDS)
+        }
+        latency_ms = sorted(1000 * t for t in self.round_latency_s)
+        if latency_ms:
+            facts["alignment_round_ms_median"] = statistics.median(latency_ms)
+            # Nearest-rank percentile.
+            facts["alignment_round_ms_p99"] = latency_ms[math.ceil(0.99 * len(latency_ms)) - 1]
+        return facts
+
+
+_BATCHING_FIELDS = tuple(BatchingConfig.__dataclass_fields__)
+
+
+@runtime_checkable
+class ReportsRun(Protocol):
+    """A data module that reports its run (``ODBDataModule`` does)."""
+
+    def run_report(self) -> RunReport: ...

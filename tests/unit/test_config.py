@@ -1,0 +1,111 @@
+"""The batching configuration: typed, validated once, and every error names its Hydra key."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import pytest
+
+from odb_lightning.core.config import (
+    BatchingConfig,
+    OnBadSample,
+    SettingsMismatchError,
+    StartMethod,
+    check_settings_agree,
+    resolve_config,
+)
+from odb_lightning.runtime.loader import ODBLoader
+from odb_lightning.runtime.pipeline import output_slots
+
+
+class SchemaContext(Enum):
+    """A config schema's own enum with the same values."""
+
+    SPAWN = "spawn"
+
+
+def test_defaults_and_enum_coercion() -> None:
+    assert (
+        BatchingConfig(
+            token_budget=64, multiprocessing_context=SchemaContext.SPAWN
+        ).multiprocessing_context
+        is StartMethod.SPAWN
+    )
+    config = BatchingConfig(
+        token_budget=4096, on_bad_sample="skip", multiprocessing_context="spawn"
+    )
+    assert config.on_bad_sample is OnBadSample.SKIP
+    assert config.multiprocessing_context is StartMethod.SPAWN
+    assert output_slots(config) == 2 * config.max_steps_per_round == 16
+    assert config.handshake() == BatchingConfig(token_budget=4096).handshake()
+    assert BatchingConfig(boundaries=[0, 10, 20]).boundaries == (0, 10, 20)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("token_budget", 0),
+        ("outstanding_depth", -1),
+        ("max_steps_per_round", 0),
+        ("num_workers", -1),
+        ("timeout_s", 0.0),
+        ("alignment_timeout_s", float("inf")),
+        ("join", 1),
+        ("persistent_workers", "yes"),
+        ("mode", "packed"),
+        ("on_bad_sample", "ignore"),
+        ("multiprocessing_context", "threads"),
+        ("attention_weight", -0.5),
+        ("seed", 1.5),
+        ("batch_size", 0),
+        ("max_batch_size", 0),
+        ("num_buckets", 0),
+        ("boundaries", [0, 60, 40]),
+    ],
+)
+def test_invalid_values_name_the_hydra_key(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"^batching\.{field}"):
+        BatchingConfig(**{"token_budget": 1024, field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value"), [("pad_id", -2), ("max_seq_len", 0)])
+def test_loader_arguments_outside_the_config_are_checked(field: str, value: int) -> None:
+    with pytest.raises(ValueError, match=field):
+        ODBLoader([], token_budget=64, num_workers=0, **{field: value})
+
+
+def test_keyword_form_replaces_fields_by_name() -> None:
+    base = BatchingConfig(token_budget=2048, seed=4)
+    assert resolve_config(base, {}) is base
+    assert resolve_config(base, {"join": False}) == BatchingConfig(
+        token_budget=2048, seed=4, join=False
+    )
+    assert resolve_config(None, {"token_budget": 8}) == BatchingConfig(token_budget=8)
+    with pytest.raises(TypeError, match="unknown batching settings \\['window'\\]"):
+        resolve_config(None, {"window": 8})
+
+
+def test_planned_mode_is_refused_by_the_online_loader() -> None:
+    with pytest.raises(ValueError, match="planned modes use PlannedLoader"):
+        ODBLoader([], mode="standard", num_workers=0)
+
+
+def test_handshake_names_the_first_setting_that_differs() -> None:
+    one = BatchingConfig(token_budget=1024, outstanding_depth=32)
+    other = BatchingConfig(token_budget=1024, outstanding_depth=64, mode="odb_packed")
+    check_settings_agree([one.handshake(), one.handshake()])
+    with pytest.raises(
+        SettingsMismatchError, match="'outstanding_depth' \\(rank 0: 32, rank 1: 64\\)"
+    ):
+        check_settings_agree([one.handshake(), other.handshake()])
+    packed = BatchingConfig(token_budget=1024, outstanding_depth=32, mode="odb_packed")
+    with pytest.raises(SettingsMismatchError, match="'mode'"):
+        check_settings_agree([one.handshake(), packed.handshake()])
+    # Knobs that do not change the plan may differ between ranks.
+    check_settings_agree(
+        [one.handshake(), BatchingConfig(**{**_fields(one), "num_workers": 0}).handshake()]
+    )
+
+
+def _fields(config: BatchingConfig) -> dict:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
