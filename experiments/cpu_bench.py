@@ -2,20 +2,20 @@
 
 Shared by the studies that train it in their own loop (``experiments/throughput``) or
 charge its FLOPs to the runs of ``train.py model=cpu_bench`` (``experiments/ablation``,
-``experiments/odb_vs_standard``).
+``experiments/odb_vs_standard``). A module of its own, not part of ``experiments.common``:
+it imports torch, transformers and Lightning, which the simulator studies never load.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from transformers import PretrainedConfig
 
+from experiments.common import ROOT
 from odb_lightning.lit.module import CausalLMModule
 
-CONFIG = Path(__file__).resolve().parents[1] / "conf" / "model" / "cpu_bench.yaml"
+CONFIG = ROOT / "conf" / "model" / "cpu_bench.yaml"
 
 
 def build_cpu_bench(seed: int = 0) -> CausalLMModule:

@@ -7,8 +7,8 @@ records, so every arm trains on the same real tokens. Each arm runs in its own p
 which reports the run summary, the peak GPU memory and the device; this script prints
 tokens/s, samples/s, peak memory and MFU, and writes ``results.json`` next to itself.
 
-    .venv/bin/python experiments/gpu/run.py             # a CUDA machine; < 8 min on one H200
-    .venv/bin/python experiments/gpu/run.py --dry-run   # CPU, tiny model, same code path
+    .venv/bin/python -m experiments.gpu.run             # a CUDA machine; < 8 min on one H200
+    .venv/bin/python -m experiments.gpu.run --dry-run   # CPU, tiny model, same code path
 
 ``--dry-run`` swaps only what a CPU cannot run (accelerator, NCCL -> gloo, model width)
 and writes ``runs/dry_run.json`` instead of ``results.json``.
@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import subprocess
 import sys
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.common import ROOT, results_meta
+
 HERE = Path(__file__).resolve().parent
 ARMS = ("standard", "odb", "odb_packed")
 CHILD_FLAG = "--child"
@@ -168,7 +167,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     for arm in args.arms.split(","):
         out_dir = out / arm
-        command = [sys.executable, str(Path(__file__).resolve()), CHILD_FLAG]
+        command = [sys.executable, "-m", "experiments.gpu.run", CHILD_FLAG]
         command += arm_overrides(arm, args, out_dir)
         arm_started = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -194,20 +193,17 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
         if args.dry_run
         else "measured",
         "arms": rows,
-        "meta": {
-            "date": date.today().isoformat(),
-            "device": device,
-            "peak_bf16_flops": peak,
-            "torch": first["torch"],
-            "cuda": first["cuda"],
-            "wall_s": time.perf_counter() - started,
-            "command": "python experiments/gpu/run.py " + " ".join(sys.argv[1:]),
-            "overrides": arm_overrides("<arm>", args, out / "<arm>"),
-            "flops_per_token_no_attention": first["flops_per_token_no_attention"],
-            "attention_flops_per_key": first["attention_flops_per_key"],
-            "mean_sample_tokens": mean_length,
-            "host": f"{platform.node()}, {os.cpu_count()} CPU cores",
-        },
+        "meta": results_meta(
+            device=device,
+            peak_bf16_flops=peak,
+            cuda=first["cuda"],
+            wall_s=time.perf_counter() - started,
+            overrides=arm_overrides("<arm>", args, out / "<arm>"),
+            flops_per_token_no_attention=first["flops_per_token_no_attention"],
+            attention_flops_per_key=first["attention_flops_per_key"],
+            mean_sample_tokens=mean_length,
+            host=platform.node(),
+        ),
     }
 
 

@@ -2,7 +2,7 @@
 
 Run from the repository root (see README.md next to this file):
 
-    .venv/bin/python experiments/runtime/loader_overhead.py
+    .venv/bin/python -m experiments.runtime.loader_overhead
 
 Writes ``results.json`` next to this script.
 
@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from experiments.common import results_meta
 from odb_lightning.core.settings import LoaderSettings
 from odb_lightning.core.wire import message_length
 from odb_lightning.runtime import ODBLoader, Rendezvous
@@ -261,11 +262,7 @@ def main() -> None:
     dataset = ShareGPTStandIn(load_sharegpt(args.sharegpt_bytes))
     dataset[0]  # loads the tokenizer here; forked workers of both loaders inherit it
     results = {
-        "machine": {
-            "cpus": multiprocessing.cpu_count(),
-            "torch": torch.__version__,
-            "load_average_at_start": os.getloadavg(),
-        },
+        "meta": results_meta(load_average_at_start=os.getloadavg()),
         "latency": [measure_latency(w) for w in (2, 4)],
         "overhead": measure_overhead(dataset, args.workers, args.repeats, args.token_budget),
         "transport_ceiling": measure_transport_ceiling(
@@ -276,7 +273,7 @@ def main() -> None:
         ),
         "window_fill": measure_window_fill(dataset, args.workers, args.token_budget),
     }
-    results["machine"]["load_average_at_end"] = os.getloadavg()
+    results["meta"]["load_average_at_end"] = os.getloadavg()
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

@@ -2,8 +2,8 @@
 descriptors, child processes and memory must stay bounded (no leak per epoch).
 
 Each rank is a real process in a gloo default group (the multi-rank harness of
-``odb_lightning.testing.ranks``, which the runtime tests use too) running ``ODBLoader`` over ShareGPT
-first exchanges, tokenized with the Qwen2.5 BPE in the workers. Per epoch every rank
+``odb_lightning.testing.ranks``, which the runtime tests use too) running ``ODBLoader``
+over ShareGPT first exchanges, tokenized with the Qwen2.5 BPE in the workers. Per epoch every rank
 samples, after its first batch and after the epoch: its open fds (``/proc/<pid>/fd``),
 its live descendants (workers and collate process), its RSS, the largest RSS among its
 descendants, and the PSS of the whole process tree. Both process lifetimes are soaked:

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "experiments" / "gpu" / "run.py"
 SAMPLES = 24
 
 
 @pytest.mark.slow
 def test_dry_run_trains_every_arm_on_the_same_tokens(tmp_path: Path) -> None:
-    command = [sys.executable, str(SCRIPT), "--dry-run", "--arms", "standard,odb_packed"]
+    command = [sys.executable, "-m", "experiments.gpu.run", "--dry-run"]
+    command += ["--arms", "standard,odb_packed"]
     command += ["--samples", str(SAMPLES), "--out", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]

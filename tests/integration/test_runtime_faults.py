@@ -1,7 +1,7 @@
 """Failures end every rank with an error that names what failed, within bounded time,
 and leave no child process behind: single-rank checks, then the 2-rank fault matrix
-(:mod:`odb_lightning.testing.fault_matrix`: a worker, the collate process or a whole rank killed, a sample that
-hangs or raises, with ``on_bad_sample`` raise and skip)."""
+(:mod:`odb_lightning.testing.fault_matrix`: a worker, the collate process or a whole rank
+killed, a sample that hangs or raises, with ``on_bad_sample`` raise and skip)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         "batching.on_bad_sample=skip",
         "audit_ids=true",
         "tokenizer._target_=odb_lightning.testing.fault_injection.RaisingTokenizer",
-        "~tokenizer.name_or_path",
+        "~tokenizer.vocab_file",
         env={"HOME": str(home), "TMPDIR": str(temp)},
         cwd=cwd,
     )

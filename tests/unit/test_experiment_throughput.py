@@ -7,31 +7,15 @@ samples, under the same budget.
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 # The reference package (installed by the dev and bench extras): a missing install fails.
 import odb  # noqa: F401
 import pytest
 
+from experiments.throughput import run
+from experiments.throughput import throughput_arms as arms
 from odb_lightning.data import LengthStats, TokenizedDataset
-
-STUDY = Path(__file__).resolve().parents[2] / "experiments" / "throughput"
-sys.path.insert(0, str(STUDY))
-import throughput_arms as arms  # noqa: E402
-
-
-def _load_script(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
-
-
-run = _load_script("throughput_run", STUDY / "run.py")
 
 BUDGET = 1024
 NUM_SAMPLES = 32

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
+import lightning.pytorch as pl
 import pytest
 from torch import Tensor
 from torch.optim import Optimizer
@@ -154,3 +155,39 @@ def test_trainer_with_accumulation_sees_the_union_gradient(batch_kind: str) -> N
     assert trainer.global_step == 1
     assert rel_err(module.captured, expected_grad) <= 1e-5
     assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(expected_loss, rel=1e-10)
+
+
+class ClipCapture(CausalLMModule):
+    """Records the gradient that gradient clipping is handed."""
+
+    @override
+    def configure_gradient_clipping(
+        self,
+        optimizer: Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        self.clipped = flat_grad(self).clone()
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
+class CallbackCapture(pl.Callback):
+    """Records the gradient a callback's ``on_before_optimizer_step`` sees."""
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
+    ) -> None:
+        self.seen = flat_grad(pl_module).clone()
+
+
+def test_clipping_sees_the_scaled_gradient_and_callbacks_the_unscaled_one() -> None:
+    # Lightning runs callbacks' on_before_optimizer_step before the module's (where the
+    # mixin scales by 1 / N) and clips after it: docs/design.md relies on that order.
+    samples = [make_sample(9, 3, 1), make_sample(6, 2, 2)]
+    module = tiny_module(ClipCapture, loss_chunk_tokens=4)
+    expected_grad, _ = union_gradient(module, samples)
+    callback = CallbackCapture()
+    fit_on_cpu(module, [pad(samples)], max_steps=1, callbacks=[callback], gradient_clip_val=1e9)
+    assert rel_err(module.clipped, expected_grad) <= 1e-5
+    assert rel_err(callback.seen, expected_grad * loss_tokens(pad(samples))) <= 1e-5

@@ -43,7 +43,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")
-    datamodule = instantiate_checked(cfg.data, "data", tokenizer=tokenizer, batching=batching)
+    datamodule = instantiate_checked(
+        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching}
+    )
     # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
     # torch.load(weights_only=True) then reads without OmegaConf types.
     model = instantiate_checked(cfg.model, "model", _convert_="all")

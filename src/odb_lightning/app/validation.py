@@ -24,15 +24,31 @@ def _failing_key(cfg: DictConfig, key: str, message: str) -> str:
     return key
 
 
-def instantiate_checked(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
+def instantiate_checked(
+    cfg: DictConfig, key: str, objects: dict[str, Any] | None = None, **kwargs: Any
+) -> Any:
     """``hydra.utils.instantiate`` whose errors name the config key (``batching.timeout_s``,
-    or the group ``batching`` when the message names no field)."""
+    or the group ``batching`` when the message names no field).
+
+    ``objects`` are built arguments (a tokenizer, a ``BatchingConfig``) handed to the
+    target as they are: Hydra would turn a dataclass passed to ``instantiate`` back into
+    a config node.
+    """
     try:
-        return hydra.utils.instantiate(cfg, **kwargs)
+        if objects is None:
+            return hydra.utils.instantiate(cfg, **kwargs)
+        factory = hydra.utils.instantiate(cfg, _partial_=True, **kwargs)
     except InstantiationException as error:
         cause = error.__cause__ or error
-        where = _failing_key(cfg, key, str(cause))
-        raise ConfigError(f"invalid config '{where}': {cause}") from cause
+        raise ConfigError(
+            f"invalid config '{_failing_key(cfg, key, str(cause))}': {cause}"
+        ) from cause
+    try:
+        return factory(**objects)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"invalid config '{_failing_key(cfg, key, str(error))}': {error}"
+        ) from error
 
 
 def _is_int(value: object) -> bool:

@@ -173,7 +173,7 @@ def plan_epoch(
     under the budget and ``max_batch_size``, and shuffles the batch list; ``oracle``
     groups the global longest-first sort under the budget (capped by ``max_batch_size``)
     and shuffles the batch order; ``odb`` and ``odb_packed`` run the single-rank
-    simulator over the epoch permutation with window ``outstanding_depth``.
+    simulator over the epoch permutation with the configured window.
 
     Args:
         lengths: Token length of every sample (positive integers).

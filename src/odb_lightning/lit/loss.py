@@ -26,47 +26,23 @@ from odb_lightning.runtime.batch import StepMeta
 class TokenWeightedLossMixin(pl.LightningModule):
     """Makes an optimizer step descend the mean loss over every supervised token it saw.
 
-    Implements the two-factor form of :mod:`odb_lightning.core.loss_weights` (the algebra
-    lives in that module's docstring): ``training_step`` returns
-    :meth:`token_weighted_loss` of its summed token loss, which backpropagates
-    ``W * sum_t l``; :meth:`on_before_optimizer_step` then multiplies every gradient by
-    ``1 / N``, ``N`` being the global supervised-token count of the micro-batches since the
-    last optimizer step (``meta.global_loss_tokens``; counted locally, and summed over ranks
-    with one collective per optimizer step, for a plain dict batch or when the metadata has
-    no global count, as in the planned modes).
-
-    Lightning's automatic optimization divides the returned loss by
-    ``accumulate_grad_batches``; the returned loss is multiplied by it to undo that, which
-    also keeps a short last accumulation window of an epoch exact (``N`` counts only the
-    micro-batches it really had). Lightning calls the module's ``on_before_optimizer_step``
-    after ``backward`` of the last micro-batch (and after AMP unscaling) and before gradient
-    clipping, so clipping and the optimizer see the scaled gradients; callbacks'
-    ``on_before_optimizer_step`` hooks run before the module's and see unscaled ones.
-
-    IDLE micro-batches (``meta.is_idle``) run a real forward/backward so that DDP's
-    gradient all-reduce stays aligned across ranks, with their loss multiplied by 0; their
-    dummy tokens are not counted (``meta.global_loss_tokens`` is the other ranks' count at
-    that step, which every rank adds to ``N``). A step whose ``N`` is 0 zeroes the
-    gradients.
-
-    Logged per optimizer step: ``train/loss``, the token-weighted mean loss of the step,
-    ``sum_{r,k,t} l / N``. Each rank logs ``W * (its summed loss) / N`` and Lightning's
-    ``sync_dist`` averages these over ranks, which is exactly that global mean (``N`` is the
-    same on every rank). Also ``lr``, the learning rate of the first parameter group.
-
-    Token-target steps (``tokens_per_step=N``): the optimizer steps once the global
-    supervised-token count since the last step reaches ``N`` (and at the epoch's end)
-    instead of every ``accumulate_grad_batches`` micro-batches; ``N`` above is then that
-    step's count, also logged as ``train/tokens_per_optimizer_step``. How this rides on
-    Lightning's automatic optimization (DDP ``no_sync``, ``global_step``, the scheduler) is
-    told in :mod:`odb_lightning.lit.token_target`. It needs ``ODBBatch`` batches (where
-    the metadata has no global count, as in the planned modes, ``meta.local_loss_tokens``
-    is all-reduced once per micro-batch; plain dict batches are refused) and
-    ``trainer.accumulate_grad_batches=1``.
+    ``training_step`` returns :meth:`token_weighted_loss` of its summed token loss, which
+    backpropagates ``W * sum_t l``; :meth:`on_before_optimizer_step` then multiplies every
+    gradient by ``1 / N``, ``N`` being the global supervised-token count of the
+    micro-batches since the last optimizer step (the algebra is in
+    :mod:`odb_lightning.core.loss_weights`). ``N`` comes from ``meta.global_loss_tokens``,
+    or is counted locally and summed over ranks once per optimizer step (plain dict
+    batches, planned modes). IDLE micro-batches run a real forward/backward with zero
+    weight and count none of their dummy tokens; a step whose ``N`` is 0 zeroes the
+    gradients. Logged per optimizer step: ``train/loss`` (the global token-weighted mean)
+    and ``lr``. Where this sits among Lightning's hooks (accumulation, AMP unscaling,
+    clipping, callbacks) is in ``docs/design.md`` and pinned by ``tests/unit/test_lit_loss.py``.
 
     Args:
-        tokens_per_step: Global supervised tokens per optimizer step, or ``None`` to step
-            every ``trainer.accumulate_grad_batches`` micro-batches.
+        tokens_per_step: Step the optimizer once the global supervised tokens since the
+            last step reach this (:mod:`odb_lightning.lit.token_target`; needs
+            ``ODBBatch`` batches and ``trainer.accumulate_grad_batches=1``); ``None``
+            steps every ``trainer.accumulate_grad_batches`` micro-batches.
     """
 
     def __init__(self, *args: object, tokens_per_step: int | None = None, **kwargs: object) -> None:

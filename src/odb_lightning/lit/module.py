@@ -97,9 +97,10 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         intermediate_size: MLP width of the random init.
         max_position_embeddings: Longest position of the random init.
         tie_word_embeddings: Share the embedding and LM-head matrix.
-        token_id_fold: CPU benchmark stand-in (SPEC 6): token ids are taken modulo this and
-            the vocabulary shrinks to it, so the head stops dominating the cost while the
-            real tokenizer and lengths are kept. Random init only.
+        token_id_fold: CPU benchmark stand-in: token ids are taken modulo this and the
+            vocabulary shrinks to it, so the LM head stops dominating the cost (as it does
+            not in a real LLM) while the real tokenizer and lengths are kept. Random init
+            only.
         model_dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float64``.
         attn_implementation: ``transformers`` attention backend.
         loss_chunk_tokens: Supervised rows per LM-head chunk (peak logits memory).

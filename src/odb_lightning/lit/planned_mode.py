@@ -29,8 +29,8 @@ def in_order_plan(num_samples: int, batch_size: int) -> PlanFn:
 
 
 def resolve_boundaries(lengths: Sequence[int], batching: BatchingConfig) -> list[int]:
-    """The configured bucket edges, or edges optimized on the cached lengths (logged as
-    the case study's table: range, count, mean length, batch size, efficiency)."""
+    """The configured bucket edges, or edges optimized on the cached lengths (logged as a
+    table: range, count, mean length, batch size, efficiency)."""
     max_batch_size = batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
     if batching.boundaries:
         edges = list(batching.boundaries)

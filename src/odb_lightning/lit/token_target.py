@@ -4,30 +4,9 @@ With ``tokens_per_step=N`` micro-batches are accumulated until the *global* supe
 count since the last optimizer step reaches ``N``; the step then closes on the micro-batch
 :func:`odb_lightning.core.loss_weights.token_target_boundaries` predicts (a trailing
 partial step is closed by the epoch's last micro-batch). The decision is taken from
-counts every rank knows alike, so every rank steps at the same micro-batch.
-
-How it runs on Lightning's automatic optimization (Lightning 2.6, read from its source):
-
-* The decision is made in ``on_train_batch_start``, before the batch runs, by setting the
-  public ``trainer.accumulate_grad_batches`` (as Lightning's own
-  ``GradientAccumulationScheduler`` and ``StochasticWeightAveraging`` callbacks do): ``1``
-  on a closing micro-batch, :data:`HOLD_ACCUMULATE_GRAD_BATCHES` on the others. After the
-  ``k``-th batch of an epoch the training epoch loop steps iff ``k % accumulate_grad_batches
-  == 0`` or the batch is the epoch's last (``_should_accumulate``), so:
-* The optimizer steps exactly on closing micro-batches and on the epoch's last one;
-  ``trainer.global_step`` counts those steps and the ``"step"``-interval LR scheduler steps
-  once after each (``update_lr_schedulers`` skips accumulating batches).
-* Under DDP, an accumulating micro-batch runs its whole closure (forward and backward)
-  inside ``_block_parallel_sync_behavior(strategy, block=True)``, i.e. DDP's ``no_sync``:
-  gradients are all-reduced once per optimizer step, by the closing micro-batch's backward.
-* Gradient clipping, AMP unscaling and ``on_before_optimizer_step`` (where the mixin
-  multiplies the gradients by ``1 / N``) run as for any automatic step.
-* Lightning divides the returned loss by ``accumulate_grad_batches``; the mixin already
-  multiplies by it, and both factors are powers of two, so the product is exact.
-* Lightning zeroes gradients before the backward of a batch whose index is a multiple of
-  ``accumulate_grad_batches``, which would wipe the accumulated gradients on a closing
-  micro-batch (``1`` divides every index); the mixin's ``optimizer_zero_grad`` is
-  therefore a no-op in this mode and gradients are zeroed right after each step.
+counts every rank knows alike, so every rank steps at the same micro-batch. How this
+rides on Lightning's automatic optimization is in ``docs/design.md`` ("How the loss rides
+on Lightning's hooks") and pinned by ``tests/unit/test_token_target.py``.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ def _is_count(value: object, minimum: int) -> bool:
 class ODBLoader:
     """Token-budget batches formed after preprocessing, aligned across ranks.
 
-    Workers fetch and validate samples; one collate process per rank keeps a window of
-    ``outstanding_depth`` samples, groups it under ``token_budget``, aligns each round
+    Workers fetch and validate samples; one collate process per rank keeps a grouping
+    window of samples, groups it under the token budget, aligns each round
     with the other ranks over its own Gloo channel and collates the steps. Every rank
     yields the same number of :class:`~odb_lightning.runtime.batch.ODBBatch` per epoch;
     IDLE batches (``meta.is_idle``) keep ranks in step. There is no ``__len__``: the step

@@ -1,6 +1,6 @@
 """Serialization of samples between a worker and the collate process.
 
-Up to ``outstanding_depth`` samples are in flight at once. Sent as tensors through a
+A whole grouping window of samples is in flight at once. Sent as tensors through a
 ``multiprocessing`` queue, each would hold a shared-memory file descriptor, and a deep
 window runs out of descriptors; plain ``pickle`` of a tensor goes through ``torch.save``,
 which is several times slower. So a sample is pickled into bytes with CPU tensors

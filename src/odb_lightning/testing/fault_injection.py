@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from odb_lightning.data.tokenizer import QwenTokenizer
+from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.testing.processes import descendants, listening_sockets
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.config import FIELD_NAMES, BatchingConfig
 from odb_lightning.core.simulate import simulate
 from odb_lightning.runtime import MetadataChannelError, ODBLoader, Rendezvous
 from odb_lightning.runtime.exchange import open_channel
@@ -143,8 +143,8 @@ def rank_main(rank: int, world_size: int, store_port: int, job: RankJob, results
 def silent_peer_main(rank: int, port: int, results: Any, release: Any) -> None:
     """Both ranks open a channel; rank 0 then all-gathers alone until it times out."""
     rendezvous = Rendezvous("127.0.0.1", port, rank, 2, prefix="silent")
-    settings = LoaderSettings(token_budget=64, outstanding_depth=4)
-    channel = open_channel(settings, rendezvous, generation=0, timeout_s=2.0)
+    config = BatchingConfig(token_budget=64, alignment_timeout_s=2.0)
+    channel = open_channel(config, rendezvous, generation=0)
     if rank == 1:
         release.get(timeout=60)  # stays connected but silent until the caller is done
     else:
@@ -262,14 +262,10 @@ def expected_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[
     shards = [
         SkewedShard(tuple(dataset.lengths), job.weights, rank)(epoch) for rank in range(world_size)
     ]
-    kwargs = job.loader_kwargs
+    config = BatchingConfig(**{k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES})
     steps = simulate(
         [[dataset.lengths[i] for i in shard] for shard in shards],
-        token_budget=kwargs["token_budget"],
-        window=kwargs["outstanding_depth"],
-        join=kwargs.get("join", True),
-        seed=kwargs.get("seed", 0),
-        max_steps_per_round=kwargs.get("max_steps_per_round", 8),
+        config,
         loss_tokens=[[dataset.num_loss_tokens(i) for i in shard] for shard in shards],
         epoch=epoch,
     )
