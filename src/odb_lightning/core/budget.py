@@ -34,11 +34,9 @@ class Budget:
             )
 
     def row_cost(self, longest: int) -> float:
-        """Cost of one padded row of ``longest`` tokens."""
         return longest + self.attention_weight * longest * longest
 
     def cost(self, group_size: int, longest: int) -> float:
-        """Cost of a group of ``group_size`` rows padded to ``longest`` tokens."""
         return group_size * self.row_cost(longest)
 
     def fits(self, group_size: int, longest: int) -> bool:

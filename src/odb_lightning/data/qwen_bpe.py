@@ -54,7 +54,7 @@ def read_bpe_ranks(vocab_file: str | Path) -> dict[bytes, int]:
 
 @functools.cache
 def _load_qwen_encoding(vocab_file: str) -> tiktoken.Encoding:
-    """Build the tiktoken Encoding once per process (about 0.3 s)."""
+    """Build the tiktoken Encoding once per process."""
     import tiktoken
 
     ranks = read_bpe_ranks(vocab_file)

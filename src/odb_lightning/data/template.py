@@ -9,7 +9,7 @@ closing ``<|im_end|>``: the model learns to answer and to stop, never to imitate
 the system prompt or the role headers.
 
 The header ``"{role}\\n"`` and the content are tokenized separately, so the supervised span
-starts exactly at the first content token. This matches the reference rendering
+starts exactly at the first content token. This matches tokenizing the whole rendered text
 token-for-token except when content starts with whitespace that BPE would merge with the
 header's newline (rare; every SFT framework that masks by span does the same).
 """

@@ -21,9 +21,6 @@ class ChatTokenizer(Protocol):
     """What the chat template and the length pass need from a tokenizer.
 
     Attributes:
-        im_start_id: Id of ``<|im_start|>``.
-        im_end_id: Id of ``<|im_end|>``.
-        eos_id: End-of-sequence id.
         pad_id: Padding id used by :func:`~odb_lightning.runtime.batch.pad_collate`.
         vocab_size: Number of ids the tokenizer can emit (ranks plus specials).
         fingerprint: Stable string that changes whenever token ids could change; it keys

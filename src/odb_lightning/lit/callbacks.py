@@ -58,15 +58,15 @@ def _ratio(numerator: float, denominator: float) -> float:
 class ODBMetricsCallback(pl.Callback):
     """Collects step metadata, logs throughput, writes the summary and the id audit.
 
+    Its counters are part of a checkpoint (per rank, with the training wall time), so the
+    step, sample and token figures of a resumed run's summary cover the whole run (the
+    data module's loader counters cover the resumed run); the id audit is appended to.
+
     Args:
         output_dir: Directory of the run (``summary.json`` and audit files go here).
         audit_ids: Write ``emitted_ids_rank{r}.jsonl``: one line per step with its sample
             ids (``[]`` for IDLE).
         log_every_n_steps: How often throughput is logged (a cross-rank reduction).
-
-    Its counters are part of a checkpoint (per rank, with the training wall time), so the
-    step, sample and token figures of a resumed run's summary cover the whole run (the
-    data module's loader counters cover the resumed run); the id audit is appended to.
     """
 
     def __init__(

@@ -42,6 +42,10 @@ def _without_augmentation(dataset: Dataset) -> Dataset:
 class ODBDataModule(pl.LightningDataModule):
     """Chat data, tokenized in the loader workers, batched by the configured mode.
 
+    Checkpoints resume mid-epoch exactly (``docs/design.md``, "The resume protocol"): the
+    batches a step has taken are counted in :meth:`on_before_batch_transfer`, so a
+    LightningModule that overrides that hook defers to this one.
+
     Args:
         source: ``sharegpt``, ``chitchat``, ``ultrachat``, ``jsonl`` or ``synthetic``.
         tokenizer: The chat tokenizer (``tokenizer`` config group).
@@ -58,10 +62,6 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
-
-    Checkpoints resume mid-epoch exactly (see ``docs/design.md``): the batches a step has
-    taken are counted in :meth:`on_before_batch_transfer`, so a LightningModule that
-    overrides that hook defers to this one.
     """
 
     def __init__(

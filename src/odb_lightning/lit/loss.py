@@ -29,14 +29,10 @@ class TokenWeightedLossMixin(pl.LightningModule):
     ``training_step`` returns :meth:`token_weighted_loss` of its summed token loss, which
     backpropagates ``W * sum_t l``; :meth:`on_before_optimizer_step` then multiplies every
     gradient by ``1 / N``, ``N`` being the global supervised-token count of the
-    micro-batches since the last optimizer step (the algebra is in
-    :mod:`odb_lightning.core.loss_weights`). ``N`` comes from ``meta.global_loss_tokens``,
-    or is counted locally and summed over ranks once per optimizer step (plain dict
-    batches, planned modes). IDLE micro-batches run a real forward/backward with zero
-    weight and count none of their dummy tokens; a step whose ``N`` is 0 zeroes the
-    gradients. Logged per optimizer step: ``train/loss`` (the global token-weighted mean)
-    and ``lr``. Where this sits among Lightning's hooks (accumulation, AMP unscaling,
-    clipping, callbacks) is in ``docs/design.md`` and pinned by ``tests/unit/test_lit_loss.py``.
+    micro-batches since the last optimizer step (the algebra:
+    :mod:`odb_lightning.core.loss_weights`; where ``N`` comes from, IDLE steps and the
+    hooks used: ``docs/design.md``, "How the loss rides on Lightning's hooks"). Logged per
+    optimizer step: ``train/loss`` (the global token-weighted mean) and ``lr``.
 
     Args:
         tokens_per_step: Step the optimizer once the global supervised tokens since the

@@ -75,28 +75,21 @@ def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str
 
 SAMPLES_SEEN_KEY = "odb_samples_seen"
 """Checkpoint key of the samples the sample-budget LR schedule has seen."""
+
+
 class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     """Trains a causal LM with the exact token-weighted loss of :class:`TokenWeightedLossMixin`.
 
-    Builds a randomly initialised Qwen2-architecture model from the architecture arguments,
-    or loads ``pretrained_path`` (a local ``save_pretrained`` directory; the architecture
-    arguments are then unused). The body runs through ``model.get_decoder()``
-    (``model.model``) for hidden states; the LM head and the cross-entropy run only on
-    supervised positions, in checkpointed chunks
-    (:func:`odb_lightning.lit.lm_head.chunked_lm_loss`). Every input except ``labels``
-    goes to the body; a packed row's ``cu_seqlens`` becomes its block-diagonal attention
-    (:func:`body_inputs`).
+    Builds a randomly initialised Qwen2 model whose ``Qwen2Config`` fields are the
+    architecture arguments (``vocab_size`` to ``tie_word_embeddings``), or loads
+    ``pretrained_path`` (a local ``save_pretrained`` directory; they are then unused). The
+    decoder body gets every input but ``labels``
+    (:func:`~odb_lightning.lit.packed_inputs.body_inputs`); the LM head scores only
+    supervised positions (:func:`~odb_lightning.lit.lm_head.chunked_lm_loss`).
 
     Args:
         pretrained_path: Local checkpoint directory, or ``None`` for a random init.
-        vocab_size: Vocabulary of the random init (ignored with ``token_id_fold``).
-        hidden_size: Width of the random init.
-        num_hidden_layers: Decoder layers of the random init.
-        num_attention_heads: Query heads of the random init.
-        num_key_value_heads: Key/value heads of the random init (grouped-query attention).
-        intermediate_size: MLP width of the random init.
-        max_position_embeddings: Longest position of the random init.
-        tie_word_embeddings: Share the embedding and LM-head matrix.
+        vocab_size: Ignored with ``token_id_fold``.
         token_id_fold: CPU benchmark stand-in: token ids are taken modulo this and the
             vocabulary shrinks to it, so the LM head stops dominating the cost (as it does
             not in a real LLM) while the real tokenizer and lengths are kept. Random init
@@ -104,14 +97,14 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         model_dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float64``.
         attn_implementation: ``transformers`` attention backend.
         loss_chunk_tokens: Supervised rows per LM-head chunk (peak logits memory).
-        lr: Peak learning rate of AdamW.
+        lr: Peak learning rate of AdamW (``betas`` are its betas).
         weight_decay: Decoupled weight decay of matrices (vectors are not decayed).
-        betas: AdamW betas.
         warmup_steps: Optimizer steps of linear warmup.
         min_lr_ratio: Final learning rate of the cosine as a fraction of ``lr``.
         scheduler: ``cosine`` or ``constant`` after warmup.
-        decay_steps: Optimizer steps of warmup plus cosine; ``None`` takes the trainer's
-            estimate (``trainer.max_steps`` when set).
+        decay_steps: Optimizer steps of warmup plus cosine; ``None``: the trainer's
+            estimate (``trainer.max_steps`` when set), else the samples planned for the
+            run (a sample-budget cosine).
         tokens_per_step: Step the optimizer once the global supervised tokens since the
             last step reach this (token-target steps, see
             :mod:`odb_lightning.lit.token_target`); ``None`` steps every

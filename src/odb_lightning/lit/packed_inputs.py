@@ -20,14 +20,15 @@ def body_inputs(
     """Keyword arguments of the decoder body: every input but ``labels``, with the
     boundaries of a packed row (``cu_seqlens``, ``max_seqlen``) in the backend's form.
 
-    Samples packed in one row must not attend to each other. ``flash_attention_2/3``
-    (which ``transformers`` only builds where flash-attn is installed) get the boundaries
-    as ``cu_seq_lens_q/k`` and ``max_length_q/k`` and run the varlen kernel, memory
-    linear in the row (UNTESTED here: no GPU, no flash-attn). Every other backend gets a
-    4-D block-diagonal causal mask (:func:`block_causal_mask`, ``N x N``: keep packed
-    rows to a few thousand tokens); ``transformers`` uses a 4-D mask as given instead of
-    building its causal one: bool for ``sdpa``, additive (0 or the dtype's min) for
-    ``eager``. Rotary positions come from the row's ``position_ids``.
+    ``flash_attention_2/3`` get them as ``cu_seq_lens_q/k`` and ``max_length_q/k`` (the
+    varlen kernel; covered only where flash-attn is installed); ``sdpa`` gets
+    :func:`block_causal_mask`, ``eager`` the same mask as an additive one (0 or the
+    dtype's min). How ``transformers`` takes each form: ``docs/design.md``, "Packed rows
+    and the attention backends".
+
+    Raises:
+        ValueError: For another backend, or a model with sliding-window layers without
+            flash attention.
     """
     body = {k: v for k, v in inputs.items() if k not in ("labels", "cu_seqlens", "max_seqlen")}
     if "cu_seqlens" not in inputs:

@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
 """Version of the dictionary :func:`pack_state` writes."""
 IDENTITY_RECORDS = 64
-"""Records whose ids (evenly spaced over the source) identify the data in a checkpoint."""
+"""At least this many evenly spaced records (all, if fewer) are digested, ids and content,
+into the data identity of a checkpoint."""
 
 
 def data_identity(

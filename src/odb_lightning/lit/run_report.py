@@ -36,10 +36,8 @@ class RunReport:
     """This rank's view of the run, for the summary.
 
     Attributes:
-        batching: The batching settings the run used.
         facts: What the run was (source, regime, max_seq_len, train samples, length
             cache time, source record counts).
-        counters: This rank's loader counters.
         skipped_sample_ids: Dataset indices this rank skipped as bad samples.
         round_latency_s: This rank's alignment round latencies.
     """

@@ -24,10 +24,9 @@ from odb_lightning.runtime.rendezvous import Rendezvous, host_rendezvous
 class ODBStrategy(DDPStrategy):
     """DDP that owns the ODB metadata rendezvous and neutralizes IDLE steps.
 
-    After the default process group is up, rank 0 starts a dedicated ``TCPStore`` (a
-    free port) and every rank learns its address once; each ODB loader then builds its
-    own Gloo channel from it (see :meth:`metadata_rendezvous`). The training group (NCCL
-    or Gloo) is never used for the per-round metadata.
+    After the default process group is up, rank 0 hosts a dedicated ``TCPStore`` whose
+    address every rank learns once; each ODB loader builds its own Gloo channel on it
+    (:meth:`metadata_rendezvous`), so the training group never carries the metadata.
     """
 
     strategy_name = "odb_ddp"

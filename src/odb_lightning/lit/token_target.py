@@ -5,8 +5,8 @@ count since the last optimizer step reaches ``N``; the step then closes on the m
 :func:`odb_lightning.core.loss_weights.token_target_boundaries` predicts (a trailing
 partial step is closed by the epoch's last micro-batch). The decision is taken from
 counts every rank knows alike, so every rank steps at the same micro-batch. How this
-rides on Lightning's automatic optimization is in ``docs/design.md`` ("How the loss rides
-on Lightning's hooks") and pinned by ``tests/unit/test_token_target.py``.
+rides on Lightning's automatic optimization: ``docs/design.md``, "How the loss rides on
+Lightning's hooks".
 """
 
 from __future__ import annotations

@@ -124,9 +124,7 @@ class EpochRunner:
 
     Args:
         config: Batching settings (identical on every rank: the handshake checked it).
-        rank: This rank.
         channel: The metadata exchange, already past its settings handshake.
-        source: Where samples come from.
         slots: Output capacity; ``Q`` slots are held across each round.
         collate_fn: Builds model inputs from one step's samples.
         pad_id: Token id of the IDLE dummy sample.

@@ -88,9 +88,7 @@ class GlooChannel:
             group.shutdown()
 
 
-def open_channel(
-    config: BatchingConfig, rendezvous: Rendezvous | None, generation: int
-) -> Channel:
+def open_channel(config: BatchingConfig, rendezvous: Rendezvous | None, generation: int) -> Channel:
     """Connect the channel and check that every rank runs the same loader settings.
 
     Raises:

@@ -31,25 +31,20 @@ def _is_count(value: object, minimum: int) -> bool:
 
 
 class ODBLoader:
-    """Token-budget batches formed after preprocessing, aligned across ranks.
+    """Token-budget batches formed after preprocessing, aligned across ranks (the pipeline:
+    ``docs/design.md``, "One sample, from the dataset to the loss").
 
-    Workers fetch and validate samples; one collate process per rank keeps a grouping
-    window of samples, groups it under the token budget, aligns each round
-    with the other ranks over its own Gloo channel and collates the steps. Every rank
-    yields the same number of :class:`~odb_lightning.runtime.batch.ODBBatch` per epoch;
-    IDLE batches (``meta.is_idle``) keep ranks in step. There is no ``__len__``: the step
-    count is known only at the end of the epoch (see :attr:`last_epoch_stats`).
+    Every rank yields the same number of :class:`~odb_lightning.runtime.batch.ODBBatch`
+    per epoch; IDLE batches (``meta.is_idle``) keep ranks in step. There is no
+    ``__len__``: the step count is known only at the end of the epoch
+    (:attr:`last_epoch_stats`).
 
     World size and rank come from the initialized default process group, if any. With
     several ranks, building the loader is a collective (rank 0 shares the address of the
     channel's store) unless ``rendezvous`` is given. Call :meth:`set_epoch` before each
     epoch, as with ``DistributedSampler``, and :meth:`close` (or use ``with``) at the end.
-
-    Exact mid-epoch resume: :meth:`state_dict` records the samples consumed so far in the
-    epoch over all ranks (a collective over the default process group when there are
-    several ranks), :meth:`load_state_dict` makes the next iteration run the rest of that
-    epoch, re-reading samples that were buffered but not emitted (see
-    :mod:`~odb_lightning.runtime.resume`).
+    :meth:`state_dict` and :meth:`load_state_dict` give exact mid-epoch resume (the
+    contract: :mod:`~odb_lightning.runtime.resume`).
 
     Args:
         dataset: Map-style dataset of ``{"input_ids": LongTensor[L], "labels": ...}``.

@@ -7,10 +7,9 @@ Ranks that get fewer batches are topped up with IDLE batches, so every rank yiel
 same number of steps, as with :class:`~odb_lightning.runtime.loader.ODBLoader`, and no
 sample is duplicated (``DistributedSampler`` pads by repeating samples instead).
 
-Exact mid-epoch resume (:mod:`~odb_lightning.runtime.resume`): the plan of a resumed
-epoch leaves out the samples consumed before the checkpoint, so an unchanged plan goes
-on with the next batch of the uninterrupted run; the rest is dealt to the ranks there are
-now. Every rank knows the whole plan, so the consumed ids need no collective.
+Resume (:mod:`~odb_lightning.runtime.resume`): a resumed epoch runs its plan without the
+consumed samples, dealt to the ranks there are now, so an unchanged plan goes on with the
+next batch of the uninterrupted run. Every rank knows the plan: saving needs no collective.
 """
 
 from __future__ import annotations
@@ -227,9 +226,8 @@ class PlannedLoader:
         return self.batches.epoch
 
     def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
-        """The epoch and the samples consumed in it on every rank (see
-        :meth:`ODBLoader.state_dict <odb_lightning.runtime.loader.ODBLoader.state_dict>`;
-        no collective: every rank knows the plan)."""
+        """As :meth:`ODBLoader.state_dict <odb_lightning.runtime.loader.ODBLoader.state_dict>`,
+        without a collective."""
         return self._resume.state(self.batches.epoch, consumed_steps, self._everywhere)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
