@@ -53,7 +53,7 @@ DRY_RUN_OVERRIDES = [
     "model.intermediate_size=128",
     "model.token_id_fold=4096",
     "model.loss_chunk_tokens=1024",
-    "data.num_workers=1",
+    "batching.num_workers=1",
 ]
 
 
@@ -71,7 +71,7 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
         f"data.max_seq_len={args.max_seq_len}",
         f"data.max_samples={args.samples}",
         "data.val_samples=0",
-        f"data.num_workers={args.num_workers}",
+        f"batching.num_workers={args.num_workers}",
         f"data.length_cache_dir={out_dir.parent / 'length_cache'}",
         f"batching.token_budget={args.token_budget}",
         f"batching.outstanding_depth={args.outstanding_depth}",
@@ -88,7 +88,7 @@ def run_child(overrides: list[str]) -> None:
     from transformers import Qwen2Config
 
     from odb_lightning.app.train import run
-    from odb_lightning.lit.module import flops_per_token
+    from odb_lightning.lit.flops import flops_per_token
 
     @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="train")
     def train_arm(cfg: DictConfig) -> None:

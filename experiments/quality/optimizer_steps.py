@@ -1,6 +1,6 @@
 """The optimizer steps each arm of the quality study takes, predicted before training.
 
-Both loaders replay exactly: ``standard`` is ``plan_epoch(..., "standard")`` over the
+Both loaders replay exactly: ``standard`` is ``plan_epoch(..., mode="standard")`` over the
 training positions, and ``odb`` is the simulator over the loader's shard order. So every
 arm's optimizer steps (which samples, how many supervised tokens) and its learning rate
 at each step are known from the data alone. That is what picks ``tokens_per_step`` and
@@ -15,9 +15,10 @@ from typing import Any
 
 from odb_lightning.core.loss_weights import token_target_boundaries
 from odb_lightning.core.order import shard_indices
-from odb_lightning.core.plan import plan_epoch
+from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.simulate import simulate
-from odb_lightning.lit.module import LRSchedule, lr_factor
+from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.sample import inspect_sample
 
 
 @dataclass
@@ -32,22 +33,18 @@ class EpochBatches:
 
 def predict_batches(cfg: Any, datamodule: Any, batching: Any, epochs: int) -> EpochBatches:
     """Every epoch's micro-batches of ``standard`` (batch 8) and ``odb`` on this data."""
-    from odb_lightning.runtime.samples import inspect_sample
-
     train = datamodule.train_indices
     stats = {i: inspect_sample(datamodule.dataset[i], i, cfg.data.max_seq_len) for i in train}
     standard, odb = [], []
     for epoch in range(epochs):
-        plan = plan_epoch([1] * len(train), "standard", token_budget=1, batch_size=8,
-                          seed=cfg.seed, epoch=epoch)  # fmt: skip
+        plan = plan_epoch(
+            [1] * len(train), batching, mode="standard", batch_size=8, epoch=epoch
+        )
         standard.append([[train[p] for p in batch] for batch in plan])
-        order = [train[p] for p in shard_indices(len(train), 1, 0, cfg.seed, epoch)]
+        order = [train[p] for p in shard_indices(len(train), 1, 0, batching.seed, epoch)]
         (steps,) = simulate(
             [[stats[i].length for i in order]],
-            token_budget=batching.token_budget,
-            window=batching.outstanding_depth,
-            seed=cfg.seed,
-            max_steps_per_round=batching.max_steps_per_round,
+            batching,
             loss_tokens=[[stats[i].num_loss_tokens for i in order]],
             epoch=epoch,
         )

@@ -85,8 +85,8 @@ def plan_arms(args: argparse.Namespace) -> dict[str, Any]:
     # The length cache (a Hydra-runtime path) is for length-pass modes; odb does not use it.
     cfg = compose([*common_overrides(args), *arm_overrides("odb", 0), "data.length_cache_dir=null"])
     batching = hydra.utils.instantiate(cfg.batching)
-    datamodule = hydra.utils.instantiate(
-        cfg.data, tokenizer=hydra.utils.instantiate(cfg.tokenizer), batching=batching, seed=cfg.seed
+    datamodule = hydra.utils.instantiate(cfg.data, _partial_=True)(
+        tokenizer=hydra.utils.instantiate(cfg.tokenizer), batching=batching
     )
     datamodule.setup("fit")
     batches = predict_batches(cfg, datamodule, batching, args.epochs)

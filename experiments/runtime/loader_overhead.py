@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from experiments.common import results_meta
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.wire import message_length
 from odb_lightning.runtime import ODBLoader, Rendezvous
 from odb_lightning.runtime.exchange import open_channel
@@ -209,9 +209,9 @@ def _rank_latency(rank: int, world_size: int, port: int, results: Any) -> None:
         rounds = list(loader.last_epoch_stats.round_latency_s)
     # Bare all-gathers of one round message on a fresh channel, back to back.
     rendezvous = Rendezvous("127.0.0.1", port, rank, world_size, prefix="bare")
-    settings = LoaderSettings(token_budget=8192, outstanding_depth=128)
-    channel = open_channel(settings, rendezvous, generation=0, timeout_s=60.0)
-    message, bare = [0] * message_length(settings.max_steps_per_round), []
+    config = BatchingConfig(token_budget=8192, outstanding_depth=128, alignment_timeout_s=60.0)
+    channel = open_channel(config, rendezvous, generation=0)
+    message, bare = [0] * message_length(config.max_steps_per_round), []
     for _ in range(500):
         started = time.perf_counter()
         channel.allgather(message, "benchmark")

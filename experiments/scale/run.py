@@ -33,7 +33,7 @@ from pathlib import Path
 from experiments.common import results_meta
 from experiments.scale.shards import deal, draw_lengths, sharegpt_lengths, simulate_figures
 from odb_lightning.core.alignment import plan_round
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.simulate import simulate
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow
@@ -46,7 +46,7 @@ SIMULATED_WORLDS = (2, 4, 8, 16, 64, 256, 1024)
 BUDGET = 16384
 
 
-def plan_seconds(world: int, settings: LoaderSettings) -> float:
+def plan_seconds(world: int, settings: BatchingConfig) -> float:
     """Time of planning one round from ``world`` reports (what each rank computes)."""
     windows = []
     for rank in range(world):
@@ -64,7 +64,7 @@ def plan_seconds(world: int, settings: LoaderSettings) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def bytes_received_per_round(world: int, settings: LoaderSettings) -> int:
+def bytes_received_per_round(world: int, settings: BatchingConfig) -> int:
     return world * message_length(settings.max_steps_per_round) * 8
 
 
@@ -79,7 +79,7 @@ def percentiles_ms(values: list[float]) -> dict[str, float]:
 
 def simulated_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     lengths, resampled = draw_lengths(real, world * per_rank, seed=world)
-    settings = LoaderSettings(token_budget=BUDGET, outstanding_depth=depth)
+    settings = BatchingConfig(token_budget=BUDGET, outstanding_depth=depth)
     figures = asdict(simulate_figures(lengths, world, depth, BUDGET, resampled=resampled))
     return figures | {
         "kind": "simulated",
@@ -107,8 +107,7 @@ def real_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     shards = deal(list(range(len(lengths))), world)  # dataset indices, in arrival order
     expected = simulate(
         [[lengths[i] for i in shard] for shard in shards],
-        token_budget=BUDGET,
-        window=depth,
+        BatchingConfig(token_budget=BUDGET, outstanding_depth=depth),
         loss_tokens=[[dataset.num_loss_tokens(i) for i in shard] for shard in shards],
     )
     matches = all(
@@ -122,7 +121,7 @@ def real_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     if len(steps) != 1:
         raise RuntimeError(f"ranks ran different step counts: {sorted(steps)}")
     padded = sum(m.local_padded_tokens for m in metas if not m.is_idle)
-    settings = LoaderSettings(token_budget=BUDGET, outstanding_depth=depth)
+    settings = BatchingConfig(token_budget=BUDGET, outstanding_depth=depth)
     return {
         "kind": "real gloo",
         "world_size": world,

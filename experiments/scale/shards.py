@@ -10,7 +10,7 @@ Shared by the scale study (``run.py`` here) and the ablation (``experiments/abla
   empirical distribution, e.g. 64 ranks x 2,185); then dealt as production deals them
   (``core.order.shard_indices``: a seeded shuffle, every ``world``-th index).
 * Oracle: global longest-first packing of all lengths under the budget
-  (``plan_epoch(..., "oracle")``), its steps divided by ``world``: what one rank holding
+  (``plan_epoch(..., mode="oracle")``), its steps divided by ``world``: what one rank holding
   every length would need, the floor for any aligned schedule.
 """
 
@@ -20,9 +20,9 @@ import random
 import time
 from dataclasses import dataclass
 
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.plan import plan_epoch
-from odb_lightning.core.settings import LoaderSettings
+from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.simulate import simulate_epoch
 
 MAX_SEQ_LEN = 4096
@@ -72,7 +72,7 @@ class EpochFigures:
 
 
 def oracle_steps_per_rank(lengths: list[int], world: int, token_budget: int) -> float:
-    return len(plan_epoch(lengths, "oracle", token_budget=token_budget)) / world
+    return len(plan_epoch(lengths, mode="oracle", token_budget=token_budget)) / world
 
 
 def simulate_figures(
@@ -86,9 +86,9 @@ def simulate_figures(
 ) -> EpochFigures:
     """Simulate one epoch of ``lengths`` dealt over ``world`` ranks with window ``depth``."""
     shards = deal(lengths, world)
-    settings = LoaderSettings(token_budget=token_budget, outstanding_depth=depth)
+    config = BatchingConfig(token_budget=token_budget, outstanding_depth=depth)
     started = time.perf_counter()
-    result = simulate_epoch(shards, settings)
+    result = simulate_epoch(shards, config)
     elapsed = time.perf_counter() - started
     groups = [s.group for rank in result.steps for s in rank if s.group is not None]
     padded = sum(g.num_padded_tokens for g in groups)

@@ -42,10 +42,10 @@ from experiments.throughput.throughput_report import (
     summarize,
     summarize_grouping,
 )
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.loss_weights import rank_loss_scale
-from odb_lightning.lit.batching import BatchingConfig
 from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.plans import epoch_plan
+from odb_lightning.lit.planned_mode import epoch_plan
 
 HERE = Path(__file__).resolve().parent
 # Samples per regime: about the same compute per regime (more of the short ones).
@@ -154,8 +154,10 @@ def group_whole_regime(
     records = {arm: replay_epoch(make_arm(arm, full, settings)) for arm in ("odb", "reference")}
     for arm, mode, knobs in (("standard_bs8", "standard", {"batch_size": 8}),
                              ("oracle", "oracle", {})):  # fmt: skip
-        config = BatchingConfig(mode=mode, token_budget=settings.token_budget, **knobs)
-        plan = epoch_plan(full.lengths, config, settings.seed, len(full.lengths))(0)
+        config = BatchingConfig(
+            mode=mode, token_budget=settings.token_budget, seed=settings.seed, **knobs
+        )
+        plan = epoch_plan(full.lengths, config, len(full.lengths))(0)
         records[arm] = plan_record(plan, full)
     for arm, record in records.items():
         check_coverage(full, arm, record)

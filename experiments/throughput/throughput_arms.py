@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import ChatDataset, LengthStats, load_source, load_tokenizer
-from odb_lightning.lit.batching import BatchingConfig
-from odb_lightning.lit.plans import epoch_plan
+from odb_lightning.lit.planned_mode import epoch_plan
 from odb_lightning.runtime import ODBLoader
-from odb_lightning.runtime.batch import pack_collate, pad_collate
+from odb_lightning.runtime.batch import pad_collate
 from odb_lightning.runtime.planned import PlannedLoader
 
 ARMS = (
@@ -133,11 +133,11 @@ def p99_batch_size(data: BenchData, token_budget: int) -> int:
 
 
 def _planned(data: BenchData, settings: ArmSettings, batching: BatchingConfig) -> PlannedLoader:
-    plan = epoch_plan(data.lengths, batching, settings.seed, len(data.lengths))
+    plan = epoch_plan(data.lengths, batching, len(data.lengths))
     return PlannedLoader(
         data.dataset,
         plan,
-        num_workers=settings.num_workers,
+        batching,
         pad_id=settings.pad_id,
         max_seq_len=settings.max_seq_len,
         loss_tokens=data.loss_tokens,
@@ -186,7 +186,13 @@ def make_arm(
     budget = settings.token_budget
 
     def batching(mode: str, **knobs: Any) -> BatchingConfig:
-        return BatchingConfig(mode=mode, token_budget=budget, **knobs)
+        return BatchingConfig(
+            mode=mode,
+            token_budget=budget,
+            seed=settings.seed,
+            num_workers=settings.num_workers,
+            **knobs,
+        )
 
     planned = {
         "standard_bs8": batching("standard", batch_size=8),
@@ -198,19 +204,11 @@ def make_arm(
     if arm in planned:
         return lambda: _ours(_planned(data, settings, planned[arm]))
     if arm in ("odb", "odb_packed"):
-        packed = arm == "odb_packed"
+        config = batching(arm, outstanding_depth=settings.outstanding_depth)
 
         def online() -> Iterator[dict[str, Any]]:
             loader = ODBLoader(
-                data.dataset,
-                token_budget=budget,
-                outstanding_depth=settings.outstanding_depth,
-                num_workers=settings.num_workers,
-                collate_fn=pack_collate if packed else None,
-                seed=settings.seed,
-                max_seq_len=settings.max_seq_len,
-                pad_id=settings.pad_id,
-                packed=packed,
+                data.dataset, config, max_seq_len=settings.max_seq_len, pad_id=settings.pad_id
             )
             return _ours(loader)
 

@@ -22,8 +22,8 @@ from helpers.tiny_lm import (
     seeded_samples,
     tiny_module,
 )
-from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.flops import flops_per_token
+from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
 from odb_lightning.lit.module import CausalLMModule
 

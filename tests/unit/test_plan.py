@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_lightning.core.budget import Budget
+from odb_lightning.core.config import BatchingMode
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.config import BatchingMode
 from odb_lightning.core.planners import (
     bucket_of,
     pack_in_order,

@@ -9,8 +9,8 @@ from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.window import Step
 from odb_lightning.runtime import BadSampleError, idle_sample, pad_collate
 from odb_lightning.runtime.batch import make_step_meta
-from odb_lightning.sample import inspect_sample
 from odb_lightning.runtime.transport import dump_sample, load_sample
+from odb_lightning.sample import inspect_sample
 
 
 def _ids(*values: int) -> torch.Tensor:

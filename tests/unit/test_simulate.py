@@ -8,8 +8,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb_lightning.core.order import make_rng
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import make_rng
 from odb_lightning.core.simulate import simulate, simulate_epoch
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from odb_lightning.core.alignment import AlignmentError, plan_round
-from odb_lightning.core.order import make_rng
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import make_rng
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round
 
