@@ -47,8 +47,12 @@ OWN_LAYERS = {
     "runtime": {"core", "sample", "runtime"},
     "data": {"core", "sample", "data"},
     "lit": {"core", "sample", "runtime", "data", "lit"},
+    # What tests and experiments share (process harness, fault injection); nothing in the
+    # package imports it.
+    "testing": {"core", "sample", "runtime", "data", "lit", "testing"},
 }
 THIRD_PARTY["sample"] = {"torch"}
+THIRD_PARTY["testing"] = {"torch", "psutil", "lightning", "typing_extensions"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -86,6 +90,16 @@ def violations(layer: str) -> list[str]:
 @pytest.mark.parametrize("layer", sorted(OWN_LAYERS))
 def test_layer_imports_only_downwards(layer: str) -> None:
     assert violations(layer) == []
+
+
+def test_nothing_but_testing_imports_testing() -> None:
+    outside = [p for p in SRC.rglob("*.py") if "testing" not in p.relative_to(SRC).parts]
+    importers = [
+        str(p.relative_to(SRC))
+        for p in outside
+        if any(n.startswith("odb_lightning.testing") for n in imported_roots(p))
+    ]
+    assert importers == []
 
 
 def test_data_never_imports_the_runtime() -> None:
