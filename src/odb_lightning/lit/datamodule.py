@@ -27,7 +27,7 @@ from odb_lightning.lit.run_report import RunReport
 from odb_lightning.lit.strategy import ODBStrategy
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
-from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.rendezvous import MetadataStore, Rendezvous
 
 
 def _without_augmentation(dataset: Dataset) -> Dataset:
@@ -53,8 +53,7 @@ class ODBDataModule(pl.LightningDataModule):
             its ``seed`` also draws the validation split.
         path: ``ultrachat`` parquet file/dir or hub name; ``jsonl`` file.
         regime: ShareGPT ``whole``, ``first_exchange`` or ``mix``; for ``synthetic`` a
-            length profile name (``sharegpt_whole``, ``sharegpt_first_exchange``,
-            ``sharegpt_mix``).
+            length profile (``sharegpt_whole``, ``_first_exchange``, ``_mix``).
         max_seq_len: Samples are right-truncated to this many tokens.
         max_samples: Cap on the records read from the source (train + validation).
         val_samples: Records held out for validation (a seeded choice); 0 = no validation.
@@ -100,12 +99,10 @@ class ODBDataModule(pl.LightningDataModule):
 
     # -- data ---------------------------------------------------------------------------
     def _source_arguments(self) -> dict[str, Any]:
-        return {
-            "name": self.source,
-            "path": self.path,
-            "regime": self.regime,
+        seed = self.batching.seed
+        return {"name": self.source, "path": self.path, "regime": self.regime} | {
             "max_samples": self.max_samples,
-            "seed": self.batching.seed,
+            "seed": seed,
         }
 
     def _load_dataset(self) -> Dataset:
@@ -169,9 +166,12 @@ class ODBDataModule(pl.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
 
-    def _rendezvous(self, name: str) -> Rendezvous | None:
+    def _metadata(self, name: str) -> tuple[Rendezvous | None, MetadataStore | None]:
+        """The ODB strategy's metadata rendezvous for loader ``name``, and its store."""
         strategy = self.trainer.strategy if self.trainer else None
-        return strategy.metadata_rendezvous(name) if isinstance(strategy, ODBStrategy) else None
+        if not isinstance(strategy, ODBStrategy):
+            return None, None
+        return strategy.metadata_rendezvous(name), strategy.metadata_store
 
     def _planned_loader(
         self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
@@ -190,11 +190,13 @@ class ODBDataModule(pl.LightningDataModule):
 
     def _build_train_loader(self) -> ODBLoader | PlannedLoader:
         if self.batching.mode in ONLINE_MODES:
+            rendezvous, store = self._metadata("train")
             return ODBLoader(
                 self.dataset,
                 self.batching,
                 shard=TrainShard(self.train_indices, *self._world(), self.batching.seed),
-                rendezvous=self._rendezvous("train"),
+                rendezvous=rendezvous,
+                metadata_store=store,
                 pad_id=self.tokenizer.pad_id,
                 max_seq_len=self.max_seq_len,
             )

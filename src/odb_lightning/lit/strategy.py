@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from typing_extensions import override
 
 from odb_lightning.lit.idle_steps import zero_weight
 from odb_lightning.runtime.batch import ODBBatch
-from odb_lightning.runtime.rendezvous import Rendezvous, host_rendezvous
+from odb_lightning.runtime.rendezvous import MetadataStore, Rendezvous, host_rendezvous
 
 
 class ODBStrategy(DDPStrategy):
@@ -34,12 +33,17 @@ class ODBStrategy(DDPStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rendezvous: Rendezvous | None = None
-        self._store: dist.TCPStore | None = None
+        self._store: MetadataStore | None = None
 
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
         self._rendezvous, self._store = host_rendezvous(self.world_size, self.global_rank)
+
+    @property
+    def metadata_store(self) -> MetadataStore | None:
+        """This rank's handle on the metadata store (after ``setup_environment``)."""
+        return self._store
 
     def metadata_rendezvous(self, name: str) -> Rendezvous:
         """The rendezvous for the loader called ``name`` (unique per loader in a job).

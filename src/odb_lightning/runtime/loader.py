@@ -8,8 +8,6 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-import torch.distributed as dist
-
 from odb_lightning.core.config import ONLINE_MODES, BatchingConfig, resolve_config
 from odb_lightning.core.order import shard_indices
 from odb_lightning.runtime.batch import CollateFn, ODBBatch, pack_collate, pad_collate
@@ -17,7 +15,12 @@ from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.pipeline import Pipeline
-from odb_lightning.runtime.rendezvous import Rendezvous, default_world, host_rendezvous
+from odb_lightning.runtime.rendezvous import (
+    MetadataStore,
+    Rendezvous,
+    default_world,
+    host_rendezvous,
+)
 from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
 from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.worker import MapDataset
@@ -56,6 +59,10 @@ class ODBLoader:
         shard: ``shard(epoch) -> indices`` of this rank; default: a seeded shuffle split
             by rank (:func:`~odb_lightning.core.order.shard_indices`).
         rendezvous: The metadata channel's store address and this rank's place.
+        metadata_store: This rank's handle on that store, which makes rank 0 fork its
+            processes before the other ranks (see
+            :class:`~odb_lightning.runtime.rendezvous.MetadataStore`); give it with
+            ``rendezvous`` (built by ``host_rendezvous`` when neither is given).
         pad_id: Padding token id of the default collate and of IDLE batches.
         max_seq_len: Longer samples are bad samples (``None``: no limit).
         **knobs: ``BatchingConfig`` fields that replace those of ``config``, or make a
@@ -70,6 +77,7 @@ class ODBLoader:
         collate_fn: CollateFn | None = None,
         shard: ShardFn | None = None,
         rendezvous: Rendezvous | None = None,
+        metadata_store: MetadataStore | None = None,
         pad_id: int = 0,
         max_seq_len: int | None = None,
         **knobs: Any,
@@ -94,7 +102,7 @@ class ODBLoader:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._shard = shard
-        self._store: dist.TCPStore | None = None
+        self._store = metadata_store
         if rendezvous is None:
             world_size, rank = default_world()
             if world_size > 1:
@@ -209,20 +217,31 @@ class ODBLoader:
         if channel is not None:
             channel.close()
 
+    def _start_pipeline(self, generation: int) -> Pipeline:
+        """The worker and collate processes of ``generation``; rank 0 forks first."""
+        ordered = self._store is not None and self._rendezvous is not None
+        prefix = self._rendezvous.channel_prefix(generation) if ordered else ""
+        if ordered:
+            self._store.wait_for_rank_zero(prefix, self.config.alignment_timeout_s)
+        pipeline = Pipeline(
+            self.dataset,
+            self.config,
+            self.collate_fn,
+            rank=self.rank,
+            rendezvous=self._rendezvous,
+            generation=generation,
+            max_seq_len=self.max_seq_len,
+            pad_id=self.pad_id,
+        )
+        if ordered:
+            self._store.rank_zero_started(prefix)
+        return pipeline
+
     def _iterate_with_processes(self) -> Generator[ODBBatch, None, None]:
         if self._pipeline is not None and self._epoch_active:
             self._close_pipeline(graceful=False)  # the last epoch was abandoned midway
         if self._pipeline is None:
-            self._pipeline = Pipeline(
-                self.dataset,
-                self.config,
-                self.collate_fn,
-                rank=self.rank,
-                rendezvous=self._rendezvous,
-                generation=self._next_generation(),
-                max_seq_len=self.max_seq_len,
-                pad_id=self.pad_id,
-            )
+            self._pipeline = self._start_pipeline(self._next_generation())
         pipeline, epoch = self._pipeline, self._epoch
         record, indices = self._begin_epoch(epoch)
         pipeline.start_epoch(epoch, indices)
