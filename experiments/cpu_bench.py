@@ -22,7 +22,7 @@ def build_cpu_bench(seed: int = 0) -> CausalLMModule:
     """``cpu_bench.yaml``'s architecture, initialised from ``seed``."""
     bench = OmegaConf.load(CONFIG)
     torch.manual_seed(seed)
-    return CausalLMModule(
+    module = CausalLMModule(
         hidden_size=bench.hidden_size,
         num_hidden_layers=bench.num_hidden_layers,
         num_attention_heads=bench.num_attention_heads,
@@ -30,8 +30,10 @@ def build_cpu_bench(seed: int = 0) -> CausalLMModule:
         intermediate_size=bench.intermediate_size,
         token_id_fold=bench.token_id_fold,
     )
+    module.configure_model()
+    return module
 
 
 def cpu_bench_config() -> PretrainedConfig:
     """The stand-in's model config (what ``flops_per_token`` reads)."""
-    return build_cpu_bench().model.config
+    return CausalLMModule(token_id_fold=OmegaConf.load(CONFIG).token_id_fold).random_init

@@ -37,9 +37,7 @@ def predict_batches(cfg: Any, datamodule: Any, batching: Any, epochs: int) -> Ep
     stats = {i: inspect_sample(datamodule.dataset[i], i, cfg.data.max_seq_len) for i in train}
     standard, odb = [], []
     for epoch in range(epochs):
-        plan = plan_epoch(
-            [1] * len(train), batching, mode="standard", batch_size=8, epoch=epoch
-        )
+        plan = plan_epoch([1] * len(train), batching, mode="standard", batch_size=8, epoch=epoch)
         standard.append([[train[p] for p in batch] for batch in plan])
         order = [train[p] for p in shard_indices(len(train), 1, 0, batching.seed, epoch)]
         (steps,) = simulate(

@@ -96,6 +96,7 @@ def train_epoch(
     The clock runs from building the loader (its processes start inside) to the last
     optimizer step, so start-up and window fill are paid by every arm.
     """
+    model.configure_model()  # builds the model once (a no-op when built)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
     record = EpochRecord(load_average=list(os.getloadavg()))
     started, cpu_started = time.perf_counter(), time.process_time()

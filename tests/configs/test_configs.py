@@ -35,6 +35,7 @@ def test_experiment_composes_and_instantiates(experiment: str, tmp_path: Path) -
     assert batching.mode in set(BatchingMode)
     assert cfg.experiment_name == experiment
     model = instantiate_checked(cfg.model, "model")
+    model.configure_model()
     assert sum(p.numel() for p in model.parameters()) > 0
     for logger in cfg.logger.values():
         assert hydra.utils.instantiate(logger) is not None
@@ -44,8 +45,16 @@ def test_experiment_composes_and_instantiates(experiment: str, tmp_path: Path) -
 def test_trainer_preset_composes(trainer: str, tmp_path: Path) -> None:
     cfg = compose_train(tmp_path, [f"trainer={trainer}"])
     assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
-    if trainer in ("ddp_cpu", "gpu8"):
-        assert cfg.trainer.strategy._target_.endswith("ODBStrategy")
+    strategies = {
+        "ddp_cpu": "DDPStrategy",
+        "gpu8": "DDPStrategy",
+        "fsdp_cpu": "FSDP2Strategy",
+        "gpu8_fsdp": "FSDP2Strategy",
+    }
+    if trainer in strategies:
+        assert cfg.trainer.strategy._target_.endswith(strategies[trainer])
+        strategy = hydra.utils.instantiate(cfg.trainer.strategy)
+        assert type(strategy).__name__ == strategies[trainer]
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 from torch.nn.utils import vector_to_parameters
 from torch.utils.data import DataLoader
 
@@ -38,9 +39,11 @@ def tiny_arguments(**overrides: Any) -> dict[str, Any]:
 
 
 def tiny_module(module_class: type[ModuleT] = CausalLMModule, **overrides: Any) -> ModuleT:
-    """A tiny module with seeded (reproducible) initial weights."""
+    """A tiny module with seeded (reproducible) initial weights, its model built."""
     torch.manual_seed(0)
-    return module_class(**tiny_arguments(**overrides))
+    module = module_class(**tiny_arguments(**overrides))
+    module.configure_model()
+    return module
 
 
 def make_sample(length: int, prompt: int, seed: int, vocab: int = VOCAB) -> Sample:
@@ -95,6 +98,28 @@ def flat_grad(module: torch.nn.Module) -> Tensor:
     return torch.cat([p.grad.reshape(-1) for p in module.parameters()]).clone()
 
 
+def trainable_grad(module: torch.nn.Module) -> Tensor:
+    """The flat gradient of the parameters that require one (LoRA: the adapters)."""
+    return torch.cat([p.grad.reshape(-1) for p in module.parameters() if p.requires_grad]).clone()
+
+
+def whole(tensor: Tensor) -> Tensor:
+    """The whole tensor of a sharded ``DTensor`` (a collective: every rank must call it in
+    the same order), or ``tensor`` itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def gathered_params(module: torch.nn.Module) -> Tensor:
+    """Every parameter, flat and whole (FSDP2 shards gathered), as :func:`flat_params`."""
+    return torch.cat([whole(p.detach()).reshape(-1) for p in module.parameters()]).clone()
+
+
+def gathered_trainable_grad(module: torch.nn.Module) -> Tensor:
+    """The flat, whole gradient of the trainable parameters, as :func:`trainable_grad`."""
+    grads = [whole(p.grad).reshape(-1) for p in module.parameters() if p.requires_grad]
+    return torch.cat(grads).clone()
+
+
 def grads_of(module: torch.nn.Module, loss: Tensor) -> Tensor:
     """The flat gradient of ``loss`` alone (earlier gradients cleared)."""
     module.zero_grad(set_to_none=True)
@@ -107,17 +132,23 @@ def rel_err(actual: Tensor, expected: Tensor) -> float:
 
 
 def union_gradient(
-    base: CausalLMModule, samples: Sequence[Sample], params: Tensor | None = None
+    base: CausalLMModule,
+    samples: Sequence[Sample],
+    params: Tensor | None = None,
+    *,
+    trainable_only: bool = False,
 ) -> tuple[Tensor, float]:
     """Gradient and value of the per-token mean loss over ``samples`` (at ``params``, else
-    at ``base``'s weights): one process, one padded batch, full logits."""
+    at ``base``'s weights): one process, one padded batch, full logits. ``params`` holds
+    every parameter; ``trainable_only`` returns the gradient of the trainable ones only."""
     reference = copy.deepcopy(base)
+    reference.configure_model()
     if params is not None:
         vector_to_parameters(params, reference.parameters())
     union = pad(samples)
     loss = full_loss_sum(reference.model, union) / loss_tokens(union)
     loss.backward()
-    return flat_grad(reference), loss.item()
+    return (trainable_grad if trainable_only else flat_grad)(reference), loss.item()
 
 
 def step_batches(

@@ -8,7 +8,7 @@ torch.distributed.run --standalone --nproc_per_node 2`` (torchrun; both ranks st
 import, at once: about 10 s less than Lightning's own launcher, which starts rank 1 only
 once rank 0 has imported everything and is in ``fit``; that launcher is covered by the
 ``trainer=ddp_cpu`` runs of ``test_train.py`` and ``test_sweep.py``). Each rank builds a
-``pl.Trainer(devices=2, strategy=ODBStrategy(process_group_backend="gloo"),
+``pl.Trainer(devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
 accumulate_grad_batches=2)``; Lightning takes the ranks from torchrun's environment, wraps
 the model in ``DistributedDataParallel`` and gloo all-reduces its gradients.
 
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -52,7 +53,6 @@ from helpers.tiny_lm import (
     union_gradient,
 )
 from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.strategy import ODBStrategy
 from odb_lightning.runtime.batch import ODBBatch
 
 WORLD_SIZE = 2
@@ -145,7 +145,7 @@ def fit_on_both_ranks(module_class: type[RecordingModule], out_dir: Path) -> Non
     trainer = quiet_trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
-        strategy=ODBStrategy(process_group_backend="gloo"),
+        strategy=DDPStrategy(process_group_backend="gloo"),
         accumulate_grad_batches=ACCUMULATE,
         max_steps=OPTIMIZER_STEPS,
         gradient_clip_val=None,

@@ -170,5 +170,5 @@ def test_fault_on_one_rank_fails_every_rank_and_leaves_no_process(
 def test_silent_peer_times_out_naming_the_channel_rank_and_round() -> None:
     message, waited_s = run_silent_peer()
     assert message.startswith("the ODB metadata channel (127.0.0.1:")
-    assert "/odb/silent/0) failed on rank 0 at round 7" in message
+    assert "/odb/silent/0, Gloo on local address 127.0.0.1) failed on rank 0 at round 7" in message
     assert 2.0 <= waited_s < 6.0

@@ -3,7 +3,7 @@
 Each rank is its own process (forked from a forkserver with torch, Lightning and this
 module preloaded) and joins the default group from the environment as if ``torchrun``
 had started it (``LOCAL_RANK`` set: Lightning launches nothing), with
-``ODBStrategy(process_group_backend="gloo")``. The ranks get different micro-batches but
+``DDPStrategy(process_group_backend="gloo")``. The ranks get different micro-batches but
 the same ``global_loss_tokens`` metadata; a DDP communication hook records which
 micro-batches all-reduce gradients (Lightning itself registers such hooks on CUDA only).
 """
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -39,7 +40,6 @@ from helpers.tiny_lm import (
 )
 from odb_lightning.core.loss_weights import token_target_boundaries
 from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.strategy import ODBStrategy
 from odb_lightning.runtime.batch import ODBBatch
 
 VOCAB = 128
@@ -135,7 +135,7 @@ def train_rank(rank: int) -> dict[str, Any]:
     log = AllReduceLog()
     module = small_module(StepRecorder)
     module.all_reduce_log, module.steps = log, []
-    strategy = ODBStrategy(process_group_backend="gloo")
+    strategy = DDPStrategy(process_group_backend="gloo")
     trainer = quiet_trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,

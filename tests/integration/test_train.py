@@ -1,4 +1,4 @@
-"""End-to-end runs of `python train.py`: single process and 2-rank DDP on CPU.
+"""End-to-end runs of `python train.py`: single process, 2-rank DDP and 2-rank FSDP2 on CPU.
 
 Each run is a subprocess, as a user runs it, on a seconds-long config (``debug=smoke``:
 a one-layer body and token ids folded to 4,096 so that the LM head stays small).
@@ -52,13 +52,15 @@ def write_skewed_jsonl(path: Path, num_records: int, seed: int) -> None:
             out.write(json.dumps(record) + "\n")
 
 
-def test_ddp_two_ranks_skewed_shards_every_sample_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trainer", ["ddp_cpu", "fsdp_cpu"])
+def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path) -> None:
+    # fsdp_cpu: the same data path under FSDP2 (sharded module, IDLE steps through it).
     data = tmp_path / "skewed.jsonl"
     write_skewed_jsonl(data, 48, seed=0)
     run_dir = tmp_path / "run"
     summary = train(
         run_dir,
-        "trainer=ddp_cpu",
+        f"trainer={trainer}",
         "audit_ids=true",
         "data=jsonl",
         f"data.path={data}",
@@ -75,3 +77,10 @@ def test_ddp_two_ranks_skewed_shards_every_sample_once(tmp_path: Path) -> None:
     assert idle > 0 and summary["idle_steps"] == idle
     assert summary["emitted_samples"] == 48 and summary["world_size"] == 2
     assert summary["train_loss"] is not None and summary["train_loss"] > 0
+    assert [r["steps"] for r in summary["per_rank"]] == [summary["steps_per_rank"]] * 2
+    (checkpoint,) = (run_dir / "checkpoints").glob("epoch=*.ckpt")
+    if trainer == "fsdp_cpu":  # sharded for real: each rank saved its own shard
+        shards = sorted(p.name for p in checkpoint.glob("*.distcp"))
+        assert checkpoint.is_dir() and shards == ["__0_0.distcp", "__1_0.distcp"]
+    else:
+        assert checkpoint.is_file()

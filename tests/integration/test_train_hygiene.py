@@ -1,6 +1,7 @@
 """A 2-rank ``train.py`` run keeps to itself: it writes only into its output directory
 (the working directory, ``HOME`` and ``TMPDIR`` are empty directories before and after),
-listens only on its rendezvous stores and its Gloo groups, and a record whose
+listens only on the job's store and its Gloo groups (the ODB metadata channel meets on
+the job's store: no port of its own), and a record whose
 preprocessing raises is skipped and counted under ``batching.on_bad_sample=skip``.
 """
 
@@ -46,9 +47,10 @@ def file_tree(root: Path) -> list[str]:
 
 
 def _check_sockets(probe: dict, rank_pids: set[int]) -> None:
-    """Stores on rank 0; otherwise one Gloo listener per group member: the training group
-    in each rank, the metadata channel in each collate process; none in the workers."""
-    stores = {probe["master_port"], probe["odb_store_port"]}
+    """The job's store on rank 0; otherwise one Gloo listener per group member: the
+    training group in each rank, the metadata channel in each collate process; none in
+    the workers."""
+    stores = {probe["master_port"]}
     by_pid: dict[int, set[int]] = defaultdict(set)
     for socket in probe["listening"]:
         by_pid[socket["pid"]].add(socket["port"])
@@ -65,7 +67,7 @@ def _check_sockets(probe: dict, rank_pids: set[int]) -> None:
     assert sorted(len(ports) for ports in children.values() if ports) == [1, 1], opened
     all_ports = set().union(*by_pid.values())
     assert all_ports == stores | set().union(*opened.values())
-    assert len(all_ports) == 2 + 4
+    assert len(all_ports) == 1 + 4
 
 
 def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -> None:

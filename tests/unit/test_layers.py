@@ -39,6 +39,7 @@ THIRD_PARTY = {
         "psutil",
         "typing_extensions",
         "transformers",
+        "peft",
     },
 }
 OWN_LAYERS = {

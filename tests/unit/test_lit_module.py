@@ -99,6 +99,7 @@ def test_pretrained_path_loads_the_saved_weights(tmp_path: Path) -> None:
     source = tiny_module(tie_word_embeddings=False)
     source.model.save_pretrained(tmp_path)
     loaded = CausalLMModule(pretrained_path=str(tmp_path), model_dtype="float64")
+    loaded.configure_model()
     assert loaded.model.config._attn_implementation == "sdpa"
     expected = source.model.state_dict()
     for name, tensor in loaded.model.state_dict().items():
@@ -138,7 +139,7 @@ def test_flops_per_token_against_a_hand_count() -> None:
     # 6 FLOPs per weight per trained token: 3 layers x 576 x 6 = 10368.
     # Attention: 3 layers x 12 x 8 (query width) x 10 keys = 2880.
     assert flops_per_token(config, context_tokens=10) == {"body": 10368 + 2880, "head": 48000}
-    default = flops_per_token(CausalLMModule().model.config)
+    default = flops_per_token(CausalLMModule().random_init)
     assert default == {"body": 6 * 2 * 36864, "head": 6 * 151936 * 64}
 
 

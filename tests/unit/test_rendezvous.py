@@ -15,7 +15,14 @@ import pytest
 import torch.distributed as dist
 
 from odb_lightning.runtime.errors import MetadataChannelError
-from odb_lightning.runtime.rendezvous import MetadataStore, host_rendezvous, numeric_address
+from odb_lightning.runtime.rendezvous import (
+    GlooBinding,
+    JobRendezvous,
+    MetadataStore,
+    gloo_binding,
+    job_store_address,
+    numeric_address,
+)
 
 
 def test_names_resolve_to_a_numeric_address_in_the_caller() -> None:
@@ -24,17 +31,49 @@ def test_names_resolve_to_a_numeric_address_in_the_caller() -> None:
     ipaddress.ip_address(numeric_address(socket.gethostname(), 80))  # raises if not numeric
 
 
-def test_host_rendezvous_hands_out_a_numeric_host() -> None:
+def test_the_channel_meets_on_the_job_store_under_a_numeric_address(monkeypatch) -> None:
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        rendezvous, _ = host_rendezvous(1, 0)
+        job = JobRendezvous.connect(1, 0, timeout_s=5.0)
+        rendezvous = job.for_loader("train")
         ipaddress.ip_address(rendezvous.host)  # raises if it is a host name
+        assert rendezvous.port == store.port  # no second listening port
+        assert job.for_loader("val").prefix != rendezvous.prefix
         client = dist.TCPStore(rendezvous.host, rendezvous.port, None, is_master=False)
         client.set("key", "value")
-        assert client.get("key") == b"value"
+        assert store.get("key") == b"value"
     finally:
         dist.destroy_process_group()
+
+
+def test_the_job_store_address_names_the_variable_to_set() -> None:
+    with pytest.raises(MetadataChannelError, match="MASTER_ADDR=None and MASTER_PORT"):
+        job_store_address({})
+    with pytest.raises(MetadataChannelError, match="MASTER_PORT must be a TCP port"):
+        job_store_address({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"})
+    unresolvable = {"MASTER_ADDR": "trainer-7f9c4d-0.invalid", "MASTER_PORT": "29500"}
+    with pytest.raises(MetadataChannelError, match=r"MASTER_ADDR 'trainer-7f9c4d-0.invalid'"):
+        job_store_address(unresolvable)
+    assert job_store_address({"MASTER_ADDR": "localhost", "MASTER_PORT": "29500"})[1] == 29500
+
+
+def test_the_gloo_device_binds_the_named_interface_or_the_route_to_the_store() -> None:
+    assert gloo_binding("127.0.0.1", {}) == GlooBinding(address="127.0.0.1")
+    assert gloo_binding("127.0.0.1", {"GLOO_SOCKET_IFNAME": "lo"}).interfaces == ("lo",)
+    # NCCL's spelling is mapped when only it is set: a prefix, or =name exactly.
+    assert gloo_binding("127.0.0.1", {"NCCL_SOCKET_IFNAME": "=lo"}).interfaces == ("lo",)
+    assert gloo_binding("127.0.0.1", {"NCCL_SOCKET_IFNAME": "l"}).interfaces == ("lo",)
+    # An exclusion list names no interface to bind: the route decides.
+    assert gloo_binding("127.0.0.1", {"NCCL_SOCKET_IFNAME": "^docker"}).interfaces == ()
+    with pytest.raises(MetadataChannelError, match=r"GLOO_SOCKET_IFNAME names \['ib7'\]"):
+        gloo_binding("127.0.0.1", {"GLOO_SOCKET_IFNAME": "ib7"})
+    with pytest.raises(MetadataChannelError, match="set GLOO_SOCKET_IFNAME"):
+        gloo_binding("127.0.0.1", {"NCCL_SOCKET_IFNAME": "=ib7"})
+    # The named interface's device is built (this is what the collate process does).
+    assert len(GlooBinding(interfaces=("lo",)).devices()) == 1
 
 
 def test_other_ranks_start_only_after_rank_zero() -> None:

@@ -11,8 +11,11 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from odb_lightning.app.validation import instantiate_checked, validate_config
-from odb_lightning.lit import strategy as _register_strategy  # noqa: F401  (registers odb_ddp)
+from odb_lightning.app.validation import (
+    check_launch_environment,
+    instantiate_checked,
+    validate_config,
+)
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 """Exit status of a run stopped by SIGTERM (the shell's convention)."""
@@ -40,6 +43,7 @@ def finish_wandb_runs(loggers: list[Any], exit_code: int = 0) -> None:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Build everything from ``cfg``, fit, and return the run summary."""
     validate_config(cfg)
+    check_launch_environment()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")

@@ -1,12 +1,19 @@
-"""Startup checks of the composed config: every error names the key it is about."""
+"""Startup checks of the composed config (every error names the key it is about) and of
+the launch environment (every error names the variable to set)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import hydra
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
+
+from odb_lightning.app.run_dir import srun_tasks
+from odb_lightning.runtime.errors import MetadataChannelError
+from odb_lightning.runtime.rendezvous import gloo_binding, job_store_address
 
 
 class ConfigError(ValueError):
@@ -81,3 +88,38 @@ def validate_config(cfg: DictConfig) -> None:
             f"data.max_seq_len ({max_seq_len}) must not exceed batching.token_budget "
             f"({budget}): a sample of max_seq_len tokens must fit one step"
         )
+
+
+def launched_world_size(environ: Mapping[str, str]) -> int:
+    """Processes of a job whose launcher started them (``WORLD_SIZE``: torchrun, a
+    scheduler, Lightning's launcher for its children; else srun's task count)."""
+    if "WORLD_SIZE" in environ:
+        return int(environ["WORLD_SIZE"])
+    return srun_tasks(environ)
+
+
+def check_launch_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Fail before the Trainer starts when the ranks of an externally launched job could
+    not meet: ``MASTER_ADDR`` must resolve on this node and ``GLOO_SOCKET_IFNAME`` (or
+    ``NCCL_SOCKET_IFNAME``), if set, must name an interface of it. Otherwise the default
+    process group or the ODB metadata channel would find out only after its timeout.
+
+    The same rules as the metadata channel's (:func:`job_store_address`,
+    :func:`gloo_binding`). Under srun without ``MASTER_ADDR``, Lightning derives it from
+    ``SLURM_NODELIST`` later; there is nothing to check yet.
+
+    Raises:
+        MetadataChannelError: The message names the address and the variable to set.
+    """
+    env = dict(os.environ if environ is None else environ)
+    if launched_world_size(env) <= 1 or ("MASTER_ADDR" not in env and srun_tasks(env) > 1):
+        return
+    host, _ = job_store_address(env)
+    try:
+        gloo_binding(host, env)
+    except OSError as error:  # the route lookup: no route from this node to the host
+        raise MetadataChannelError(
+            f"this node has no route to MASTER_ADDR {env['MASTER_ADDR']!r} ({host}): {error}: "
+            "set MASTER_ADDR to an address of rank 0's node that every node reaches, or "
+            "GLOO_SOCKET_IFNAME to the interface that reaches it"
+        ) from error

@@ -1,5 +1,6 @@
 """Run metrics: literal emitted samples and tokens per wall second, padding efficiency,
-budget fill, IDLE steps and loader wait; an end-of-run table and ``summary.json``.
+budget fill, IDLE steps and loader wait; an end-of-run table and ``summary.json`` (with
+the model's trainable and total parameters).
 
 Counts come from each batch's step metadata and are summed over ranks at the end, so the
 throughput figures are emitted samples over wall time, never ``batch_size x steps``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,13 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
-from odb_lightning.lit.run_report import LoaderCounters, ReportsRun, RunReport
+from odb_lightning.lit.run_report import (
+    CountsParameters,
+    LoaderCounters,
+    ParameterCounts,
+    ReportsRun,
+    RunReport,
+)
 from odb_lightning.runtime.resume import gather_objects
 
 
@@ -183,6 +191,8 @@ class ODBMetricsCallback(pl.Callback):
         per_rank = self._gather_totals(trainer, pl_module)
         report = _run_report(trainer)
         self.summary = self._summarize(trainer, per_rank, report)
+        if isinstance(pl_module, CountsParameters):
+            self.summary["model"] = asdict(ParameterCounts.of(pl_module.parameter_counts()))
         if report is not None:
             self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))
             rows = gather_objects(list(report.skipped_sample_ids), trainer.world_size)
@@ -249,9 +259,11 @@ class ODBMetricsCallback(pl.Callback):
         return summary
 
     def _numeric(self) -> dict[str, float]:
+        """The summary's numbers, the ``model`` block's as ``model/<name>``."""
+        model = {f"model/{k}": v for k, v in self.summary.get("model", {}).items()}
         return {
             k: float(v)
-            for k, v in self.summary.items()
+            for k, v in {**self.summary, **model}.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
 
@@ -287,9 +299,17 @@ def _gather_loader_counters(
     return totals
 
 
-SUMMARY_ROWS = (
+def format_trainable(model: dict[str, Any]) -> str:
+    """``trainable of total (share) finetuning`` of the summary's ``model`` block."""
+    trainable, total = model["trainable_parameters"], model["total_parameters"]
+    share = _ratio(trainable, total)
+    return f"{trainable:,} of {total:,} ({share:.2%}, {model['finetuning']})"
+
+
+SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("mode", "mode", "{}"),
     ("world_size", "ranks", "{}"),
+    ("model", "trainable parameters", format_trainable),
     ("optimizer_steps", "optimizer steps", "{}"),
     ("emitted_samples", "emitted samples", "{:,}"),
     ("emitted_samples_per_s", "emitted samples/s", "{:.2f}"),
@@ -321,5 +341,5 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for key, label, fmt in SUMMARY_ROWS:
         value = summary.get(key)
         if value is not None:
-            table.add_row(label, fmt.format(value))
+            table.add_row(label, fmt(value) if callable(fmt) else fmt.format(value))
     (console or Console()).print(table)

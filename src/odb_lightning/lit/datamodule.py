@@ -20,14 +20,14 @@ from odb_lightning.data import (
     load_source,
 )
 from odb_lightning.data.length_pass import exact_lengths
+from odb_lightning.lit.idle_steps import check_weights_idle_steps
 from odb_lightning.lit.loaders import LightningLoader, TrainShard
 from odb_lightning.lit.planned_mode import epoch_plan, in_order_plan
 from odb_lightning.lit.resume_state import data_identity, pack_state, unpack_state
 from odb_lightning.lit.run_report import RunReport
-from odb_lightning.lit.strategy import ODBStrategy
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
-from odb_lightning.runtime.rendezvous import MetadataStore, Rendezvous
+from odb_lightning.runtime.rendezvous import JobRendezvous, MetadataStore, Rendezvous
 
 
 def _without_augmentation(dataset: Dataset) -> Dataset:
@@ -95,6 +95,7 @@ class ODBDataModule(pl.LightningDataModule):
         self._loaders: list[LightningLoader] = []
         self._train_loader: LightningLoader | None = None
         self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
+        self._job_rendezvous: JobRendezvous | None = None
         self.source_counts: dict[str, int] = {}  # records read, kept, dropped (by reason)
 
     # -- data ---------------------------------------------------------------------------
@@ -167,11 +168,19 @@ class ODBDataModule(pl.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
 
     def _metadata(self, name: str) -> tuple[Rendezvous | None, MetadataStore | None]:
-        """The ODB strategy's metadata rendezvous for loader ``name``, and its store."""
-        strategy = self.trainer.strategy if self.trainer else None
-        if not isinstance(strategy, ODBStrategy):
+        """The metadata rendezvous of loader ``name`` on the job's store, and the store.
+
+        Connected once per job, when the first ODB loader is built (a collective: every
+        rank builds its loaders in the same order), under any data-parallel strategy.
+        """
+        world_size, rank = self._world()
+        if world_size == 1:
             return None, None
-        return strategy.metadata_rendezvous(name), strategy.metadata_store
+        if self._job_rendezvous is None:
+            self._job_rendezvous = JobRendezvous.connect(
+                world_size, rank, self.batching.alignment_timeout_s
+            )
+        return self._job_rendezvous.for_loader(name), self._job_rendezvous.store
 
     def _planned_loader(
         self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
@@ -216,6 +225,8 @@ class ODBDataModule(pl.LightningDataModule):
     @override
     def train_dataloader(self) -> LightningLoader:
         if self._train_loader is None:
+            if self._world()[0] > 1:  # ranks whose shard runs out get IDLE batches
+                check_weights_idle_steps(self.trainer.lightning_module)
             loader = self._build_train_loader()
             if self._resume_state is not None:
                 loader.load_state_dict(self._resume_state)
@@ -233,6 +244,7 @@ class ODBDataModule(pl.LightningDataModule):
     @override
     def teardown(self, stage: str) -> None:
         loaders, self._loaders, self._train_loader = self._loaders, [], None
+        self._job_rendezvous = None
         for loader in loaders:
             loader.close()
 

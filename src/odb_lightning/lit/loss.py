@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from odb_lightning.core.loss_weights import gradient_scale
+from odb_lightning.core.loss_weights import gradient_scale, rank_loss_scale
 from odb_lightning.lit.idle_steps import zero_weight
 from odb_lightning.lit.token_target import (
     HOLD_ACCUMULATE_GRAD_BATCHES,
@@ -23,6 +25,35 @@ from odb_lightning.lit.token_target import (
 from odb_lightning.runtime.batch import StepMeta
 
 
+class GradientScaling(StrEnum):
+    """Where ``1 / N`` is applied: to the accumulated gradients, or to each loss."""
+
+    GRADIENTS = "gradients"
+    LOSS = "loss"
+
+    @classmethod
+    def of(cls, strategy: object) -> GradientScaling:
+        """``loss`` under DeepSpeed, whose gradients live in its own buffers
+        (``param.grad`` stays ``None``); ``gradients`` under every other strategy."""
+        return cls.LOSS if isinstance(strategy, DeepSpeedStrategy) else cls.GRADIENTS
+
+
+def check_loss_scaling_trainer(trainer: pl.Trainer, tokens_per_step: int | None) -> None:
+    """Scaling the loss by ``W / N`` needs ``N`` before backward: one micro-batch a step.
+
+    Raises:
+        ValueError: Accumulation or token-target steps under loss scaling.
+    """
+    if trainer.accumulate_grad_batches != 1 or tokens_per_step is not None:
+        raise ValueError(
+            f"under {type(trainer.strategy).__name__} the gradients are not in param.grad, so "
+            "the exact token-weighted loss scales each loss by W / N, which needs N before "
+            "backward: set trainer.accumulate_grad_batches=1 and model.tokens_per_step=null "
+            f"(got {trainer.accumulate_grad_batches} and {tokens_per_step}), raise "
+            "batching.token_budget instead, or train with FSDP2 (trainer=gpu8_fsdp)"
+        )
+
+
 class TokenWeightedLossMixin(pl.LightningModule):
     """Makes an optimizer step descend the mean loss over every supervised token it saw.
 
@@ -31,7 +62,9 @@ class TokenWeightedLossMixin(pl.LightningModule):
     gradient by ``1 / N``, ``N`` being the global supervised-token count of the
     micro-batches since the last optimizer step (the algebra:
     :mod:`odb_lightning.core.loss_weights`; where ``N`` comes from, IDLE steps and the
-    hooks used: ``docs/design.md``, "How the loss rides on Lightning's hooks"). Logged per
+    hooks used: ``docs/design.md``, "How the loss rides on Lightning's hooks"). Under
+    DeepSpeed, whose gradients are not in ``param.grad``, each loss is scaled by
+    ``W / N`` instead (:class:`GradientScaling`; one micro-batch per step). Logged per
     optimizer step: ``train/loss`` (the global token-weighted mean) and ``lr``.
 
     Args:
@@ -40,6 +73,8 @@ class TokenWeightedLossMixin(pl.LightningModule):
             ``ODBBatch`` batches and ``trainer.accumulate_grad_batches=1``); ``None``
             steps every ``trainer.accumulate_grad_batches`` micro-batches.
     """
+
+    weights_idle_steps = True  # see odb_lightning.lit.idle_steps
 
     def __init__(self, *args: object, tokens_per_step: int | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -51,6 +86,7 @@ class TokenWeightedLossMixin(pl.LightningModule):
         self._pending_local_tokens: int | None = None
         # This rank's summed token loss (detached) over the same micro-batches.
         self._pending_loss_sum: Tensor | None = None
+        self._scaling = GradientScaling.GRADIENTS  # decided in on_fit_start
 
     def token_weighted_loss(
         self, loss_sum: Tensor, num_loss_tokens: int, meta: StepMeta | None = None
@@ -63,21 +99,31 @@ class TokenWeightedLossMixin(pl.LightningModule):
             meta: The step metadata of an ODB batch, or ``None`` for a plain batch.
 
         Returns:
-            ``loss_sum * W * accumulate_grad_batches``, or ``loss_sum * 0`` when IDLE.
+            ``loss_sum * W * accumulate_grad_batches``, or ``loss_sum * 0`` when IDLE;
+            under loss scaling ``loss_sum * W / N``.
 
         Raises:
             ValueError: If ``meta.local_loss_tokens`` disagrees with ``num_loss_tokens``
                 (the global count would then be wrong too).
         """
-        if meta is not None and meta.is_idle:
-            # This rank adds no token, but the step's global count (other ranks' tokens at
-            # this step position) still belongs to N: every rank must divide by the same N.
-            self._count_tokens(0, meta)
-            return zero_weight(loss_sum)
-        self._count_tokens(num_loss_tokens, meta)
-        detached = loss_sum.detach()
+        idle = meta is not None and meta.is_idle
+        # An IDLE rank adds no token, but the step's global count (other ranks' tokens at
+        # this step position) still belongs to N: every rank must divide by the same N.
+        self._count_tokens(0 if idle else num_loss_tokens, meta)
+        # An IDLE micro-batch adds a zero of the loss's dtype: a rank whose whole step is
+        # IDLE still all-reduces its logged share in the dtype of the other ranks' shares.
+        detached = torch.zeros_like(loss_sum.detach()) if idle else loss_sum.detach()
         pending = self._pending_loss_sum
         self._pending_loss_sum = detached if pending is None else pending + detached
+        if self._scaling is GradientScaling.LOSS:
+            # One micro-batch per step (checked): N is this micro-batch's global count,
+            # summed over ranks here when the metadata lacks it (every rank, IDLE too).
+            global_tokens = sum(self._pending_loss_tokens) + self._reduce_local_tokens()
+            self._pending_loss_tokens = [global_tokens]
+            if not idle:
+                return loss_sum * rank_loss_scale(self.trainer.world_size, global_tokens)
+        if idle:
+            return zero_weight(loss_sum)
         # W undoes DDP's average over ranks (core algebra); accumulate_grad_batches undoes
         # Lightning's division of the returned loss. 1 / N follows in the gradient hook.
         return loss_sum * (self.trainer.world_size * self.trainer.accumulate_grad_batches)
@@ -92,14 +138,42 @@ class TokenWeightedLossMixin(pl.LightningModule):
         """
         total_tokens = sum(self._pending_loss_tokens) + self._reduce_local_tokens()
         scale = gradient_scale([total_tokens])
-        for parameter in self.parameters():
-            if parameter.grad is not None:
-                parameter.grad.mul_(scale)
+        if self._scaling is GradientScaling.GRADIENTS:
+            self._scale_gradients(scale, total_tokens)
         pending = self._pending_loss_sum
         local_sum = torch.zeros((), device=self.device) if pending is None else pending
         self._pending_loss_tokens = []
         self._pending_loss_sum = None
         return local_sum * (self.trainer.world_size * scale) if total_tokens else None
+
+    def _scale_gradients(self, scale: float, total_tokens: int) -> None:
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        grads = [p.grad for p in trainable if p.grad is not None]
+        if trainable and not grads and total_tokens:
+            raise RuntimeError(
+                f"no trainable parameter has a gradient in param.grad at the optimizer step "
+                f"under {type(self.trainer.strategy).__name__}: the 1 / N scale of the exact "
+                "token-weighted loss cannot be applied (a strategy that keeps gradients in "
+                "its own buffers needs GradientScaling.LOSS)"
+            )
+        for grad in grads:
+            grad.mul_(scale)
+
+    @override
+    def configure_gradient_clipping(
+        self,
+        optimizer: Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip by norm under FSDP1 with the wrapped root's own ``clip_grad_norm_`` (the
+        norm over every shard; Lightning's FSDP precision plugin refuses ``norm``)."""
+        strategy = self.trainer.strategy
+        algorithm = gradient_clip_algorithm or "norm"
+        if isinstance(strategy, FSDPStrategy) and gradient_clip_val and algorithm == "norm":
+            strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @override
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
@@ -116,6 +190,9 @@ class TokenWeightedLossMixin(pl.LightningModule):
     @override
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        self._scaling = GradientScaling.of(self.trainer.strategy)
+        if self._scaling is GradientScaling.LOSS:
+            check_loss_scaling_trainer(self.trainer, self.tokens_per_step)
         if self.tokens_per_step is not None:
             check_token_target_trainer(self.trainer)
 

@@ -4,52 +4,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from enum import StrEnum
 from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, Qwen2Config
+from transformers import PreTrainedModel, Qwen2Config
 from typing_extensions import override
 
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.loss import TokenWeightedLossMixin
 from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.model_setup import (
+    Finetuning,
+    LoraSettings,
+    ModelDType,
+    add_lora,
+    build_causal_lm,
+    check_master_weights,
+    data_parallel_mesh,
+    materialize,
+    shard,
+)
 from odb_lightning.lit.packed_inputs import body_inputs
 from odb_lightning.runtime.batch import ODBBatch, StepMeta
 from odb_lightning.sample import IGNORE_INDEX
-
-
-class ModelDType(StrEnum):
-    """Parameter dtype of the model."""
-
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT64 = "float64"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.value)
-
-
-def build_causal_lm(
-    pretrained_path: str | None,
-    config: PretrainedConfig,
-    dtype: torch.dtype,
-    attn_implementation: str,
-) -> PreTrainedModel:
-    """Load ``pretrained_path`` (a local directory), or initialise ``config`` at random."""
-    if pretrained_path is not None:
-        return AutoModelForCausalLM.from_pretrained(
-            pretrained_path, dtype=dtype, attn_implementation=attn_implementation
-        )
-    return AutoModelForCausalLM.from_config(
-        config, dtype=dtype, attn_implementation=attn_implementation
-    )
 
 
 def split_batch(batch: Any) -> tuple[Mapping[str, Tensor], StepMeta | None]:
@@ -82,7 +64,10 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
 
     Builds a randomly initialised Qwen2 model whose ``Qwen2Config`` fields are the
     architecture arguments (``vocab_size`` to ``tie_word_embeddings``), or loads
-    ``pretrained_path`` (a local ``save_pretrained`` directory; they are then unused). The
+    ``pretrained_path`` (a local ``save_pretrained`` directory; they are then unused).
+    The model is built in :meth:`configure_model`, which the trainer calls on the
+    training device (deferred and sharded under FSDP2: :mod:`~odb_lightning.lit.model_setup`);
+    without a trainer, call it once yourself. The
     decoder body gets every input but ``labels``
     (:func:`~odb_lightning.lit.packed_inputs.body_inputs`); the LM head scores only
     supervised positions (:func:`~odb_lightning.lit.lm_head.chunked_lm_loss`).
@@ -94,7 +79,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             vocabulary shrinks to it, so the LM head stops dominating the cost (as it does
             not in a real LLM) while the real tokenizer and lengths are kept. Random init
             only.
-        model_dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float64``.
+        model_dtype: Parameter dtype: ``float32`` (the default: float32 master weights
+            under ``bf16-mixed``), ``bfloat16`` (refused with a mixed trainer precision)
+            or ``float64``.
         attn_implementation: ``transformers`` attention backend.
         loss_chunk_tokens: Supervised rows per LM-head chunk (peak logits memory).
         lr: Peak learning rate of AdamW (``betas`` are its betas).
@@ -109,6 +96,15 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             last step reach this (token-target steps, see
             :mod:`odb_lightning.lit.token_target`); ``None`` steps every
             ``trainer.accumulate_grad_batches`` micro-batches.
+        finetuning: ``full`` (every weight trains) or ``lora`` (adapters only, through
+            ``peft``; the base weights are frozen).
+        lora: LoRA settings, used with ``finetuning=lora``: ``r``, ``alpha``, ``dropout``,
+            ``target_modules`` (:class:`~odb_lightning.lit.model_setup.LoraSettings`).
+        gradient_checkpointing: Recompute each decoder layer's activations in backward
+            (memory for compute: activations of one layer instead of all of them).
+        fsdp_param_dtype: Under FSDP2 only: gather the float32 shards as this dtype for
+            compute (``bfloat16``), reducing gradients in float32; ``None``: compute in
+            the parameter dtype (with autocast under ``bf16-mixed``).
     """
 
     def __init__(
@@ -134,10 +130,20 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         scheduler: LRSchedule | str = LRSchedule.COSINE,
         decay_steps: int | None = None,
         tokens_per_step: int | None = None,
+        finetuning: Finetuning | str = Finetuning.FULL,
+        lora: LoraSettings | dict[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
+        fsdp_param_dtype: ModelDType | str | None = None,
     ) -> None:
         super().__init__(tokens_per_step=tokens_per_step)
         self.save_hyperparameters()
         _check_arguments(token_id_fold, pretrained_path, loss_chunk_tokens, lr, betas, min_lr_ratio)
+        self.finetuning = Finetuning(finetuning)
+        lora_settings = LoraSettings.of(lora)  # validated even while unused
+        self.lora = lora_settings if self.finetuning is Finetuning.LORA else None
+        self.model_dtype = ModelDType(model_dtype)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.fsdp_param_dtype = None if fsdp_param_dtype is None else ModelDType(fsdp_param_dtype)
         self.token_id_fold = token_id_fold
         self.loss_chunk_tokens = loss_chunk_tokens
         self.lr, self.weight_decay = lr, weight_decay
@@ -145,7 +151,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
         self.scheduler, self.decay_steps = LRSchedule(scheduler), decay_steps
         self._samples_seen = 0
-        random_init = Qwen2Config(
+        self.random_init = Qwen2Config(
             vocab_size=token_id_fold or vocab_size,
             hidden_size=hidden_size,
             num_hidden_layers=num_hidden_layers,
@@ -155,16 +161,79 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             max_position_embeddings=max_position_embeddings,
             tie_word_embeddings=tie_word_embeddings,
         )
-        self.model = build_causal_lm(
-            pretrained_path, random_init, ModelDType(model_dtype).torch_dtype, attn_implementation
-        )
+        self.model: PreTrainedModel | nn.Module | None = None  # built by configure_model
         self.val_loss = MeanMetric()
+
+    @override
+    def configure_model(self) -> None:
+        """Build the model (once): on the trainer's device, and under FSDP2 on ``meta``,
+        sharded per decoder layer with this module as the root, then materialized per
+        shard. Without a trainer: on the current default device."""
+        if self.model is not None:
+            return
+        trainer = self._trainer
+        strategy = trainer.strategy if trainer is not None else None
+        if trainer is not None:
+            check_master_weights(self.model_dtype, str(trainer.precision))
+        mesh = data_parallel_mesh(strategy)
+        if self.fsdp_param_dtype is not None and mesh is None:
+            raise ValueError(
+                "fsdp_param_dtype needs FSDP2 (trainer.strategy ModelParallelStrategy); "
+                "under other strategies use trainer.precision=bf16-mixed"
+            )
+        dtype = self.model_dtype.torch_dtype
+        model: nn.Module = build_causal_lm(
+            self.hparams.pretrained_path,
+            self.random_init,
+            dtype,
+            self.hparams.attn_implementation,
+            on_meta=mesh is not None,
+        )
+        if self.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if self.lora is not None:
+            model = add_lora(model, self.lora)
+        self.model = model
+        if mesh is not None:
+            param_dtype = (
+                None if self.fsdp_param_dtype is None else self.fsdp_param_dtype.torch_dtype
+            )
+            shard(self, model, mesh, param_dtype)
+            materialize(
+                model,
+                strategy.root_device,
+                self.hparams.pretrained_path,
+                dtype,
+                is_rank_zero=trainer.global_rank == 0,
+            )
+
+    def parameter_counts(self) -> dict[str, Any]:
+        """Trainable and total parameters of the model (whole, not this rank's shard)."""
+        if self.model is None:
+            raise RuntimeError("the model is built by configure_model()")
+        total = trainable = 0
+        for parameter in self.model.parameters():
+            count = parameter.numel()  # a DTensor counts its global shape
+            total += count
+            trainable += count if parameter.requires_grad else 0
+        return {
+            "finetuning": self.finetuning.value,
+            "trainable_parameters": trainable,
+            "total_parameters": total,
+        }
 
     @override
     def forward(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, int]:
         """Summed token cross-entropy of a batch and its supervised-token count."""
         if "labels" not in inputs:
             raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")
+        if self.model is None:
+            raise RuntimeError(
+                "the model is built by configure_model(): the trainer calls it; without "
+                "a trainer, call module.configure_model() once"
+            )
         if self.token_id_fold is not None:
             inputs = fold_token_ids(inputs, self.token_id_fold)
         body = self.model.get_decoder()

@@ -1,9 +1,11 @@
-"""What a data module tells the metrics callback about the run (:class:`RunReport`)."""
+"""What a data module tells the metrics callback about the run (:class:`RunReport`), and
+what the LightningModule tells it about the model (:class:`ParameterCounts`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -81,3 +83,34 @@ class ReportsRun(Protocol):
     """A data module that reports its run (``ODBDataModule`` does)."""
 
     def run_report(self) -> RunReport: ...
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """The model of the run, for the summary's ``model`` block.
+
+    Attributes:
+        finetuning: ``full`` or ``lora``.
+        trainable_parameters: Parameters the optimizer updates (whole, not one shard).
+        total_parameters: Every parameter of the model, tied ones once.
+    """
+
+    finetuning: str
+    trainable_parameters: int
+    total_parameters: int
+
+    @classmethod
+    def of(cls, counts: Mapping[str, Any]) -> ParameterCounts:
+        return cls(
+            finetuning=str(counts["finetuning"]),
+            trainable_parameters=int(counts["trainable_parameters"]),
+            total_parameters=int(counts["total_parameters"]),
+        )
+
+
+@runtime_checkable
+class CountsParameters(Protocol):
+    """A LightningModule that counts its model's parameters (``CausalLMModule`` does):
+    ``finetuning``, ``trainable_parameters`` and ``total_parameters``."""
+
+    def parameter_counts(self) -> Mapping[str, Any]: ...

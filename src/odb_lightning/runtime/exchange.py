@@ -1,8 +1,8 @@
 """The per-round metadata exchange: an all-gather of one fixed-size integer message.
 
 One rank: the exchange is local. Several: a ``ProcessGroupGloo`` built directly on a
-``PrefixStore`` of the loader's own ``TCPStore``, owned by whichever process runs the
-rounds (the collate process, or the main process with ``num_workers=0``). It never
+``PrefixStore`` of the job's store (``runtime/rendezvous.py``), owned by whichever
+process runs the rounds (the collate process, or the main process with ``num_workers=0``). It never
 initializes or touches the default process group, so it works the same under fork (where
 the child inherits the parent's group state) and spawn.
 """
@@ -58,8 +58,11 @@ class GlooChannel:
                 rendezvous.host, rendezvous.port, None, is_master=False, timeout=timeout
             )
             prefixed = dist.PrefixStore(rendezvous.channel_prefix(generation), store)
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = rendezvous.binding.devices()
             self._group: dist.ProcessGroupGloo | None = dist.ProcessGroupGloo(
-                prefixed, rendezvous.rank, rendezvous.world_size, timeout
+                prefixed, rendezvous.rank, rendezvous.world_size, options
             )
         except RuntimeError as error:
             raise MetadataChannelError(

@@ -16,10 +16,10 @@ from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.pipeline import Pipeline
 from odb_lightning.runtime.rendezvous import (
+    JobRendezvous,
     MetadataStore,
     Rendezvous,
     default_world,
-    host_rendezvous,
 )
 from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
 from odb_lightning.runtime.stats import EpochStats
@@ -62,7 +62,10 @@ class ODBLoader:
         metadata_store: This rank's handle on that store, which makes rank 0 fork its
             processes before the other ranks (see
             :class:`~odb_lightning.runtime.rendezvous.MetadataStore`); give it with
-            ``rendezvous`` (built by ``host_rendezvous`` when neither is given).
+            ``rendezvous``. When neither is given and the default process group has
+            several ranks, both come from the job's store
+            (:meth:`~odb_lightning.runtime.rendezvous.JobRendezvous.connect`, a
+            collective).
         pad_id: Padding token id of the default collate and of IDLE batches.
         max_seq_len: Longer samples are bad samples (``None``: no limit).
         **knobs: ``BatchingConfig`` fields that replace those of ``config``, or make a
@@ -106,7 +109,8 @@ class ODBLoader:
         if rendezvous is None:
             world_size, rank = default_world()
             if world_size > 1:
-                rendezvous, self._store = host_rendezvous(world_size, rank)
+                job = JobRendezvous.connect(world_size, rank, self.config.alignment_timeout_s)
+                rendezvous, self._store = job.for_loader("loader"), job.store
         self._rendezvous = rendezvous
         self.rank = 0 if rendezvous is None else rendezvous.rank
         self.world_size = 1 if rendezvous is None else rendezvous.world_size

@@ -1,12 +1,20 @@
 """Where the collate processes of all ranks meet to build their Gloo metadata channel.
 
-Rank 0's main process hosts a dedicated ``TCPStore`` (free port) and tells the others its
-address once, over the default process group, when the loader is built. Each channel
-gets its own key prefix, so a restarted pipeline never reads a previous channel's keys.
+The channel lives on the job's own store: the ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``
+through which the default process group was built (hosted by rank 0, or by torchrun's
+agent), under a key prefix of its own. No second port is opened and no host name is
+guessed: ``MASTER_ADDR`` already reaches every node, or the job would not have started.
+Each loader gets its own prefix (:meth:`JobRendezvous.for_loader`) and each channel a
+generation under it, so a restarted pipeline never reads a previous channel's keys.
+
+The Gloo device of the channel binds the interface named by ``GLOO_SOCKET_IFNAME``,
+else the one named by ``NCCL_SOCKET_IFNAME``, else the interface this node uses to
+reach ``MASTER_ADDR`` (:func:`gloo_binding`), never the address of the host name.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from dataclasses import dataclass
@@ -18,11 +26,36 @@ from odb_lightning.runtime.errors import MetadataChannelError
 
 
 @dataclass(frozen=True, slots=True)
+class GlooBinding:
+    """What the channel's Gloo device binds: named interfaces, or one local address.
+
+    Attributes:
+        interfaces: Network interfaces (``GLOO_SOCKET_IFNAME``); empty: use ``address``.
+        address: Numeric local address (the route to the store).
+    """
+
+    interfaces: tuple[str, ...] = ()
+    address: str = "127.0.0.1"
+
+    def devices(self) -> list[dist.ProcessGroupGloo.Device]:
+        """The Gloo devices, built in the process that runs the channel."""
+        if self.interfaces:
+            return [dist.ProcessGroupGloo.create_device(interface=i) for i in self.interfaces]
+        return [dist.ProcessGroupGloo.create_device(hostname=self.address)]
+
+    def describe(self) -> str:
+        if self.interfaces:
+            return f"interface {','.join(self.interfaces)}"
+        return f"local address {self.address}"
+
+
+@dataclass(frozen=True, slots=True)
 class Rendezvous:
-    """Address of the metadata channel's ``TCPStore`` and this rank's place in it.
+    """Address of the metadata channel's store and this rank's place in it.
 
     Attributes:
         prefix: Key prefix shared by the ranks of one loader (unique per loader).
+        binding: What the channel's Gloo device binds (:func:`gloo_binding`).
     """
 
     host: str
@@ -30,6 +63,7 @@ class Rendezvous:
     rank: int
     world_size: int
     prefix: str
+    binding: GlooBinding = GlooBinding()
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -43,7 +77,10 @@ class Rendezvous:
         return f"odb/{self.prefix}/{generation}"
 
     def describe(self, generation: int) -> str:
-        return f"{self.host}:{self.port}/{self.channel_prefix(generation)}"
+        return (
+            f"{self.host}:{self.port}/{self.channel_prefix(generation)}, "
+            f"Gloo on {self.binding.describe()}"
+        )
 
 
 def default_world() -> tuple[int, int]:
@@ -54,23 +91,24 @@ def default_world() -> tuple[int, int]:
 
 
 class MetadataStore:
-    """This rank's main-process handle on the metadata store: the server on rank 0, a
-    client (connected once, when the loader is built) elsewhere.
+    """This rank's main-process connection to the job store (made once, when the loaders
+    are set up), which orders the start of each pipeline: rank 0 forks its worker and
+    collate processes first, the other ranks after it.
 
-    It orders the start of each pipeline: rank 0 forks its worker and collate processes
-    first, the other ranks after it. The store server is a thread of rank 0's main
-    process and formats the address of every connection it accepts with the libc
-    resolver; a process forked while that thread holds the resolver's lock inherits it
-    locked, and the forked collate process then hangs forever on its own first connect.
-    Connections come from the other ranks' collate processes, so they must not exist yet
-    while rank 0 forks. Waiting uses the connection made at build time: it needs no accept.
+    The store server may be a thread of rank 0's main process (the default group's store
+    without torchrun). It formats the address of every connection it accepts with the
+    libc resolver; a process forked while that thread holds the resolver's lock inherits
+    it locked, and the forked collate process then hangs forever on its own first
+    connect. Connections come from the other ranks' collate processes, so they must not
+    exist yet while rank 0 forks. Waiting uses the connection made at setup: it needs
+    no accept.
 
     Args:
-        store: The ``TCPStore`` (server on rank 0, client on the other ranks).
+        store: A client of the job store.
         rank: This rank.
     """
 
-    def __init__(self, store: dist.TCPStore, rank: int) -> None:
+    def __init__(self, store: dist.Store, rank: int) -> None:
         self._store, self._rank = store, rank
 
     def wait_for_rank_zero(self, prefix: str, timeout_s: float) -> None:
@@ -95,11 +133,6 @@ class MetadataStore:
             self._store.set(f"{prefix}/started", "1")
 
 
-JOIN_TIMEOUT = timedelta(seconds=300)
-"""How long rank 0 waits for the other ranks' main processes to connect to the store
-(the default ``TCPStore`` timeout: they are past the same collective already)."""
-
-
 def numeric_address(host: str, port: int) -> str:
     """``host`` as a numeric address (IPv4 first), resolved in this process.
 
@@ -113,28 +146,160 @@ def numeric_address(host: str, port: int) -> str:
     return str(found[0][4][0])
 
 
-def host_rendezvous(world_size: int, rank: int) -> tuple[Rendezvous, MetadataStore]:
-    """Start the store on rank 0 and share its address over the default group.
+def job_store_address(environ: dict[str, str] | None = None) -> tuple[str, int]:
+    """The job store's numeric address and port, from ``MASTER_ADDR`` and ``MASTER_PORT``.
 
-    A collective: every rank of the default group must call it. Returns the rendezvous
-    (with the store's host as a numeric address: :func:`numeric_address`) and this
-    rank's :class:`MetadataStore`, which must stay referenced while the channel is in use.
+    Raises:
+        MetadataChannelError: A variable is unset or invalid, or ``MASTER_ADDR`` does not
+            resolve on this node (the message names the variable to set).
     """
-    store = None
-    payload: list[object] = [None]
-    if rank == 0:
-        host = socket.gethostname()
-        store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False)
-        payload = [(host, store.port, uuid.uuid4().hex)]
-    dist.broadcast_object_list(payload, src=0)
-    host, port, prefix = payload[0]
-    address = numeric_address(host, port)
-    joined = f"odb/{prefix}/joined"
-    if store is None:
-        store = dist.TCPStore(address, port, None, is_master=False)
-        # A round trip: the server has accepted (and formatted) this connection after it.
-        store.set(f"{joined}/{rank}", "1")
-    else:
-        # Rank 0 forks nothing until every client connection has been accepted.
-        store.wait([f"{joined}/{r}" for r in range(1, world_size)], JOIN_TIMEOUT)
-    return Rendezvous(address, port, rank, world_size, prefix), MetadataStore(store, rank)
+    env = os.environ if environ is None else environ
+    host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if not host or not port:
+        raise MetadataChannelError(
+            "the ODB metadata channel uses the job's store at MASTER_ADDR:MASTER_PORT, "
+            f"but MASTER_ADDR={host!r} and MASTER_PORT={port!r}: launch with Lightning, "
+            "torchrun or SLURM (they set both), or pass rendezvous= to the loader"
+        )
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise MetadataChannelError(f"MASTER_PORT must be a TCP port, got {port!r}")
+    try:
+        return numeric_address(host, int(port)), int(port)
+    except OSError as error:
+        raise MetadataChannelError(
+            f"MASTER_ADDR {host!r} does not resolve on this node ({error}): set MASTER_ADDR "
+            "to an address or name that every node resolves to rank 0's node"
+        ) from error
+
+
+def _interfaces() -> set[str]:
+    return {name for _, name in socket.if_nameindex()}
+
+
+def gloo_binding(store_host: str, environ: dict[str, str] | None = None) -> GlooBinding:
+    """What the metadata channel's Gloo device binds on this node.
+
+    ``GLOO_SOCKET_IFNAME`` (comma-separated interfaces) first; else ``NCCL_SOCKET_IFNAME``
+    when it names interfaces (``=eth0`` exactly, ``eth`` by prefix; an exclusion list
+    ``^...`` is not mapped); else the local address of the route to ``store_host``.
+
+    Raises:
+        MetadataChannelError: A named interface does not exist on this node.
+    """
+    env = os.environ if environ is None else environ
+    present = _interfaces()
+    gloo = env.get("GLOO_SOCKET_IFNAME", "").strip()
+    if gloo:
+        names = tuple(n.strip() for n in gloo.split(",") if n.strip())
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise MetadataChannelError(
+                f"GLOO_SOCKET_IFNAME names {missing}, which this node does not have "
+                f"(interfaces: {sorted(present)}): set GLOO_SOCKET_IFNAME to one of them"
+            )
+        return GlooBinding(interfaces=names)
+    nccl = env.get("NCCL_SOCKET_IFNAME", "").strip()
+    if nccl and not nccl.startswith("^"):
+        chosen: list[str] = []
+        for spec in (s.strip() for s in nccl.split(",") if s.strip()):
+            exact = spec.startswith("=")
+            name = spec.lstrip("=")
+            chosen += sorted(i for i in present if (i == name if exact else i.startswith(name)))
+        if chosen:
+            return GlooBinding(interfaces=(chosen[0],))
+        raise MetadataChannelError(
+            f"NCCL_SOCKET_IFNAME={nccl!r} matches no interface of this node (interfaces: "
+            f"{sorted(present)}): set GLOO_SOCKET_IFNAME to the interface that reaches "
+            "MASTER_ADDR"
+        )
+    return GlooBinding(address=route_address(store_host))
+
+
+def route_address(host: str) -> str:
+    """The local address this node uses to reach ``host`` (a numeric address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # a datagram socket sends nothing: this only routes
+        return str(probe.getsockname()[0])
+
+
+class JobRendezvous:
+    """The job store and this rank's place in it, for every ODB loader of the job.
+
+    Args:
+        host: Numeric address of the job store.
+        port: Its port.
+        rank: This rank in the default process group.
+        world_size: Ranks in the default process group.
+        job_prefix: Key prefix of this job's loaders (equal on every rank).
+        store: This rank's client of the store (see :class:`MetadataStore`).
+        binding: What the channel's Gloo device binds on this node.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        job_prefix: str,
+        store: dist.Store,
+        binding: GlooBinding,
+    ) -> None:
+        self.host, self.port, self.rank, self.world_size = host, port, rank, world_size
+        self.job_prefix, self.binding = job_prefix, binding
+        self.store = MetadataStore(store, rank)
+
+    @classmethod
+    def connect(cls, world_size: int, rank: int, timeout_s: float) -> JobRendezvous:
+        """Connect this rank to the job store and agree on the job prefix.
+
+        A collective (one broadcast over the default group): every rank must call it, in
+        the same order relative to other collectives. Rank 0 returns only once every
+        other rank's main process is connected, so it may fork its loader processes.
+
+        Raises:
+            MetadataChannelError: No store address, a bad interface, or a rank that does
+                not connect in time; the message names the variable to set.
+        """
+        host, port = job_store_address()
+        binding = gloo_binding(host)
+        payload: list[object] = [uuid.uuid4().hex if rank == 0 else None]
+        dist.broadcast_object_list(payload, src=0)
+        job_prefix = str(payload[0])
+        timeout = timedelta(seconds=timeout_s)
+        try:
+            store = dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
+        except RuntimeError as error:
+            raise MetadataChannelError(
+                f"rank {rank} could not connect to the job store at MASTER_ADDR:MASTER_PORT "
+                f"({host}:{port}) within {timeout_s}s: {error}"
+            ) from error
+        joined = f"odb/{job_prefix}/joined"
+        if rank == 0:
+            try:
+                store.wait([f"{joined}/{r}" for r in range(1, world_size)], timeout)
+            except RuntimeError as error:
+                raise MetadataChannelError(
+                    f"rank 0 waited {timeout_s}s for every rank to "
+                    f"connect to the job store at {host}:{port}: {error}"
+                ) from error
+        else:
+            # A round trip: the server has accepted (and formatted) this connection after it.
+            store.set(f"{joined}/{rank}", "1")
+        return cls(host, port, rank, world_size, job_prefix, store, binding)
+
+    def for_loader(self, name: str) -> Rendezvous:
+        """The rendezvous of the loader called ``name`` (unique per loader in a job).
+
+        Every rank builds its loaders in the same order with the same names, so the
+        derived key prefix agrees across ranks without another collective.
+        """
+        return Rendezvous(
+            self.host,
+            self.port,
+            self.rank,
+            self.world_size,
+            f"{self.job_prefix}-{name}",
+            self.binding,
+        )

@@ -92,12 +92,10 @@ class FaultInjectingModule(CausalLMModule):
 
     def _probe_sockets(self) -> None:
         pid = os.getpid()
-        odb_store = self.trainer.strategy.metadata_rendezvous("probe")
         write_json(
             self.probe_dir / "sockets.json",
             {
                 "master_port": int(os.environ["MASTER_PORT"]),
-                "odb_store_port": odb_store.port,
                 "listening": listening_sockets([pid, *descendants(pid)]),
             },
         )

@@ -129,7 +129,12 @@ def _run_loader(rank: int, job: RankJob, results: Any) -> list[dict[str, Any]]:
 
 
 def rank_main(rank: int, world_size: int, store_port: int, job: RankJob, results: Any) -> None:
-    """One rank: join the default gloo group, run the loader, report."""
+    """One rank: join the default gloo group, run the loader, report.
+
+    ``MASTER_ADDR``/``MASTER_PORT`` name the job store as every launcher sets them: the
+    ODB loader's metadata channel meets there.
+    """
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(store_port)
     store = dist.TCPStore("127.0.0.1", store_port, world_size, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     try:

@@ -1,0 +1,285 @@
+"""``odb-export``: a training checkpoint as a Hugging Face ``save_pretrained`` directory.
+
+Rebuilds the :class:`~odb_lightning.lit.module.CausalLMModule` from the checkpoint's
+hyperparameters, loads its weights and writes them for ``transformers``/``peft``:
+
+- a full fine-tune: the whole model (``AutoModelForCausalLM.from_pretrained(DIR)``);
+- a LoRA fine-tune: the adapter only (``adapter_config.json`` and the adapter weights,
+  ``PeftModel.from_pretrained(base, DIR)``), or with ``--merge`` the base with the
+  adapters merged into its weights (a plain model again).
+
+A checkpoint is a Lightning ``.ckpt`` file (one process, DDP) or, under FSDP2 with
+``save_distributed_checkpoint``, a directory of shards (``.metadata``, ``*.distcp`` and
+Lightning's ``meta.pt``); both are read in this one process, on CPU. ``token_id_fold``
+checkpoints are refused: they are benchmark stand-ins whose vocabulary is the fold, not
+the tokenizer's, so no Hugging Face model reproduces what they were trained on.
+
+Usage::
+
+    odb-export outputs/train/<run>/checkpoints/last.ckpt --out exported/adapter
+    odb-export outputs/train/<run>/checkpoints/last.ckpt --out exported/merged --merge
+    python -m odb_lightning.app.export <checkpoint> --out <dir>
+
+A LoRA adapter loads onto the base it was trained on (``pretrained_path``, recorded as
+``base_model_name_or_path`` in ``adapter_config.json``); a random-init base exists only
+in the checkpoint, so export such a run with ``--merge``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import warnings
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from odb_lightning.lit.lr_schedule import LRSchedule
+from odb_lightning.lit.model_setup import Finetuning, ModelDType
+from odb_lightning.lit.module import CausalLMModule
+
+DISTRIBUTED_METADATA_FILENAME = "meta.pt"
+"""What Lightning's ``ModelParallelStrategy`` saves beside the shards of a distributed
+checkpoint: everything but the model and optimizer states (the hyperparameters too)."""
+
+HYPERPARAMETER_TYPES = (Finetuning, ModelDType, LRSchedule)
+"""The module's own enums: a default argument is saved as the enum member, not its string."""
+
+
+class ExportError(Exception):
+    """Bad input the user can fix; printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote.
+
+    Attributes:
+        kind: ``full model``, ``merged model`` or ``LoRA adapter``.
+        out_dir: The ``save_pretrained`` directory.
+        files: The names written into it.
+        parameters: Parameters written (the adapter's alone for an adapter).
+        base_parameters: For an adapter: the parameters of the base it applies to.
+        base: For an adapter: where its base comes from.
+    """
+
+    kind: str
+    out_dir: Path
+    files: tuple[str, ...]
+    parameters: int
+    base_parameters: int | None = None
+    base: str | None = None
+
+    def describe(self) -> str:
+        """The one-line summary ``odb-export`` prints."""
+        line = (
+            f"wrote a {self.kind} of {self.parameters:,} parameters to {self.out_dir} "
+            f"({', '.join(self.files)})"
+        )
+        if self.base_parameters is not None:
+            line += f"; its base ({self.base_parameters:,} parameters) is {self.base}"
+        return line
+
+
+def read_torch_file(path: Path) -> dict[str, Any]:
+    """A ``torch.save`` file of plain types and :data:`HYPERPARAMETER_TYPES`, memory-mapped
+    (``weights_only``: no code is unpickled).
+
+    Raises:
+        ExportError: ``path`` is missing or is not such a file.
+    """
+    if not path.is_file():
+        raise ExportError(f"no checkpoint file at {path}")
+    if not zipfile.is_zipfile(path):
+        raise ExportError(f"{path} is not a torch checkpoint (torch.save writes a zip archive)")
+    try:
+        with torch.serialization.safe_globals(list(HYPERPARAMETER_TYPES)):
+            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as error:
+        raise ExportError(f"{path} is not a readable checkpoint: {_reason(error)}") from None
+    if not isinstance(loaded, dict):
+        raise ExportError(f"{path} holds a {type(loaded).__name__}, not a Lightning checkpoint")
+    return loaded
+
+
+def _reason(error: Exception) -> str:
+    """The line of a ``torch.load`` error that says what is wrong."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error")]
+    return (unpickler or lines or [repr(error)])[0]
+
+
+def read_hyperparameters(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``CausalLMModule`` arguments saved in ``checkpoint`` (read from ``path``).
+
+    Raises:
+        ExportError: There are none, or they describe a ``token_id_fold`` stand-in.
+    """
+    hyper_parameters = checkpoint.get("hyper_parameters")
+    if not isinstance(hyper_parameters, dict):
+        raise ExportError(
+            f"{path} has no 'hyper_parameters': not a checkpoint of a CausalLMModule run"
+        )
+    fold = hyper_parameters.get("token_id_fold")
+    if fold is not None:
+        raise ExportError(
+            f"{path} is a token_id_fold={fold} benchmark stand-in (token ids were taken "
+            f"modulo {fold}, its vocabulary is {fold} ids, not the tokenizer's): it is not "
+            "a language model, so it is not exported"
+        )
+    pretrained_path = hyper_parameters.get("pretrained_path")
+    if pretrained_path is not None and not Path(pretrained_path).is_dir():
+        raise ExportError(
+            f"{path} was trained from pretrained_path={pretrained_path}, which rebuilding "
+            "the model reads (its architecture and the base of an adapter): no such directory"
+        )
+    return hyper_parameters
+
+
+def build_module(path: Path, hyper_parameters: Mapping[str, Any]) -> CausalLMModule:
+    """A ``CausalLMModule`` of ``hyper_parameters`` with its model built on CPU.
+
+    Raises:
+        ExportError: The module refuses the hyperparameters of ``path``.
+    """
+    try:
+        module = CausalLMModule(**hyper_parameters)
+    except (TypeError, ValueError) as error:
+        raise ExportError(f"{path}: its hyperparameters build no CausalLMModule: {error}") from None
+    module.configure_model()
+    return module
+
+
+def load_module(path: Path) -> CausalLMModule:
+    """The trained module of a checkpoint file or FSDP2 checkpoint directory, on CPU.
+
+    Raises:
+        ExportError: ``path`` is missing, unreadable, or its weights do not fit the module
+            its hyperparameters describe.
+    """
+    if path.is_dir():
+        return _load_distributed(path)
+    checkpoint = read_torch_file(path)
+    module = build_module(path, read_hyperparameters(path, checkpoint))
+    state_dict = checkpoint.get("state_dict")
+    if not isinstance(state_dict, dict):
+        raise ExportError(f"{path} has no 'state_dict' (model weights)")
+    try:
+        module.load_state_dict(state_dict)
+    except RuntimeError as error:
+        raise ExportError(f"{path}: its weights do not fit its model: {error}") from None
+    return module
+
+
+def _load_distributed(path: Path) -> CausalLMModule:
+    """Read every shard of a distributed checkpoint directory into one module."""
+    import torch.distributed.checkpoint as dcp
+
+    meta = path / DISTRIBUTED_METADATA_FILENAME
+    if not (path / ".metadata").is_file() or not meta.is_file():
+        raise ExportError(
+            f"{path} is a directory but no distributed checkpoint (one has .metadata and "
+            f"{DISTRIBUTED_METADATA_FILENAME})"
+        )
+    module = build_module(path, read_hyperparameters(path, read_torch_file(meta)))
+    # Lightning saves the module's state under "state_dict"; a module is Stateful, so dcp
+    # reads its tensors in place and hands them back through a strict load_state_dict.
+    state = {"state_dict": module}
+    try:
+        with warnings.catch_warnings():
+            # One process reading every shard is the intent here, not a mistake.
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, checkpoint_id=path, no_dist=True)
+    except (RuntimeError, dcp.CheckpointException) as error:
+        raise ExportError(f"{path}: its shards do not fit its model: {error}") from None
+    return module
+
+
+def parameter_count(model: nn.Module, *, trainable_only: bool = False) -> int:
+    """Parameters of ``model`` (tied ones once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse to write over something: ``out_dir`` must be new or an empty directory.
+
+    Raises:
+        ExportError: ``out_dir`` is a file or a directory that is not empty.
+    """
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"--out {out_dir} exists and is not an empty directory")
+
+
+def export_module(module: CausalLMModule, out_dir: Path, *, merge: bool) -> ExportResult:
+    """Write ``module``'s model as a ``save_pretrained`` directory (see the module
+    docstring for what each fine-tune writes).
+
+    Merging folds the adapters into ``module``'s base model in place.
+
+    Raises:
+        ExportError: ``out_dir`` is a file or a directory that is not empty.
+    """
+    check_out_dir(out_dir)
+    model = module.model
+    if model is None:
+        raise ExportError("the module's model is not built")
+    base_parameters = base = None
+    if module.finetuning is Finetuning.FULL:
+        kind = "full model"
+    elif merge:
+        kind, model = "merged model", model.merge_and_unload()
+    else:
+        kind = "LoRA adapter"
+        base_parameters = parameter_count(model) - parameter_count(model, trainable_only=True)
+        pretrained_path = module.hparams.pretrained_path
+        base = pretrained_path or (
+            "a random init that only the checkpoint holds: --merge writes a standalone model"
+        )
+    model.save_pretrained(out_dir)
+    parameters = parameter_count(model, trainable_only=kind == "LoRA adapter")
+    files = tuple(sorted(p.name for p in out_dir.iterdir()))
+    return ExportResult(kind, out_dir, files, parameters, base_parameters, base)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="odb-export",
+        description="Write a training checkpoint as a Hugging Face save_pretrained directory.",
+    )
+    parser.add_argument(
+        "checkpoint",
+        type=Path,
+        help="a Lightning .ckpt file, or an FSDP2 checkpoint directory (*.ckpt/)",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="directory to write (new or empty)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA: merge the adapters into the base and write the full model "
+        "(default: the adapter only); a full fine-tune is written in full either way",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``odb-export``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        check_out_dir(args.out)  # before the (long) load
+        module = load_module(args.checkpoint)
+        result = export_module(module, args.out, merge=args.merge)
+    except ExportError as error:
+        print(f"odb-export: error: {error}", file=sys.stderr)
+        return 2
+    print(f"odb-export: {result.describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""One run directory per job: the name every process of the job agrees on before Hydra
+creates the directory.
+
+``conf/train.yaml`` names the run directory ``outputs/${task_name}/${odb.run_name:...}``.
+Lightning's own DDP launcher passes rank 0's resolved directory to the processes it
+starts, but torchrun and srun start every process on its own: with ``${now:}`` each
+resolves its own clock, and one job's files land in as many directories as the
+processes disagree on the second. :func:`run_name` decides instead, in this order:
+
+1. torchrun with its agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``, the default of
+   the static and c10d rendezvous): the store at ``MASTER_ADDR:MASTER_PORT`` is hosted by
+   node 0's agent and is up before any worker starts, so global rank 0 publishes its
+   clock there under a key of the rendezvous id and ``TORCHELASTIC_RESTART_COUNT``, and
+   the other ranks read it. A restarted worker group gets a directory of its own, and the
+   failed attempt's files stay as they were.
+2. srun starting several tasks: ``slurm-<SLURM_JOB_ID>.<SLURM_STEP_ID>``, equal on every
+   task without any exchange, and again after a requeue, so that Lightning's SLURM
+   auto-requeue finds its ``hpc_ckpt_*.ckpt`` in the same directory and resumes.
+3. torchrun without the agent's store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) and more
+   than one rank: nothing to agree on before the process group exists, so an error that
+   says to pass ``hydra.run.dir``.
+4. Otherwise (one process; Lightning's launcher, whose children get the directory as an
+   override and never resolve this): this process's clock.
+
+A directory given as ``hydra.run.dir=...`` on the command line replaces all of this.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from odb_lightning.runtime.rendezvous import job_store_address
+
+RESOLVER = "odb.run_name"
+"""Name of the OmegaConf resolver (``${odb.run_name:<strftime pattern>,<timeout_s>}``)."""
+
+
+class RunDirError(RuntimeError):
+    """The processes of a job cannot agree on one run directory; the message says what to set."""
+
+
+def srun_tasks(environ: Mapping[str, str]) -> int:
+    """Tasks of the srun step this process belongs to (1 when srun did not start it)."""
+    if "SLURM_PROCID" not in environ:
+        return 1
+    return int(environ.get("SLURM_NTASKS", "1"))
+
+
+def run_name_key(environ: Mapping[str, str]) -> str:
+    """Store key of the run name of this torchrun attempt (equal on every rank of it)."""
+    run_id = environ["TORCHELASTIC_RUN_ID"]
+    return f"odb_lightning/run_name/{run_id}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def published_run_name(pattern: str, timeout_s: float, environ: Mapping[str, str]) -> str:
+    """Global rank 0's clock, formatted with ``pattern``, through torchrun's agent store.
+
+    Raises:
+        MetadataChannelError: ``MASTER_ADDR`` does not resolve (the message names it).
+        RunDirError: The store is unreachable, or rank 0 published nothing in ``timeout_s``.
+    """
+    host, port = job_store_address(dict(environ))
+    rank, key = int(environ.get("RANK", "0")), run_name_key(environ)
+    timeout = timedelta(seconds=timeout_s)
+    where = f"torchrun's agent store at MASTER_ADDR:MASTER_PORT ({host}:{port})"
+    try:
+        store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    except RuntimeError as error:  # torch's DistStoreError / DistNetworkError
+        raise RunDirError(
+            f"rank {rank} could not reach {where} within {timeout_s}s to agree on the run "
+            f"directory: {error}. Check MASTER_ADDR, or pass hydra.run.dir=<dir> to every node"
+        ) from error
+    if rank == 0:
+        name = datetime.now().strftime(pattern)
+        store.set(key, name)
+        return name
+    try:
+        store.wait([key], timeout)
+    except RuntimeError as error:
+        raise RunDirError(
+            f"rank {rank} waited {timeout_s}s for global rank 0 to publish the run directory "
+            f"name under {key!r} on {where}: {error}. Rank 0 stopped before composing its "
+            "config (see its log), or runs another job: pass hydra.run.dir=<dir> to every node"
+        ) from error
+    return store.get(key).decode()
+
+
+def run_name(pattern: str, timeout_s: float, environ: Mapping[str, str] | None = None) -> str:
+    """The leaf name of the run directory, equal on every process of the job.
+
+    Args:
+        pattern: ``strftime`` pattern of the timestamp (all but the SLURM case use one).
+        timeout_s: How long ranks > 0 wait for rank 0's name under torchrun.
+        environ: The environment (``os.environ`` when ``None``).
+
+    Raises:
+        RunDirError: The processes cannot agree (see the module docstring).
+    """
+    env = os.environ if environ is None else environ
+    torchrun = "TORCHELASTIC_RUN_ID" in env
+    if torchrun and env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
+        return published_run_name(pattern, timeout_s, env)
+    if srun_tasks(env) > 1:
+        return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    if torchrun and int(env.get("WORLD_SIZE", "1")) > 1:
+        raise RunDirError(
+            "torchrun runs without its agent's store (TORCHELASTIC_USE_AGENT_STORE="
+            f"{env.get('TORCHELASTIC_USE_AGENT_STORE')!r}, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="
+            f"{env.get('TORCH_DISABLE_SHARE_RDZV_TCP_STORE')!r}), so the ranks cannot agree on "
+            "a run directory before training starts: pass hydra.run.dir=<dir> to every node"
+        )
+    return datetime.now().strftime(pattern)
+
+
+@functools.cache
+def _run_name_once(pattern: str, timeout_s: float) -> str:
+    # Once per process: Hydra resolves hydra.run.dir more than once (the job, the sweep
+    # dir under it, Lightning's launcher reading HydraConfig), and every answer must agree.
+    return run_name(pattern, float(timeout_s))
+
+
+def register_run_name_resolver() -> None:
+    """Register ``${odb.run_name:...}``; call it before Hydra composes the config."""
+    OmegaConf.register_new_resolver(RESOLVER, _run_name_once, replace=True)

@@ -1,0 +1,242 @@
+"""Building the causal LM inside ``configure_model``: on the training device, deferred
+and sharded layer by layer under FSDP2, with LoRA adapters, activation checkpointing and
+float32 master weights.
+
+Lightning calls ``configure_model`` once the strategy is set up, inside the strategy's
+init context: under DDP the model is built straight on the rank's device (no host copy);
+under ``ModelParallelStrategy`` (FSDP2) it is built on the ``meta`` device, each decoder
+layer and then the LightningModule itself get ``fully_shard``, and only then is memory
+allocated, for this rank's shard: random init, or a local checkpoint read on rank 0 and
+scattered to the shards. The LightningModule is the FSDP2 root because its ``forward``
+calls the decoder body and the LM head directly (not the Hugging Face model's own
+forward): the embeddings, the final norm and the (tied) head are root parameters and
+are gathered when the module's ``forward`` starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+
+class ModelDType(StrEnum):
+    """Parameter dtype of the model."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT64 = "float64"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+
+class Finetuning(StrEnum):
+    """Which weights train: all of them, or LoRA adapters only."""
+
+    FULL = "full"
+    LORA = "lora"
+
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Qwen2/Llama-style decoders."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """LoRA adapters (``model.lora``): rank ``r``, scale ``alpha / r``, dropout on the
+    adapter input, and the module names that get adapters."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.r, int) or self.r < 1:
+            raise ValueError(f"lora.r must be an integer >= 1, got {self.r!r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.target_modules or not all(isinstance(t, str) for t in self.target_modules):
+            raise ValueError(
+                f"lora.target_modules must name modules, got {list(self.target_modules)!r}"
+            )
+
+    @classmethod
+    def of(cls, settings: LoraSettings | dict[str, Any] | None) -> LoraSettings:
+        if isinstance(settings, LoraSettings):
+            return settings
+        fields = dict(settings or {})
+        unknown = sorted(set(fields) - {"r", "alpha", "dropout", "target_modules"})
+        if unknown:
+            raise ValueError(f"lora has no field(s) {unknown}: r, alpha, dropout, target_modules")
+        if "target_modules" in fields:
+            fields["target_modules"] = tuple(fields["target_modules"])
+        return cls(**fields)
+
+
+HALF_MIXED_PRECISIONS = frozenset({"bf16-mixed", "16-mixed"})
+"""Trainer precisions that autocast and expect float32 master weights."""
+
+
+def check_master_weights(model_dtype: ModelDType, precision: str) -> None:
+    """Refuse half-precision parameters under a mixed-precision trainer.
+
+    ``bf16-mixed`` autocasts the compute and leaves the optimizer on the parameters as
+    they are: bfloat16 parameters then get no float32 master copy, and AdamW updates
+    smaller than bfloat16's resolution (8 bits of mantissa) vanish. FSDP2 can keep
+    float32 shards and gather bfloat16 copies for compute instead
+    (``model.fsdp_param_dtype``).
+
+    Raises:
+        ValueError: ``model_dtype`` is bfloat16 and ``precision`` is a mixed one.
+    """
+    if model_dtype is ModelDType.BFLOAT16 and precision in HALF_MIXED_PRECISIONS:
+        raise ValueError(
+            f"model_dtype=bfloat16 with trainer.precision={precision} trains without float32 "
+            "master weights (AdamW updates below bfloat16's resolution are lost): keep "
+            "model.model_dtype=float32 (autocast computes in bfloat16), or under FSDP2 set "
+            "model.fsdp_param_dtype=bfloat16 (float32 shards, bfloat16 compute copies)"
+        )
+
+
+def data_parallel_mesh(strategy: Any) -> Any | None:
+    """The data-parallel device mesh of an FSDP2 (``ModelParallelStrategy``) run, else
+    ``None``.
+
+    Raises:
+        ValueError: The strategy also runs tensor parallelism: every ODB rank must get
+            its own batches, and tensor-parallel peers would need the same ones.
+    """
+    if not isinstance(strategy, ModelParallelStrategy):
+        return None
+    mesh = strategy.device_mesh
+    if mesh["tensor_parallel"].size() != 1:
+        raise ValueError(
+            "ODB shards the data over every rank: ModelParallelStrategy needs "
+            f"tensor_parallel_size=1 and data_parallel_size=<world size>, got a mesh {mesh}"
+        )
+    return mesh["data_parallel"]
+
+
+def build_causal_lm(
+    pretrained_path: str | None,
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    *,
+    on_meta: bool = False,
+) -> PreTrainedModel:
+    """Load ``pretrained_path`` (a local directory), or initialise ``config`` at random.
+
+    ``on_meta`` builds the architecture without memory (the weights come later, per
+    shard: :func:`materialize`).
+    """
+    if on_meta:
+        if pretrained_path is not None:
+            config = AutoConfig.from_pretrained(pretrained_path)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation=attn_implementation
+            )
+    if pretrained_path is not None:
+        return AutoModelForCausalLM.from_pretrained(
+            pretrained_path, dtype=dtype, attn_implementation=attn_implementation
+        )
+    return AutoModelForCausalLM.from_config(
+        config, dtype=dtype, attn_implementation=attn_implementation
+    )
+
+
+def add_lora(model: PreTrainedModel, settings: LoraSettings) -> nn.Module:
+    """``model`` with LoRA adapters on ``settings.target_modules``; only they train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
+    """The decoder layers of a Hugging Face causal LM (or of a LoRA-wrapped one)."""
+    body = model.get_decoder()
+    layers = getattr(body, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(body).__name__} has no 'layers' to shard one by one")
+    return layers
+
+
+def shard(root: nn.Module, model: nn.Module, mesh: Any, param_dtype: torch.dtype | None) -> None:
+    """``fully_shard`` each decoder layer of ``model``, then ``root`` (which holds the
+    embeddings, final norm and head). With ``param_dtype`` the float32 shards are
+    gathered as that dtype for compute, and gradients reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    kwargs = {"mesh": mesh} if param_dtype is None else {"mesh": mesh, "mp_policy": policy}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(root, **kwargs)
+
+
+def _reset_lora(model: nn.Module) -> None:
+    """Give LoRA adapters their initial values again (A random, B zero)."""
+    for module in model.modules():
+        reset = getattr(module, "reset_lora_parameters", None)
+        if callable(reset) and hasattr(module, "active_adapters"):
+            for adapter in module.active_adapters:
+                reset(adapter, True)
+
+
+def _hf_key(key: str) -> str:
+    """A state-dict key of the (LoRA-wrapped) model, spelled as in the checkpoint."""
+    key = key.removeprefix("base_model.model.")
+    return key.replace(".base_layer.", ".")
+
+
+@torch.no_grad()
+def materialize(
+    model: nn.Module,
+    device: torch.device,
+    pretrained_path: str | None,
+    dtype: torch.dtype,
+    *,
+    is_rank_zero: bool,
+) -> None:
+    """Allocate this rank's shards of a model built on ``meta`` and fill them.
+
+    Random init uses the model's own initialisation (rotary tables included); LoRA
+    adapters start as LoRA does. ``pretrained_path`` is read on rank 0 only and each
+    shard is scattered from it (``broadcast_from_rank0``): one host copy per job, not
+    one per rank.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for module in hf_model.modules():
+        module._is_hf_initialized = False
+    hf_model.initialize_weights()  # also the rotary tables, which no checkpoint holds
+    _reset_lora(model)
+    if pretrained_path is None:
+        return
+    full: dict[str, torch.Tensor] = {}
+    if is_rank_zero:
+        loaded = AutoModelForCausalLM.from_pretrained(pretrained_path, dtype=dtype).state_dict()
+        full = {key: loaded[_hf_key(key)] for key in model.state_dict() if _hf_key(key) in loaded}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, full, options=options)

@@ -1,0 +1,134 @@
+"""The run directory's name (``${odb.run_name:...}``) under every launcher it tells apart.
+
+torchrun is played by an in-process ``TCPStore`` server standing in for the agent's store,
+and the ranks by calls with their environments, one after the other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from odb_lightning.app import run_dir
+from odb_lightning.app.run_dir import RunDirError, register_run_name_resolver, run_name
+from odb_lightning.runtime.errors import MetadataChannelError
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+PATTERN = "%Y-%m-%d_%H-%M-%S.%f"  # microseconds: two clocks never format alike here
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1", "SLURM_NTASKS": "16"}
+
+
+@pytest.fixture
+def agent_store() -> Iterator[dist.TCPStore]:
+    """A store server like the one node 0's torchrun agent hosts before workers start."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    yield store
+    del store
+
+
+def torchrun_env(store: dist.TCPStore | None, rank: int, restart: int = 0) -> dict[str, str]:
+    """What torchrun 2.13's agent puts into worker ``rank``'s environment (the part read);
+    without a store, a port where nothing listens."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": str(store.port if store else 1),
+        "TORCHELASTIC_RUN_ID": "none",  # the static rendezvous' default --rdzv-id
+        "TORCHELASTIC_RESTART_COUNT": str(restart),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def is_timestamp(name: str) -> bool:
+    return abs((datetime.strptime(name, PATTERN) - datetime.now()).total_seconds()) < 60
+
+
+def test_one_process_uses_its_clock() -> None:
+    assert is_timestamp(run_name(PATTERN, 1.0, {}))
+    # Lightning's launcher before it starts its children: no external launcher variables.
+    assert is_timestamp(run_name(PATTERN, 1.0, {"MASTER_ADDR": "127.0.0.1"}))
+
+
+def test_torchrun_ranks_read_rank_zero_name(agent_store: dist.TCPStore) -> None:
+    first = run_name(PATTERN, 5.0, torchrun_env(agent_store, 0))
+    assert is_timestamp(first)
+    assert run_name(PATTERN, 5.0, torchrun_env(agent_store, 1)) == first
+    # A restarted worker group publishes and reads under a key of its own.
+    again = run_name(PATTERN, 5.0, torchrun_env(agent_store, 0, restart=1))
+    assert again != first
+    assert run_name(PATTERN, 5.0, torchrun_env(agent_store, 1, restart=1)) == again
+    assert agent_store.get("odb_lightning/run_name/none/0").decode() == first
+
+
+def test_torchrun_rank_fails_when_rank_zero_publishes_nothing(
+    agent_store: dist.TCPStore,
+) -> None:
+    started = time.perf_counter()
+    with pytest.raises(RunDirError) as raised:
+        run_name(PATTERN, 1.0, torchrun_env(agent_store, 1, restart=3))
+    elapsed_s = time.perf_counter() - started
+    assert 1.0 <= elapsed_s < 10.0  # a busy machine may add seconds, never the timeout
+    message = str(raised.value)
+    assert "rank 1 waited 1.0s for global rank 0" in message
+    assert "'odb_lightning/run_name/none/3'" in message and "hydra.run.dir" in message
+    assert f"MASTER_ADDR:MASTER_PORT (127.0.0.1:{agent_store.port})" in message
+
+
+def test_torchrun_store_that_is_not_there_names_master_addr() -> None:
+    env = torchrun_env(None, 1)
+    with pytest.raises(RunDirError, match=r"could not reach torchrun's agent store at MASTER_AD"):
+        run_name(PATTERN, 1.0, env)
+    env["MASTER_ADDR"] = "trainer-7f9c4d-0.invalid"
+    with pytest.raises(MetadataChannelError, match=r"MASTER_ADDR 'trainer-7f9c4d-0.invalid'"):
+        run_name(PATTERN, 1.0, env)
+
+
+def test_srun_tasks_agree_on_the_job_and_step() -> None:
+    for procid in ("0", "15"):
+        assert run_name(PATTERN, 1.0, {**SLURM, "SLURM_PROCID": procid}) == "slurm-4242.1"
+    # One task (an sbatch script running python, or an salloc shell): this process's clock,
+    # so that successive runs in one allocation do not share a directory.
+    assert is_timestamp(run_name(PATTERN, 1.0, {**SLURM, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}))
+    assert is_timestamp(run_name(PATTERN, 1.0, SLURM))  # no SLURM_PROCID: not started by srun
+
+
+def test_torchrun_under_srun_uses_the_agent_store(agent_store: dist.TCPStore) -> None:
+    # srun starts one torchrun per node: the ranks are torchrun's, the name rank 0's clock.
+    env = {**SLURM, "SLURM_PROCID": "0", "SLURM_NTASKS": "2", **torchrun_env(agent_store, 0)}
+    assert is_timestamp(run_name(PATTERN, 5.0, env))
+
+
+def test_torchrun_without_the_agent_store(agent_store: dist.TCPStore) -> None:
+    env = {**torchrun_env(agent_store, 1), "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    with pytest.raises(RunDirError, match=r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE='1'.*hydra.run.dir"):
+        run_name(PATTERN, 1.0, env)
+    assert run_name(PATTERN, 1.0, {**env, "SLURM_PROCID": "1", **SLURM}) == "slurm-4242.1"
+    assert is_timestamp(run_name(PATTERN, 1.0, {**env, "WORLD_SIZE": "1"}))
+
+
+def test_train_yaml_resolves_one_run_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    run_dir._run_name_once.cache_clear()
+    register_run_name_resolver()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("train", return_hydra_config=True)
+    first = OmegaConf.select(cfg, "hydra.run.dir")
+    assert OmegaConf.select(cfg, "hydra.run.dir") == first
+    assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"{first}/multirun"
+    # Decided once per process: every later resolution (the sweep dir, Lightning's launcher
+    # reading HydraConfig) returns the same name, even in a later second.
+    assert run_dir._run_name_once.cache_info().misses == 1
+    assert first.startswith("outputs/train/")
+    datetime.strptime(first.removeprefix("outputs/train/"), "%Y-%m-%d_%H-%M-%S")
