@@ -159,7 +159,9 @@ def fit_on_both_ranks(
     out_dir: Path,
 ) -> None:
     """One rank's part of the 2-process job; writes ``{variant}_rank{r}.pt``."""
-    torch.manual_seed(0)  # the same initial weights on both ranks (DDP also broadcasts)
+    # The same initial weights on both ranks (DDP broadcasts rank 0's anyway; under FSDP2
+    # each rank fills its own shard). The reference reads them from the records.
+    torch.manual_seed(0)
     module = module_class(finetuning)
     trainer = quiet_trainer(
         accelerator="cpu",

@@ -161,3 +161,51 @@ def test_checkpoint_at_epoch_end_resumes_with_the_next_epoch_in_full(tmp_path: P
     )
     assert _emitted(second, 1) == Counter(TRAIN_INDICES), "epoch 1 runs in full"
     assert resumed["emitted_samples"] == 128
+
+
+def _sharded_weights(checkpoint_dir: Path, out: Path) -> dict[str, torch.Tensor]:
+    """The full weights of an FSDP2 checkpoint directory (one shard file per rank)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(checkpoint_dir, out)
+    return torch.load(out, weights_only=True)["state_dict"]
+
+
+def test_fsdp2_resume_emits_the_epoch_exactly_once(tmp_path: Path) -> None:
+    """FSDP2 checkpoints are directories of shards; the data module's state rides along."""
+    overrides = (*_mode_overrides("odb", tmp_path), "trainer=fsdp_cpu")
+    stopped, resumed, first, second = stop_and_resume(tmp_path, *overrides)
+    checkpoint = (first / "checkpoints" / "last.ckpt").resolve()
+    assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 2
+    before, after = _emitted(first, 2), _emitted(second, 2)
+    assert stopped["optimizer_steps"] == STOP_AT and 0 < sum(before.values()) < 64
+    assert before + after == Counter(TRAIN_INDICES), "every sample once: none lost or repeated"
+    audit = read_audit(second, 2)
+    assert len(audit[0]) == len(audit[1]), "equal step counts after the resume"
+    assert resumed["steps_per_rank"] == STOP_AT + len(audit[0])
+    assert resumed["emitted_samples"] == 64
+
+
+def test_fsdp2_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    """Sharded weights and optimizer state restored: the same model as without the stop."""
+    overrides = (
+        "experiment=sharegpt_standard",
+        "trainer=fsdp_cpu",
+        "model.decay_steps=12",
+        "model.warmup_steps=2",
+    )
+    whole = tmp_path / "whole"
+    train(whole, *overrides, "audit_ids=true")
+    _, _, first, second = stop_and_resume(tmp_path, *overrides)
+    before, after, uninterrupted = (read_audit(d, 2) for d in (first, second, whole))
+    for rank in range(2):
+        assert before[rank] + after[rank] == uninterrupted[rank], "the run goes on"
+    resumed = _sharded_weights((second / "checkpoints" / "last.ckpt").resolve(), tmp_path / "r")
+    expected = _sharded_weights((whole / "checkpoints" / "last.ckpt").resolve(), tmp_path / "w")
+    stopped = _sharded_weights((first / "checkpoints" / "last.ckpt").resolve(), tmp_path / "s")
+    assert resumed.keys() == expected.keys() and expected
+    moved = 0
+    for name, tensor in expected.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+        moved += not torch.equal(stopped[name], tensor)
+    assert moved > 0, "the steps after the stop changed the weights"

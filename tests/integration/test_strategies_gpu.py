@@ -161,9 +161,11 @@ def test_fsdp1_scales_gradients_and_clips_by_the_global_norm() -> None:
         expected, expected_loss = expected_gradient(module.params[step], step, accumulate)
         grad, clipped = module.grads[step], module.clipped[step]
         assert rel_err(grad, expected) <= FLOAT32_REL  # the union gradient, before clipping
-        # Clipped by the norm over every parameter: scaled to CLIP_NORM, direction kept.
+        # Clipped by the norm over every parameter: scaled to CLIP_NORM, direction kept
+        # (the tiny model's gradient norm is about 2 at these steps: clipping acts).
         norm = float(grad.norm())
-        assert float(clipped.norm()) == pytest.approx(min(norm, CLIP_NORM), rel=1e-4)
+        assert norm > CLIP_NORM
+        assert float(clipped.norm()) == pytest.approx(CLIP_NORM, rel=1e-4)
         assert rel_err(clipped * (norm / float(clipped.norm())), grad) <= 1e-5
         assert rel_err(updates[step], clipped) <= UPDATE_REL  # the optimizer applied it
     loss = float(trainer.callback_metrics["train/loss"])

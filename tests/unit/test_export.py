@@ -148,6 +148,25 @@ def test_merged_export_is_a_plain_model_with_the_trained_logits(
     )
 
 
+def test_adapter_of_a_pretrained_base_names_it_and_loads_onto_it(batch, tmp_path) -> None:
+    from peft import PeftModel
+
+    tiny_module().model.save_pretrained(tmp_path / "pretrained")
+    module = train_and_save(
+        tmp_path / "lora.ckpt",
+        pretrained_path=str(tmp_path / "pretrained"),
+        finetuning="lora",
+        lora=LORA,
+    )
+    assert main([str(tmp_path / "lora.ckpt"), "--out", str(tmp_path / "adapter")]) == 0
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "pretrained")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "pretrained").eval()
+    adapted = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    reference = logits(module.model, batch)
+    torch.testing.assert_close(logits(adapted, batch), reference, rtol=1e-12, atol=1e-12)
+
+
 def test_full_finetune_exports_the_whole_model(batch, tmp_path) -> None:
     module = train_and_save(tmp_path / "full.ckpt")
     assert main([str(tmp_path / "full.ckpt"), "--out", str(tmp_path / "model")]) == 0

@@ -119,7 +119,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         max_position_embeddings: int = 32768,
         tie_word_embeddings: bool = True,
         token_id_fold: int | None = None,
-        model_dtype: ModelDType | str = ModelDType.FLOAT32,
+        model_dtype: ModelDType | str = "float32",
         attn_implementation: str = "sdpa",
         loss_chunk_tokens: int = 1024,
         lr: float = 3e-4,
@@ -127,15 +127,16 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         betas: Sequence[float] = (0.9, 0.95),
         warmup_steps: int = 0,
         min_lr_ratio: float = 0.1,
-        scheduler: LRSchedule | str = LRSchedule.COSINE,
+        scheduler: LRSchedule | str = "cosine",
         decay_steps: int | None = None,
         tokens_per_step: int | None = None,
-        finetuning: Finetuning | str = Finetuning.FULL,
+        finetuning: Finetuning | str = "full",
         lora: LoraSettings | dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
         fsdp_param_dtype: ModelDType | str | None = None,
     ) -> None:
         super().__init__(tokens_per_step=tokens_per_step)
+        # Plain defaults (strings, not enum members): checkpoints load with weights_only.
         self.save_hyperparameters()
         _check_arguments(token_id_fold, pretrained_path, loss_chunk_tokens, lr, betas, min_lr_ratio)
         self.finetuning = Finetuning(finetuning)
@@ -311,6 +312,21 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         )
         if self.decay_steps is not None or self.scheduler is LRSchedule.CONSTANT:
             return partial(factor, decay_steps=self.decay_steps or 0)
+        resolved: list[Callable[[int], float]] = []
+
+        def schedule(step: int) -> float:
+            # Step 0 (LambdaLR's first call, inside configure_optimizers) needs no length.
+            # Asking the trainer for one there would fetch a batch before a strategy that
+            # restores checkpoints after setup (FSDP2) has given the loader its state.
+            if step == 0 and not resolved:
+                return factor(0, decay_steps=0)
+            if not resolved:
+                resolved.append(self._decay_schedule(factor))
+            return resolved[0](step)
+
+        return schedule
+
+    def _decay_schedule(self, factor: Callable[..., float]) -> Callable[[int], float]:
         # Lightning answers max_steps (-1 when unset) for a loader without a length. With
         # tokens_per_step, token counts close the steps: batches say nothing of their number.
         estimate = (
