@@ -157,6 +157,17 @@ def build_causal_lm(
     )
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant), with the
+    API of the installed ``transformers`` (renamed from gradient to activation
+    checkpointing in 5.x)."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def add_lora(model: PreTrainedModel, settings: LoraSettings) -> nn.Module:
     """``model`` with LoRA adapters on ``settings.target_modules``; only they train."""
     from peft import LoraConfig, get_peft_model

@@ -26,6 +26,7 @@ from odb_lightning.lit.model_setup import (
     build_causal_lm,
     check_master_weights,
     data_parallel_mesh,
+    enable_activation_checkpointing,
     materialize,
     shard,
 )
@@ -191,9 +192,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             on_meta=mesh is not None,
         )
         if self.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            enable_activation_checkpointing(model)
         if self.lora is not None:
             model = add_lora(model, self.lora)
         self.model = model

@@ -1,0 +1,118 @@
+"""Model setup: float32 master weights, LoRA settings, the data-parallel mesh, and the
+presets for large models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+
+from helpers.configs import compose_train
+from helpers.tiny_lm import tiny_module
+from odb_lightning.lit.model_setup import (
+    LoraSettings,
+    ModelDType,
+    check_master_weights,
+    data_parallel_mesh,
+)
+
+
+def test_bfloat16_parameters_under_bf16_mixed_are_refused() -> None:
+    with pytest.raises(ValueError, match="model_dtype=bfloat16 with trainer.precision=bf16-mix"):
+        check_master_weights(ModelDType.BFLOAT16, "bf16-mixed")
+    check_master_weights(ModelDType.FLOAT32, "bf16-mixed")
+    check_master_weights(ModelDType.BFLOAT16, "bf16-true")  # pure bf16 is a choice, not a trap
+
+
+@pytest.mark.parametrize("trainer", ["gpu8", "gpu8_fsdp"])
+@pytest.mark.parametrize("model", ["qwen2_0_5b", "qwen2_5_1_5b", "qwen2_5_7b"])
+def test_gpu_presets_keep_float32_master_weights(model: str, trainer: str, tmp_path: Path) -> None:
+    """The combination a user gets from the presets passes the guard (the earlier 0.5B
+    preset, bfloat16 parameters under bf16-mixed, would raise here)."""
+    cfg = compose_train(tmp_path, [f"model={model}", f"trainer={trainer}"])
+    check_master_weights(ModelDType(cfg.model.model_dtype), cfg.trainer.precision)
+
+
+def test_a_bf16_update_below_resolution_vanishes_and_fp32_keeps_it() -> None:
+    """Why the guard exists: an AdamW-sized update of 1e-5 on a weight of 1.0."""
+    weight = torch.ones(4)
+    update = torch.full((4,), 1e-5)
+    assert torch.equal((weight.bfloat16() - update.bfloat16()).float(), weight)
+    assert not torch.equal(weight - update, weight)
+
+
+def test_lora_settings_are_checked_naming_the_field() -> None:
+    assert LoraSettings.of({"r": 4, "target_modules": ["q_proj"]}).target_modules == ("q_proj",)
+    with pytest.raises(ValueError, match=r"lora.r must be an integer >= 1"):
+        LoraSettings.of({"r": 0})
+    with pytest.raises(ValueError, match=r"lora.dropout must be in \[0, 1\)"):
+        LoraSettings.of({"dropout": 1.0})
+    with pytest.raises(ValueError, match=r"lora has no field\(s\) \['rank'\]"):
+        LoraSettings.of({"rank": 8})
+
+
+def test_lora_trains_only_the_adapters() -> None:
+    module = tiny_module(finetuning="lora", lora={"r": 2, "target_modules": ["q_proj"]})
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n and "q_proj" in n for n in trainable)
+    counts = module.parameter_counts()
+    # Two layers, q_proj 32 -> 32: r * (in + out) per adapter pair.
+    assert counts["trainable_parameters"] == 2 * 2 * (32 + 32)
+    assert counts["total_parameters"] > counts["trainable_parameters"]
+
+
+def test_plain_strategies_have_no_mesh_and_tensor_parallelism_is_refused() -> None:
+    assert data_parallel_mesh(None) is None
+    strategy = hydra.utils.instantiate({"_target_": "lightning.pytorch.strategies.DDPStrategy"})
+    assert data_parallel_mesh(strategy) is None
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class FakeMesh(dict):
+        pass
+
+    class Size:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def size(self) -> int:
+            return self.n
+
+    tensor_parallel = ModelParallelStrategy()
+    tensor_parallel._device_mesh = FakeMesh(tensor_parallel=Size(2), data_parallel=Size(4))
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        data_parallel_mesh(tensor_parallel)
+
+
+def test_the_model_is_built_by_configure_model_once() -> None:
+    module = tiny_module()
+    model = module.model
+    module.configure_model()  # Lightning may call it again (fit, then validate)
+    assert module.model is model
+    from odb_lightning.lit.module import CausalLMModule
+
+    with pytest.raises(RuntimeError, match="configure_model"):
+        CausalLMModule(vocab_size=64, hidden_size=16, num_attention_heads=2)(
+            {"input_ids": torch.zeros(1, 2, dtype=torch.long), "labels": torch.zeros(1, 2)}
+        )
+
+
+def test_gradient_checkpointing_recomputes_without_changing_the_gradient() -> None:
+    from helpers.tiny_lm import flat_grad, make_sample, pad
+
+    batch = pad([make_sample(9, 2, 1), make_sample(6, 1, 2)])
+    grads = []
+    for checkpointing in (False, True):
+        module = tiny_module(gradient_checkpointing=checkpointing)
+        module.train()
+        model = module.model
+        enabled = getattr(model, "is_activation_checkpointing", None)
+        if enabled is None:  # transformers < 5.2x
+            enabled = model.is_gradient_checkpointing
+        assert enabled is checkpointing
+        loss_sum, _ = module(batch)
+        loss_sum.backward()
+        grads.append(flat_grad(module))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-14)
