@@ -1,6 +1,6 @@
-"""Jobs launched from outside Lightning, as on several nodes: two torchrun "nodes" on
-localhost that must share one run directory, and the launch check that stops a job whose
-ranks could not meet before the Trainer starts.
+"""Jobs launched from outside Lightning, as on several nodes: two torchrun "nodes" (and,
+marked slow, two srun tasks) on localhost that must share one run directory, and the
+launch check that stops a job whose ranks could not meet before the Trainer starts.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from helpers.train_run import ROOT, read_audit
 from odb_lightning.app.validation import check_launch_environment
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.runtime.errors import MetadataChannelError
 
-UNRESOLVABLE = "trainer-7f9c4d-0.invalid"  # RFC 6761: never resolves
-ALIGNMENT_TIMEOUT_S = 30.0
+UNRESOLVABLE = "trainer-7f9c4d-0.invalid"  # RFC 6761: .invalid names never exist
+# The default batching's alignment_timeout_s: what a rank would otherwise wait out first.
+ALIGNMENT_TIMEOUT_S = float(OmegaConf.load(ROOT / "conf/batching/odb.yaml").alignment_timeout_s)
 
 
 def free_port() -> int:
@@ -39,38 +41,36 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def test_two_torchrun_nodes_write_one_run_dir(tmp_path: Path) -> None:
-    # No hydra.run.dir: each node resolves conf/train.yaml's own, relative to the cwd.
-    port = free_port()
-    logs = [tmp_path / f"node{node}.log" for node in (0, 1)]
-    nodes = []
-    for node, log in enumerate(logs):
-        command = [
-            *(sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"),
-            *("--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"),
-            *(str(ROOT / "train.py"), "debug=smoke", "logger=csv", "audit_ids=true"),
-            *("trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"),
-        ]
-        with log.open("w") as out:  # a file, not a pipe: nothing waits for a reader
-            nodes.append(
-                subprocess.Popen(
-                    command, cwd=tmp_path, env=launcher_free_env(), stdout=out, stderr=out
-                )
+def run_nodes(tmp_path: Path, commands: list[list[str]], envs: list[dict[str, str]]) -> None:
+    """Start every process at once in ``tmp_path`` (so that ``outputs/`` lands there) and
+    wait for all of them; each one's output goes to a log file, not a pipe."""
+    processes = []
+    for node, (command, env) in enumerate(zip(commands, envs, strict=True)):
+        with (tmp_path / f"node{node}.log").open("w") as log:
+            processes.append(
+                subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=log)
             )
     try:
-        for node in nodes:
-            node.wait(timeout=240)
+        for process in processes:
+            process.wait(timeout=240)
     finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait(timeout=30)
-    for node, log in zip(nodes, logs, strict=True):
-        assert node.returncode == 0, f"{log.name}:\n{log.read_text()[-6000:]}"
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    for node, process in enumerate(processes):
+        log = (tmp_path / f"node{node}.log").read_text()
+        assert process.returncode == 0, f"node {node}:\n{log[-6000:]}"
 
+
+def assert_one_run_dir(tmp_path: Path) -> Path:
+    """The one directory both ranks wrote, with every sample once and equal step counts."""
     (run_dir,) = (tmp_path / "outputs" / "train").iterdir()  # one job, one directory
-    datetime.strptime(run_dir.name, "%Y-%m-%d_%H-%M-%S")  # rank 0's clock, as ${now:} was
     assert {"emitted_ids_rank0.jsonl", "emitted_ids_rank1.jsonl", "summary.json"} <= {
+        p.name for p in run_dir.iterdir()
+    }
+    # Each rank's Hydra files apart: nothing written twice into the shared directory.
+    assert {".hydra", ".hydra_rank1", "train.log", "train_rank1.log"} <= {
         p.name for p in run_dir.iterdir()
     }
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -80,6 +80,42 @@ def test_two_torchrun_nodes_write_one_run_dir(tmp_path: Path) -> None:
     # debug=smoke: 80 records, a seeded 16 held out for validation, the other 64 once each.
     assert emitted == sorted(epoch_permutation(80, 0, -1)[16:])
     assert summary["world_size"] == 2 and summary["emitted_samples"] == 64
+    return run_dir
+
+
+# Two ranks on two "nodes" of one process each. No hydra.run.dir: every process resolves
+# conf/train.yaml's own, relative to its cwd.
+TRAIN = [str(ROOT / "train.py"), "debug=smoke", "logger=csv", "audit_ids=true"]
+TWO_NODES = ["trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"]
+
+
+def test_two_torchrun_nodes_write_one_run_dir(tmp_path: Path) -> None:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    address = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    commands = [[*torchrun, f"--node-rank={n}", *address, *TRAIN, *TWO_NODES] for n in (0, 1)]
+    run_nodes(tmp_path, commands, [launcher_free_env()] * 2)
+    run_dir = assert_one_run_dir(tmp_path)
+    datetime.strptime(run_dir.name, "%Y-%m-%d_%H-%M-%S")  # rank 0's clock, as ${now:} was
+
+
+@pytest.mark.slow
+def test_two_srun_tasks_write_one_run_dir(tmp_path: Path) -> None:
+    # What srun puts into each task's environment, as in examples/slurm_2nodes.sbatch.
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NAME": "odb",
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_LOCALID": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    envs = [launcher_free_env(**slurm, SLURM_PROCID=str(n), SLURM_NODEID=str(n)) for n in (0, 1)]
+    run_nodes(tmp_path, [[sys.executable, *TRAIN, *TWO_NODES]] * 2, envs)
+    assert assert_one_run_dir(tmp_path).name == "slurm-4242.0"
 
 
 def run_externally(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -92,7 +128,6 @@ def run_externally(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProc
         "trainer=ddp_cpu",
         "trainer.devices=1",
         "trainer.num_nodes=2",
-        f"batching.alignment_timeout_s={ALIGNMENT_TIMEOUT_S}",
         f"hydra.run.dir={tmp_path}",
     ]
     started = time.perf_counter()

@@ -12,6 +12,7 @@ import torch
 from helpers.configs import compose_train
 from helpers.tiny_lm import tiny_module
 from odb_lightning.lit.model_setup import (
+    Finetuning,
     LoraSettings,
     ModelDType,
     check_master_weights,
@@ -21,9 +22,17 @@ from odb_lightning.lit.model_setup import (
 
 def test_bfloat16_parameters_under_bf16_mixed_are_refused() -> None:
     with pytest.raises(ValueError, match="model_dtype=bfloat16 with trainer.precision=bf16-mix"):
-        check_master_weights(ModelDType.BFLOAT16, "bf16-mixed")
-    check_master_weights(ModelDType.FLOAT32, "bf16-mixed")
-    check_master_weights(ModelDType.BFLOAT16, "bf16-true")  # pure bf16 is a choice, not a trap
+        check_master_weights(ModelDType.BFLOAT16, "bf16-mixed", Finetuning.FULL)
+    check_master_weights(ModelDType.FLOAT32, "bf16-mixed", Finetuning.FULL)
+    check_master_weights(ModelDType.BFLOAT16, "bf16-true", Finetuning.FULL)  # a choice
+    check_master_weights(ModelDType.BFLOAT16, "bf16-mixed", Finetuning.LORA)  # frozen base
+
+
+def test_lora_on_a_bfloat16_base_trains_float32_adapters() -> None:
+    module = tiny_module(model_dtype="bfloat16", finetuning="lora", lora={"r": 2})
+    dtypes = {p.dtype for p in module.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in module.parameters() if not p.requires_grad}
+    assert dtypes == {torch.float32} and frozen == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("trainer", ["gpu8", "gpu8_fsdp"])
@@ -32,7 +41,8 @@ def test_gpu_presets_keep_float32_master_weights(model: str, trainer: str, tmp_p
     """The combination a user gets from the presets passes the guard (the earlier 0.5B
     preset, bfloat16 parameters under bf16-mixed, would raise here)."""
     cfg = compose_train(tmp_path, [f"model={model}", f"trainer={trainer}"])
-    check_master_weights(ModelDType(cfg.model.model_dtype), cfg.trainer.precision)
+    finetuning = Finetuning(cfg.model.finetuning)
+    check_master_weights(ModelDType(cfg.model.model_dtype), cfg.trainer.precision, finetuning)
 
 
 def test_a_bf16_update_below_resolution_vanishes_and_fp32_keeps_it() -> None:

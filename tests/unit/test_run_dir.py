@@ -132,3 +132,13 @@ def test_train_yaml_resolves_one_run_dir(monkeypatch: pytest.MonkeyPatch) -> Non
     assert run_dir._run_name_once.cache_info().misses == 1
     assert first.startswith("outputs/train/")
     datetime.strptime(first.removeprefix("outputs/train/"), "%Y-%m-%d_%H-%M-%S")
+
+
+def test_ranks_above_zero_of_external_launchers_tag_their_hydra_files() -> None:
+    from odb_lightning.app.run_dir import process_tag
+
+    assert process_tag({}) == ""  # one process, or a child of Lightning's launcher
+    assert process_tag({"RANK": "0", "WORLD_SIZE": "2"}) == ""
+    assert process_tag({"RANK": "3", "WORLD_SIZE": "4"}) == "_rank3"  # torchrun
+    assert process_tag({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}) == "_rank1"  # srun
+    assert process_tag({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == ""  # a batch script

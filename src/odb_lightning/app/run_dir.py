@@ -14,8 +14,8 @@ processes disagree on the second. :func:`run_name` decides instead, in this orde
    the other ranks read it. A restarted worker group gets a directory of its own, and the
    failed attempt's files stay as they were.
 2. srun starting several tasks: ``slurm-<SLURM_JOB_ID>.<SLURM_STEP_ID>``, equal on every
-   task without any exchange, and again after a requeue, so that Lightning's SLURM
-   auto-requeue finds its ``hpc_ckpt_*.ckpt`` in the same directory and resumes.
+   task of the step without any exchange; the step keeps several sruns of one allocation
+   apart. (One task, as in an salloc shell or a batch script without srun, is case 4.)
 3. torchrun without the agent's store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) and more
    than one rank: nothing to agree on before the process group exists, so an error that
    says to pass ``hydra.run.dir``.
@@ -125,6 +125,26 @@ def _run_name_once(pattern: str, timeout_s: float) -> str:
     return run_name(pattern, float(timeout_s))
 
 
+PROCESS_TAG_RESOLVER = "odb.process_tag"
+"""Resolver of the suffix that keeps the Hydra files of ranks > 0 apart in the shared run
+directory (``${odb.process_tag:}``)."""
+
+
+def process_tag(environ: Mapping[str, str] | None = None) -> str:
+    """``""`` for global rank 0 and for processes no external launcher started, else
+    ``_rank<r>``: under torchrun and srun every process writes Hydra's ``.hydra/`` and the
+    job log itself, so ranks > 0 write ``.hydra_rank<r>/`` and ``train_rank<r>.log``.
+    (Lightning's own launcher passes its children ``hydra.output_subdir=null`` and a job
+    name instead.)"""
+    env = os.environ if environ is None else environ
+    rank = env.get("RANK")
+    if rank is None and srun_tasks(env) > 1:
+        rank = env.get("SLURM_PROCID")
+    return "" if rank in (None, "0") else f"_rank{rank}"
+
+
 def register_run_name_resolver() -> None:
-    """Register ``${odb.run_name:...}``; call it before Hydra composes the config."""
+    """Register ``${odb.run_name:...}`` and ``${odb.process_tag:}``; call it before Hydra
+    composes the config."""
     OmegaConf.register_new_resolver(RESOLVER, _run_name_once, replace=True)
+    OmegaConf.register_new_resolver(PROCESS_TAG_RESOLVER, process_tag, replace=True)

@@ -88,24 +88,27 @@ HALF_MIXED_PRECISIONS = frozenset({"bf16-mixed", "16-mixed"})
 """Trainer precisions that autocast and expect float32 master weights."""
 
 
-def check_master_weights(model_dtype: ModelDType, precision: str) -> None:
-    """Refuse half-precision parameters under a mixed-precision trainer.
+def check_master_weights(model_dtype: ModelDType, precision: str, finetuning: Finetuning) -> None:
+    """Refuse trained half-precision parameters under a mixed-precision trainer.
 
     ``bf16-mixed`` autocasts the compute and leaves the optimizer on the parameters as
     they are: bfloat16 parameters then get no float32 master copy, and AdamW updates
-    smaller than bfloat16's resolution (8 bits of mantissa) vanish. FSDP2 can keep
-    float32 shards and gather bfloat16 copies for compute instead
+    smaller than bfloat16's resolution (8 bits of mantissa) vanish. A frozen bfloat16
+    base under LoRA is fine: ``peft`` keeps the adapters, which train, in float32. FSDP2
+    can keep float32 shards and gather bfloat16 copies for compute instead
     (``model.fsdp_param_dtype``).
 
     Raises:
-        ValueError: ``model_dtype`` is bfloat16 and ``precision`` is a mixed one.
+        ValueError: A full fine-tune in bfloat16 under a mixed precision.
     """
-    if model_dtype is ModelDType.BFLOAT16 and precision in HALF_MIXED_PRECISIONS:
+    trained_in_bf16 = model_dtype is ModelDType.BFLOAT16 and finetuning is Finetuning.FULL
+    if trained_in_bf16 and precision in HALF_MIXED_PRECISIONS:
         raise ValueError(
             f"model_dtype=bfloat16 with trainer.precision={precision} trains without float32 "
             "master weights (AdamW updates below bfloat16's resolution are lost): keep "
             "model.model_dtype=float32 (autocast computes in bfloat16), or under FSDP2 set "
-            "model.fsdp_param_dtype=bfloat16 (float32 shards, bfloat16 compute copies)"
+            "model.fsdp_param_dtype=bfloat16 (float32 shards, bfloat16 compute copies); "
+            "a bfloat16 base is fine with model.finetuning=lora"
         )
 
 

@@ -176,7 +176,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         trainer = self._trainer
         strategy = trainer.strategy if trainer is not None else None
         if trainer is not None:
-            check_master_weights(self.model_dtype, str(trainer.precision))
+            check_master_weights(self.model_dtype, str(trainer.precision), self.finetuning)
         mesh = data_parallel_mesh(strategy)
         if self.fsdp_param_dtype is not None and mesh is None:
             raise ValueError(
