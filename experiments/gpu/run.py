@@ -1,7 +1,7 @@
 """One GPU, bf16, a Qwen2.5-0.5B-sized model: standard vs odb vs odb_packed on ShareGPT.
 
 Each arm is one ``train.py``-equivalent run (``odb_lightning.app.train.run``, the code
-path of ``python train.py trainer=gpu8 trainer.devices=1``: ``ODBStrategy`` on NCCL,
+path of ``python train.py trainer=gpu8 trainer.devices=1``: DDP on NCCL,
 ``bf16-mixed``, ``model=qwen2_0_5b`` initialised from config) over the same ShareGPT
 records, so every arm trains on the same real tokens. Each arm runs in its own process,
 which reports the run summary, the peak GPU memory and the device; this script prints

@@ -1,6 +1,6 @@
 """The GPU study's script runs its real code path on CPU (``--dry-run``).
 
-Two arms through the application with the ``gpu8`` preset, ``ODBStrategy`` on gloo,
+Two arms through the application with the ``gpu8`` preset, DDP on gloo,
 ``bf16-mixed``: both must train on the same samples and real tokens, and the report
 must be assembled without inventing GPU figures.
 """
