@@ -44,7 +44,8 @@ def stop_and_resume(mode: str, trainer: str, stop_at: int, work: Path) -> dict:
     total = before + after
     return {
         "mode": mode,
-        "world_size": 2 if trainer == "ddp_cpu" else 1,
+        "trainer": trainer,
+        "world_size": 1 if trainer == "cpu" else 2,
         "emitted_before": sum(before.values()),
         "emitted_after": sum(after.values()),
         "duplicates": sum(n - 1 for n in total.values() if n > 1),
@@ -58,10 +59,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stop-at", type=int, default=3, help="optimizer steps before the stop")
     parser.add_argument("--modes", default="odb,standard,bucketed")
+    parser.add_argument("--trainers", default="cpu,ddp_cpu,fsdp_cpu")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for trainer in ("cpu", "ddp_cpu"):
+        for trainer in args.trainers.split(","):
             for mode in args.modes.split(","):
                 row = stop_and_resume(mode, trainer, args.stop_at, Path(scratch))
                 rows.append(row)

@@ -40,14 +40,17 @@ class Gather(CausalLMModule):
         buffers = {k: v.clone() for k, v in self.model.named_buffers()}
         local = sum(p.to_local().numel() for p in self.parameters())
         record = {"weights": full, "buffers": buffers, "local": local}
-        torch.save(record, self.out / f"{self.hparams.finetuning}_rank{self.global_rank}.pt")
+        local_weights = {k: v.to_local().clone() for k, v in self.model.state_dict().items()}
+        record["local_weights"] = local_weights
+        tag = self.hparams.finetuning if self.hparams.pretrained_path else "random"
+        torch.save(record, self.out / f"{tag}_rank{self.global_rank}.pt")
 
     @override
     def train_dataloader(self) -> DataLoader:
         return DataLoader([torch.zeros(1)])
 
 
-def setup_on_both_ranks(pretrained: str, out: str, finetuning: str) -> None:
+def setup_on_both_ranks(pretrained: str | None, out: str, finetuning: str) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
@@ -69,12 +72,20 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CausalLMMod
     base = tmp_path_factory.mktemp("sharded_init")
     source = tiny_module(tie_word_embeddings=True)
     source.model.save_pretrained(base / "pretrained")
+    # A checkpoint that lacks one layer's weights.
+    from safetensors.torch import load_file, save_file
+
+    source.model.save_pretrained(base / "broken")
+    weights = load_file(base / "broken" / "model.safetensors")
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, base / "broken" / "model.safetensors", metadata={"format": "pt"})
     leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in leaks}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(
-        [*torchrun, str(Path(__file__).resolve()), str(base / "pretrained"), str(base)],
+        [*torchrun, str(Path(__file__).resolve()), str(base / "pretrained"), str(base)]
+        + [str(base / "broken")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -118,6 +129,44 @@ def test_lora_on_a_sharded_checkpoint_keeps_the_base_and_starts_at_it(sharded) -
             assert torch.equal(tensor, expected[plain]), name
 
 
+def broken_checkpoint_fails_on_every_rank(broken: str, out: str) -> None:
+    try:
+        setup_on_both_ranks(broken, out, "full")
+    except ValueError as error:
+        rank = int(os.environ["RANK"])
+        (Path(out) / f"broken_rank{rank}.txt").write_text(str(error))
+
+
 if __name__ == "__main__":
-    setup_on_both_ranks(sys.argv[1], sys.argv[2], "full")
-    setup_on_both_ranks(sys.argv[1], sys.argv[2], "lora")
+    pretrained_dir, out_dir = sys.argv[1], sys.argv[2]
+    setup_on_both_ranks(pretrained_dir, out_dir, "full")
+    setup_on_both_ranks(pretrained_dir, out_dir, "lora")
+    setup_on_both_ranks(None, out_dir, "full")
+    broken_checkpoint_fails_on_every_rank(sys.argv[3], out_dir)
+
+
+def test_random_init_fills_each_shard_as_the_model_initialises_itself(sharded) -> None:
+    base, source = sharded
+    ranks = [torch.load(base / f"random_rank{r}.pt", weights_only=True) for r in range(2)]
+    weights = ranks[0]["weights"]
+    assert weights.keys() == source.model.state_dict().keys()
+    std = source.model.config.initializer_range
+    for name, tensor in weights.items():
+        assert torch.isfinite(tensor).all(), name
+        if name.endswith("norm.weight"):
+            assert torch.equal(tensor, torch.ones_like(tensor)), name
+        elif name.endswith("proj.weight") or "embed" in name:
+            assert abs(float(tensor.std()) - std) < 0.25 * std, name
+    # Each rank drew its own shard: the two halves of a matrix differ.
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(ranks[0]["local_weights"][q], ranks[1]["local_weights"][q])
+    for name, tensor in source.model.named_buffers():  # rotary tables recomputed
+        assert torch.equal(ranks[0]["buffers"][name], tensor), name
+
+
+def test_a_checkpoint_missing_a_weight_fails_every_rank_naming_it(sharded) -> None:
+    base, _ = sharded
+    for rank in range(2):
+        message = (base / f"broken_rank{rank}.txt").read_text()
+        assert "model.layers.1.mlp.down_proj.weight" in message, message
+        assert "model.pretrained_path" in message

@@ -84,3 +84,11 @@ def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path)
         assert checkpoint.is_dir() and shards == ["__0_0.distcp", "__1_0.distcp"]
     else:
         assert checkpoint.is_file()
+
+
+def test_fsdp2_validation_with_an_idle_batch_runs_every_forward(tmp_path: Path) -> None:
+    """24 validation samples in batches of 8 over 2 ranks: rank 1's second batch is IDLE.
+    Its forward still runs (the all-gathers of the sharded forward are collectives), and
+    its loss is not counted."""
+    summary = train(tmp_path, "trainer=fsdp_cpu", "data.val_samples=24", timeout_s=240)
+    assert summary["world_size"] == 2 and summary["val_loss"] > 0

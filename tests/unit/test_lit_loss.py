@@ -14,15 +14,18 @@ import lightning.pytorch as pl
 import pytest
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from helpers.tiny_lm import (
     fit_on_cpu,
     flat_grad,
     full_loss_sum,
+    hand_over,
     loss_tokens,
     make_sample,
     pad,
+    quiet_trainer,
     rel_err,
     step_batches,
     tiny_module,
@@ -191,3 +194,19 @@ def test_clipping_sees_the_scaled_gradient_and_callbacks_the_unscaled_one() -> N
     fit_on_cpu(module, [pad(samples)], max_steps=1, callbacks=[callback], gradient_clip_val=1e9)
     assert rel_err(module.clipped, expected_grad) <= 1e-5
     assert rel_err(callback.seen, expected_grad * loss_tokens(pad(samples))) <= 1e-5
+
+
+def test_a_step_without_any_gradient_in_param_grad_raises() -> None:
+    """Where every rank holds every gradient (here one device), missing gradients (a
+    strategy that keeps them in its own buffers) fail the step instead of skipping 1/N."""
+
+    class DropGradients(pl.Callback):
+        def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            for parameter in pl_module.parameters():
+                parameter.grad = None
+
+    module = tiny_module(loss_chunk_tokens=4)
+    batches = [pad([make_sample(7, 2, 1)])]
+    trainer = quiet_trainer(max_steps=1, callbacks=[DropGradients()], gradient_clip_val=None)
+    with pytest.raises(RuntimeError, match="no trainable parameter has a gradient in param.grad"):
+        trainer.fit(module, DataLoader(batches, batch_size=None, collate_fn=hand_over))

@@ -87,3 +87,51 @@ def test_other_ranks_start_only_after_rank_zero() -> None:
     rank_one.wait_for_rank_zero("odb/p/1", 5.0)
     with pytest.raises(MetadataChannelError):
         rank_one.wait_for_rank_zero("odb/p/2", 0.2)  # each generation has its own key
+
+
+def test_a_host_name_mapped_to_loopback_is_refused_in_a_job_of_several_nodes() -> None:
+    two_nodes = {"MASTER_ADDR": "trainer-0", "GROUP_WORLD_SIZE": "2"}
+    with pytest.raises(MetadataChannelError, match="set GLOO_SOCKET_IFNAME"):
+        gloo_binding("127.0.1.1", two_nodes)
+    # One node, a numeric loopback address or localhost: loopback is what was asked for.
+    assert gloo_binding("127.0.1.1", {"MASTER_ADDR": "trainer-0"}).address.startswith("127.")
+    numeric = {"MASTER_ADDR": "127.0.0.1", "GROUP_WORLD_SIZE": "2"}
+    assert gloo_binding("127.0.0.1", numeric).address == "127.0.0.1"
+    local = {"MASTER_ADDR": "localhost", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert gloo_binding("127.0.0.1", local).address == "127.0.0.1"
+
+
+def _connect_rank(rank: int, port: int, results: object) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    if rank == 1:  # after the training group (NCCL on GPUs) is up: only the channel's
+        os.environ["GLOO_SOCKET_IFNAME"] = "nonexistent0"
+    try:
+        JobRendezvous.connect(2, rank, timeout_s=5.0)
+        results.put((rank, "connected"))
+    except MetadataChannelError as error:
+        results.put((rank, str(error)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_that_cannot_meet_fails_every_rank_naming_itself() -> None:
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context("spawn")
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    results = context.Queue()
+    ranks = [context.Process(target=_connect_rank, args=(r, server.port, results)) for r in (0, 1)]
+    started = time.monotonic()
+    for process in ranks:
+        process.start()
+    outcomes = dict(results.get(timeout=60) for _ in ranks)
+    for process in ranks:
+        process.join(timeout=30)
+    assert time.monotonic() - started < 60
+    for rank in (0, 1):
+        assert "rank 1: GLOO_SOCKET_IFNAME names ['nonexistent0']" in outcomes[rank], outcomes

@@ -11,11 +11,16 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from odb_lightning.app.run_dir import register_run_name_resolver
 from odb_lightning.app.validation import (
     check_launch_environment,
     instantiate_checked,
     validate_config,
 )
+
+# conf/train.yaml's run directory and Hydra file names use these resolvers: whoever runs
+# the application composes that config after importing this module.
+register_run_name_resolver()
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 """Exit status of a run stopped by SIGTERM (the shell's convention)."""

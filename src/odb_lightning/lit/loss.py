@@ -8,7 +8,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+)
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -87,6 +93,9 @@ class TokenWeightedLossMixin(pl.LightningModule):
         # This rank's summed token loss (detached) over the same micro-batches.
         self._pending_loss_sum: Tensor | None = None
         self._scaling = GradientScaling.GRADIENTS  # decided in on_fit_start
+        # Every rank holds a gradient of every trainable parameter (decided in on_fit_start):
+        # only then may a rank conclude alone that gradients are missing.
+        self._gradients_on_every_rank = False
 
     def token_weighted_loss(
         self, loss_sum: Tensor, num_loss_tokens: int, meta: StepMeta | None = None
@@ -149,7 +158,8 @@ class TokenWeightedLossMixin(pl.LightningModule):
     def _scale_gradients(self, scale: float, total_tokens: int) -> None:
         trainable = [p for p in self.parameters() if p.requires_grad]
         grads = [p.grad for p in trainable if p.grad is not None]
-        if trainable and not grads and total_tokens:
+        if self._gradients_on_every_rank and trainable and not grads and total_tokens:
+            # The same on every rank under these strategies: no rank goes on alone.
             raise RuntimeError(
                 f"no trainable parameter has a gradient in param.grad at the optimizer step "
                 f"under {type(self.trainer.strategy).__name__}: the 1 / N scale of the exact "
@@ -190,7 +200,13 @@ class TokenWeightedLossMixin(pl.LightningModule):
     @override
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        self._scaling = GradientScaling.of(self.trainer.strategy)
+        strategy = self.trainer.strategy
+        self._scaling = GradientScaling.of(strategy)
+        # FSDP (1) leaves param.grad None outside a rank's shard (a rank may hold no
+        # trainable element at all); DDP, one device and FSDP2 give every rank a gradient
+        # of every trainable parameter (FSDP2: a DTensor, possibly of an empty shard).
+        replicated = (DDPStrategy, SingleDeviceStrategy, ModelParallelStrategy)
+        self._gradients_on_every_rank = isinstance(strategy, replicated)
         if self._scaling is GradientScaling.LOSS:
             check_loss_scaling_trainer(self.trainer, self.tokens_per_step)
         if self.tokens_per_step is not None:

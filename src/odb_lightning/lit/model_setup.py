@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
@@ -237,6 +238,10 @@ def materialize(
     adapters start as LoRA does. ``pretrained_path`` is read on rank 0 only and each
     shard is scattered from it (``broadcast_from_rank0``): one host copy per job, not
     one per rank.
+
+    Raises:
+        ValueError: On every rank, when rank 0 cannot read ``pretrained_path`` or it
+            lacks a weight of the model (named).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -244,13 +249,42 @@ def materialize(
     hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     for module in hf_model.modules():
         module._is_hf_initialized = False
-    hf_model.initialize_weights()  # also the rotary tables, which no checkpoint holds
-    _reset_lora(model)
+    with torch.random.fork_rng(devices=[]):
+        if device.type == "cpu" and dist.is_initialized():
+            # DTensor's random ops keep shards apart only on accelerators; on CPU every
+            # rank would draw the same numbers for its own shard.
+            torch.manual_seed(torch.initial_seed() + dist.get_rank())
+        hf_model.initialize_weights()  # also the rotary tables, which no checkpoint holds
+        _reset_lora(model)
     if pretrained_path is None:
         return
     full: dict[str, torch.Tensor] = {}
+    problem = None
     if is_rank_zero:
-        loaded = AutoModelForCausalLM.from_pretrained(pretrained_path, dtype=dtype).state_dict()
-        full = {key: loaded[_hf_key(key)] for key in model.state_dict() if _hf_key(key) in loaded}
+        try:
+            loaded, info = AutoModelForCausalLM.from_pretrained(
+                pretrained_path, dtype=dtype, output_loading_info=True
+            )
+            weights = loaded.state_dict()
+        except (OSError, ValueError, RuntimeError) as error:
+            problem = f"rank 0 could not load model.pretrained_path {pretrained_path}: {error}"
+        else:
+            keys = [k for k in model.state_dict() if "lora_" not in k]
+            # Weights the files lack (from_pretrained would initialise them at random), and
+            # tensors of this model the loaded one does not have.
+            missing = list(info.get("missing_keys", ()))
+            missing += [k for k in keys if _hf_key(k) not in weights]
+            if missing:
+                problem = (
+                    f"model.pretrained_path {pretrained_path} has no weights for {missing[:5]} "
+                    f"({len(missing)} of {len(keys)} tensors): not a checkpoint of this model"
+                )
+            full = {key: weights[_hf_key(key)] for key in keys if _hf_key(key) in weights}
+    # Every rank learns rank 0's outcome before the scatter, so none waits in it alone.
+    outcome: list[str | None] = [problem]
+    if dist.is_initialized():
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        raise ValueError(outcome[0])
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, full, options=options)

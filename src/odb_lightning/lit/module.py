@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -55,6 +56,8 @@ def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str
         )
     return folded
 
+
+StrEnumT = TypeVar("StrEnumT", bound=StrEnum)
 
 SAMPLES_SEEN_KEY = "odb_samples_seen"
 """Checkpoint key of the samples the sample-budget LR schedule has seen."""
@@ -140,19 +143,27 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         # Plain defaults (strings, not enum members): checkpoints load with weights_only.
         self.save_hyperparameters()
         _check_arguments(token_id_fold, pretrained_path, loss_chunk_tokens, lr, betas, min_lr_ratio)
-        self.finetuning = Finetuning(finetuning)
+        self.finetuning = _choice(Finetuning, finetuning, "finetuning")
         lora_settings = LoraSettings.of(lora)  # validated even while unused
         self.lora = lora_settings if self.finetuning is Finetuning.LORA else None
-        self.model_dtype = ModelDType(model_dtype)
+        self.model_dtype = _choice(ModelDType, model_dtype, "model_dtype")
         self.gradient_checkpointing = bool(gradient_checkpointing)
-        self.fsdp_param_dtype = None if fsdp_param_dtype is None else ModelDType(fsdp_param_dtype)
+        self.fsdp_param_dtype = (
+            None
+            if fsdp_param_dtype is None
+            else _choice(ModelDType, fsdp_param_dtype, "fsdp_param_dtype")
+        )
         self.token_id_fold = token_id_fold
         self.loss_chunk_tokens = loss_chunk_tokens
         self.lr, self.weight_decay = lr, weight_decay
         self.betas = (float(betas[0]), float(betas[1]))
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
-        self.scheduler, self.decay_steps = LRSchedule(scheduler), decay_steps
+        self.scheduler = _choice(LRSchedule, scheduler, "scheduler")
+        self.decay_steps = decay_steps
         self._samples_seen = 0
+        self._decay: Callable[[int], float] | None = None  # the cosine, once its length is known
+        self._decay_factor: Callable[..., float] | None = None
+        self._parameter_counts: dict[str, Any] | None = None
         self.random_init = Qwen2Config(
             vocab_size=token_id_fold or vocab_size,
             hidden_size=hidden_size,
@@ -196,6 +207,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         if self.lora is not None:
             model = add_lora(model, self.lora)
         self.model = model
+        self._count_parameters(model)
         if mesh is not None:
             param_dtype = (
                 None if self.fsdp_param_dtype is None else self.fsdp_param_dtype.torch_dtype
@@ -210,15 +222,18 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             )
 
     def parameter_counts(self) -> dict[str, Any]:
-        """Trainable and total parameters of the model (whole, not this rank's shard)."""
-        if self.model is None:
+        """Trainable and total parameters of the model, counted when it was built (before
+        any strategy shards or partitions it: the whole model, on every rank)."""
+        if self._parameter_counts is None:
             raise RuntimeError("the model is built by configure_model()")
+        return dict(self._parameter_counts)
+
+    def _count_parameters(self, model: nn.Module) -> None:
         total = trainable = 0
-        for parameter in self.model.parameters():
-            count = parameter.numel()  # a DTensor counts its global shape
-            total += count
-            trainable += count if parameter.requires_grad else 0
-        return {
+        for parameter in model.parameters():
+            total += parameter.numel()  # meta tensors have their shape too
+            trainable += parameter.numel() if parameter.requires_grad else 0
+        self._parameter_counts = {
             "finetuning": self.finetuning.value,
             "trainable_parameters": trainable,
             "total_parameters": total,
@@ -256,12 +271,13 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         inputs, meta = split_batch(batch)
-        if meta is None or not meta.is_idle:
-            loss_sum, num_loss_tokens = self(inputs)
-            if num_loss_tokens:
-                # A mean weighted by token counts, summed over ranks when computed:
-                # sum(loss_sum) / sum(count) over every rank, not a mean of rank means.
-                self.val_loss.update(loss_sum.detach() / num_loss_tokens, num_loss_tokens)
+        # IDLE batches run the forward too: under a sharded strategy it issues the
+        # all-gathers the other ranks' forwards wait for. Their loss is not counted.
+        loss_sum, num_loss_tokens = self(inputs)
+        if num_loss_tokens and (meta is None or not meta.is_idle):
+            # A mean weighted by token counts, summed over ranks when computed:
+            # sum(loss_sum) / sum(count) over every rank, not a mean of rank means.
+            self.val_loss.update(loss_sum.detach() / num_loss_tokens, num_loss_tokens)
         # Logged on IDLE steps too: every rank must take part in the epoch-end sync.
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
 
@@ -311,19 +327,28 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         )
         if self.decay_steps is not None or self.scheduler is LRSchedule.CONSTANT:
             return partial(factor, decay_steps=self.decay_steps or 0)
-        resolved: list[Callable[[int], float]] = []
+        self._decay = None
 
         def schedule(step: int) -> float:
             # Step 0 (LambdaLR's first call, inside configure_optimizers) needs no length.
             # Asking the trainer for one there would fetch a batch before a strategy that
-            # restores checkpoints after setup (FSDP2) has given the loader its state.
-            if step == 0 and not resolved:
-                return factor(0, decay_steps=0)
-            if not resolved:
-                resolved.append(self._decay_schedule(factor))
-            return resolved[0](step)
+            # restores checkpoints after setup (FSDP2) has given the loader its state;
+            # on_train_start resolves it, after the restore and before the first step.
+            if self._decay is None:
+                if step == 0:
+                    return factor(0, decay_steps=0)
+                self._decay = self._decay_schedule(factor)
+            return self._decay(step)
 
+        self._decay_factor = factor
         return schedule
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        factor = self._decay_factor
+        if factor is not None and self._decay is None:
+            self._decay = self._decay_schedule(factor)  # fails here, not at step 1
 
     def _decay_schedule(self, factor: Callable[..., float]) -> Callable[[int], float]:
         # Lightning answers max_steps (-1 when unset) for a loader without a length. With
@@ -348,6 +373,15 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
                 "or train with a data module that reports num_train_samples and a max_epochs"
             )
         return per_epoch * epochs
+
+
+def _choice(kind: type[StrEnumT], value: object, name: str) -> StrEnumT:
+    """``kind(value)``, or an error that names the argument (the YAML key) and the choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
 
 
 def _check_arguments(

@@ -14,9 +14,11 @@ reach ``MASTER_ADDR`` (:func:`gloo_binding`), never the address of the host name
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -176,7 +178,7 @@ def _interfaces() -> set[str]:
     return {name for _, name in socket.if_nameindex()}
 
 
-def gloo_binding(store_host: str, environ: dict[str, str] | None = None) -> GlooBinding:
+def gloo_binding(store_host: str, environ: Mapping[str, str] | None = None) -> GlooBinding:
     """What the metadata channel's Gloo device binds on this node.
 
     ``GLOO_SOCKET_IFNAME`` (comma-separated interfaces) first; else ``NCCL_SOCKET_IFNAME``
@@ -184,7 +186,9 @@ def gloo_binding(store_host: str, environ: dict[str, str] | None = None) -> Gloo
     ``^...`` is not mapped); else the local address of the route to ``store_host``.
 
     Raises:
-        MetadataChannelError: A named interface does not exist on this node.
+        MetadataChannelError: A named interface does not exist on this node, or the route
+            is loopback in a job of several nodes (``MASTER_ADDR``, a name, maps to a
+            loopback address here: the other nodes could not reach it).
     """
     env = os.environ if environ is None else environ
     present = _interfaces()
@@ -212,7 +216,36 @@ def gloo_binding(store_host: str, environ: dict[str, str] | None = None) -> Gloo
             f"{sorted(present)}): set GLOO_SOCKET_IFNAME to the interface that reaches "
             "MASTER_ADDR"
         )
-    return GlooBinding(address=route_address(store_host))
+    address = route_address(store_host)
+    if address.startswith("127.") and _spans_nodes(env) and not _is_numeric(env.get("MASTER_ADDR")):
+        raise MetadataChannelError(
+            f"MASTER_ADDR {env.get('MASTER_ADDR')!r} resolves to the loopback address "
+            f"{store_host} on this node (an /etc/hosts entry), so the metadata channel would "
+            "bind loopback where the other nodes cannot reach it: set GLOO_SOCKET_IFNAME to "
+            "the interface the nodes share, or MASTER_ADDR to this node's routable address"
+        )
+    return GlooBinding(address=address)
+
+
+def _spans_nodes(env: Mapping[str, str]) -> bool:
+    """Whether the job runs on several nodes (torchrun's node count, SLURM's, or more
+    ranks than this node's)."""
+    for name in ("GROUP_WORLD_SIZE", "SLURM_NNODES"):
+        if env.get(name, "1").isdigit() and int(env.get(name, "1")) > 1:
+            return True
+    world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
+    return world.isdigit() and local.isdigit() and int(world) > int(local)
+
+
+def _is_numeric(host: str | None) -> bool:
+    """A numeric address, or ``localhost``: a loopback choice made on purpose."""
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host or "")
+    except ValueError:
+        return False
+    return True
 
 
 def route_address(host: str) -> str:
@@ -262,11 +295,21 @@ class JobRendezvous:
             MetadataChannelError: No store address, a bad interface, or a rank that does
                 not connect in time; the message names the variable to set.
         """
-        host, port = job_store_address()
-        binding = gloo_binding(host)
-        payload: list[object] = [uuid.uuid4().hex if rank == 0 else None]
-        dist.broadcast_object_list(payload, src=0)
-        job_prefix = str(payload[0])
+        problem, host, port, binding = None, "", 0, GlooBinding()
+        try:
+            host, port = job_store_address()
+            binding = gloo_binding(host)
+        except MetadataChannelError as error:
+            problem = str(error)
+        # Every rank learns every rank's outcome (and rank 0's prefix) in one collective, so
+        # a node that cannot meet fails the whole job at once, naming itself, instead of
+        # leaving the others in the next collective.
+        outcomes: list[object] = [None] * world_size
+        dist.all_gather_object(outcomes, (problem, uuid.uuid4().hex if rank == 0 else None))
+        failed = [f"rank {r}: {p}" for r, (p, _) in enumerate(outcomes) if p]  # type: ignore[misc]
+        if failed:
+            raise MetadataChannelError("the ODB metadata channel cannot meet: " + "; ".join(failed))
+        job_prefix = str(outcomes[0][1])  # type: ignore[index]
         timeout = timedelta(seconds=timeout_s)
         try:
             store = dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
