@@ -187,7 +187,10 @@ def test_fsdp2_resume_emits_the_epoch_exactly_once(tmp_path: Path) -> None:
 
 
 def test_fsdp2_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
-    """Sharded weights and optimizer state restored: the same model as without the stop."""
+    """Sharded weights and optimizer state restored: the same model as without the stop.
+    ``decay_steps`` is pinned because the stopped run's ``max_steps`` would otherwise be
+    its cosine's length (the resume test above runs the trainer-derived length under
+    FSDP2, which may ask for it only once the restored checkpoint reached the loader)."""
     overrides = (
         "experiment=sharegpt_standard",
         "trainer=fsdp_cpu",

@@ -49,7 +49,8 @@ DISTRIBUTED_METADATA_FILENAME = "meta.pt"
 checkpoint: everything but the model and optimizer states (the hyperparameters too)."""
 
 HYPERPARAMETER_TYPES = (Finetuning, ModelDType, LRSchedule)
-"""The module's own enums: a default argument is saved as the enum member, not its string."""
+"""The module's own enums: checkpoints written before the module's defaults became plain
+strings hold its default arguments as enum members."""
 
 
 class ExportError(Exception):
