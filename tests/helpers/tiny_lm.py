@@ -231,3 +231,20 @@ def fit_on_cpu(module: pl.LightningModule, batches: list[Any], **trainer_kwargs:
     loader = DataLoader(batches, batch_size=None, collate_fn=hand_over)
     trainer.fit(module, train_dataloaders=loader)
     return trainer
+
+
+def qwen2_linears(
+    hidden: int, heads: int, kv_heads: int, intermediate: int
+) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` features of each projection of one Qwen2 decoder layer."""
+    head_dim = hidden // heads
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    return {
+        "q_proj": (hidden, q_out),
+        "k_proj": (hidden, kv_out),
+        "v_proj": (hidden, kv_out),
+        "o_proj": (q_out, hidden),
+        "gate_proj": (hidden, intermediate),
+        "up_proj": (hidden, intermediate),
+        "down_proj": (intermediate, hidden),
+    }

@@ -28,8 +28,6 @@ far, which shows that the comparison can fail.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -52,6 +50,7 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
+from helpers.torchrun import run_script_on_ranks
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch
 
@@ -189,24 +188,7 @@ def step_gradient(params: Tensor, step: int) -> tuple[Tensor, float]:
 def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     """Run the 2-process job once (torchrun); the records of both modules, by rank."""
     out_dir = tmp_path_factory.mktemp("exact_loss_ddp")
-    # A clean environment: no rank or rendezvous variables leak in from outside.
-    leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in leaks}
-    # The ranks import this file as a script: put tests/ (helpers) on their path.
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])
-    )
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = subprocess.run(
-        [*torchrun, f"--nproc_per_node={WORLD_SIZE}", str(Path(__file__).resolve()), str(out_dir)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    run_script_on_ranks(__file__, str(out_dir), ranks=WORLD_SIZE)
     return {
         cls.__name__: [
             torch.load(out_dir / f"{cls.__name__}_rank{r}.pt", weights_only=False)

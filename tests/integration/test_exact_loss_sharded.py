@@ -31,8 +31,6 @@ test process at the recorded ``params_k`` (so the initial weights need not match
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +56,7 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
+from helpers.torchrun import run_script_on_ranks
 from odb_lightning.lit.fsdp2 import FSDP2Strategy
 from odb_lightning.lit.loss import GradientScaling, check_loss_scaling_trainer
 from odb_lightning.lit.module import CausalLMModule
@@ -210,25 +209,7 @@ def step_gradient(
 
 def run_launch(launch: str, out_dir: Path) -> dict[str, list[dict]]:
     """Run one 2-process job (torchrun); the records of its modules, by variant and rank."""
-    # A clean environment: no rank or rendezvous variables leak in from outside.
-    leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in leaks}
-    # The ranks import this file as a script: put tests/ (helpers) on their path.
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])
-    )
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    script = [str(Path(__file__).resolve()), launch, str(out_dir)]
-    done = subprocess.run(
-        [*torchrun, f"--nproc_per_node={WORLD_SIZE}", *script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    run_script_on_ranks(__file__, launch, str(out_dir), ranks=WORLD_SIZE, timeout_s=300)
     return {
         variant_name(cls, finetuning): [
             torch.load(out_dir / f"{variant_name(cls, finetuning)}_rank{r}.pt", weights_only=False)

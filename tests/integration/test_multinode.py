@@ -6,7 +6,6 @@ launch check that stops a job whose ranks could not meet before the Trainer star
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from helpers.torchrun import launcher_free_env
 from helpers.train_run import ROOT, read_audit
 from odb_lightning.app.validation import check_launch_environment
 from odb_lightning.core.order import epoch_permutation
@@ -31,14 +31,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def launcher_free_env(**extra: str) -> dict[str, str]:
-    """This environment without the variables of a launcher the tests may run under."""
-    prefixes = ("SLURM_", "TORCHELASTIC_", "GLOO_SOCKET", "NCCL_SOCKET")
-    names = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"}
-    env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith(prefixes)}
-    return {**env, **extra}
 
 
 def run_nodes(tmp_path: Path, commands: list[list[str]], envs: list[dict[str, str]]) -> None:

@@ -9,7 +9,6 @@ weights after Lightning's setup and the test compares them with the saved checkp
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from helpers.tiny_lm import tiny_arguments, tiny_module
+from helpers.torchrun import run_script_on_ranks
 from odb_lightning.lit.fsdp2 import FSDP2Strategy
 from odb_lightning.lit.module import CausalLMModule
 
@@ -79,21 +79,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CausalLMMod
     weights = load_file(base / "broken" / "model.safetensors")
     del weights["model.layers.1.mlp.down_proj.weight"]
     save_file(weights, base / "broken" / "model.safetensors", metadata={"format": "pt"})
-    leaks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in leaks}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    done = subprocess.run(
-        [*torchrun, str(Path(__file__).resolve()), str(base / "pretrained"), str(base)]
-        + [str(base / "broken")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    run_script_on_ranks(__file__, str(base / "pretrained"), str(base), str(base / "broken"))
     return base, source
 
 

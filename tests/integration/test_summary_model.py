@@ -9,27 +9,21 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from helpers.tiny_lm import qwen2_linears
 from helpers.train_run import train
 from odb_lightning.lit.callbacks import print_summary
 
 LORA_R = 4
 
 
-def qwen2_linears(model: dict) -> dict[str, tuple[int, int]]:
-    """``(in, out)`` features of each projection of one Qwen2 decoder layer."""
-    head_dim = model["hidden_size"] // model["num_attention_heads"]
-    q_out = model["num_attention_heads"] * head_dim
-    kv_out = model["num_key_value_heads"] * head_dim
-    hidden, inner = model["hidden_size"], model["intermediate_size"]
-    return {
-        "q_proj": (hidden, q_out),
-        "k_proj": (hidden, kv_out),
-        "v_proj": (hidden, kv_out),
-        "o_proj": (q_out, hidden),
-        "gate_proj": (hidden, inner),
-        "up_proj": (hidden, inner),
-        "down_proj": (inner, hidden),
-    }
+def layer_linears(model: dict) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` features of each projection of one decoder layer of ``model``."""
+    return qwen2_linears(
+        model["hidden_size"],
+        model["num_attention_heads"],
+        model["num_key_value_heads"],
+        model["intermediate_size"],
+    )
 
 
 def base_parameter_count(model: dict) -> int:
@@ -37,14 +31,14 @@ def base_parameter_count(model: dict) -> int:
     two norms per layer and the final norm."""
     assert model["tie_word_embeddings"]
     vocab, hidden = model["token_id_fold"] or model["vocab_size"], model["hidden_size"]
-    linears = qwen2_linears(model)
+    linears = layer_linears(model)
     biases = sum(linears[name][1] for name in ("q_proj", "k_proj", "v_proj"))
     per_layer = sum(i * o for i, o in linears.values()) + biases + 2 * hidden
     return vocab * hidden + model["num_hidden_layers"] * per_layer + hidden
 
 
 def lora_parameter_count(model: dict, r: int) -> int:
-    per_layer = sum(r * (i + o) for i, o in qwen2_linears(model).values())
+    per_layer = sum(r * (i + o) for i, o in layer_linears(model).values())
     return model["num_hidden_layers"] * per_layer
 
 

@@ -15,7 +15,14 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
-from helpers.tiny_lm import VOCAB, fit_on_cpu, seeded_samples, step_batches, tiny_module
+from helpers.tiny_lm import (
+    VOCAB,
+    fit_on_cpu,
+    qwen2_linears,
+    seeded_samples,
+    step_batches,
+    tiny_module,
+)
 from helpers.train_run import ROOT, train
 from odb_lightning.app.export import main
 from odb_lightning.lit.module import CausalLMModule
@@ -26,19 +33,12 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def lora_parameter_count(config: Qwen2Config, r: int) -> int:
     """``r x (in + out)`` summed over every adapted Linear of a Qwen2 decoder."""
-    head_dim = config.hidden_size // config.num_attention_heads
-    q_out = config.num_attention_heads * head_dim
-    kv_out = config.num_key_value_heads * head_dim
-    hidden, inner = config.hidden_size, config.intermediate_size
-    shapes = {
-        "q_proj": (hidden, q_out),
-        "k_proj": (hidden, kv_out),
-        "v_proj": (hidden, kv_out),
-        "o_proj": (q_out, hidden),
-        "gate_proj": (hidden, inner),
-        "up_proj": (hidden, inner),
-        "down_proj": (inner, hidden),
-    }
+    shapes = qwen2_linears(
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+    )
     per_layer = sum(r * (n_in + n_out) for n_in, n_out in shapes.values())
     return config.num_hidden_layers * per_layer
 
