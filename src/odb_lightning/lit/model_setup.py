@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -83,6 +83,32 @@ class LoraSettings:
         if "target_modules" in fields:
             fields["target_modules"] = tuple(fields["target_modules"])
         return cls(**fields)
+
+
+EnumT = TypeVar("EnumT", bound=StrEnum)
+
+
+def enum_choice(kind: type[EnumT], value: object, name: str) -> EnumT:
+    """``kind(value)``, or an error that names the argument (the YAML key) and the choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
+
+
+def count_parameters(model: nn.Module, finetuning: Finetuning) -> dict[str, Any]:
+    """Trainable and total parameters of a model as built (before a strategy shards or
+    partitions it; ``meta`` tensors count by their shape)."""
+    total = trainable = 0
+    for parameter in model.parameters():
+        total += parameter.numel()
+        trainable += parameter.numel() if parameter.requires_grad else 0
+    return {
+        "finetuning": finetuning.value,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+    }
 
 
 HALF_MIXED_PRECISIONS = frozenset({"bf16-mixed", "16-mixed"})

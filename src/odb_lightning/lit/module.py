@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from enum import StrEnum
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -26,8 +25,10 @@ from odb_lightning.lit.model_setup import (
     add_lora,
     build_causal_lm,
     check_master_weights,
+    count_parameters,
     data_parallel_mesh,
     enable_activation_checkpointing,
+    enum_choice,
     materialize,
     shard,
 )
@@ -56,8 +57,6 @@ def fold_token_ids(inputs: Mapping[str, Tensor], token_id_fold: int) -> dict[str
         )
     return folded
 
-
-StrEnumT = TypeVar("StrEnumT", bound=StrEnum)
 
 SAMPLES_SEEN_KEY = "odb_samples_seen"
 """Checkpoint key of the samples the sample-budget LR schedule has seen."""
@@ -143,22 +142,22 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         # Plain defaults (strings, not enum members): checkpoints load with weights_only.
         self.save_hyperparameters()
         _check_arguments(token_id_fold, pretrained_path, loss_chunk_tokens, lr, betas, min_lr_ratio)
-        self.finetuning = _choice(Finetuning, finetuning, "finetuning")
+        self.finetuning = enum_choice(Finetuning, finetuning, "finetuning")
         lora_settings = LoraSettings.of(lora)  # validated even while unused
         self.lora = lora_settings if self.finetuning is Finetuning.LORA else None
-        self.model_dtype = _choice(ModelDType, model_dtype, "model_dtype")
+        self.model_dtype = enum_choice(ModelDType, model_dtype, "model_dtype")
         self.gradient_checkpointing = bool(gradient_checkpointing)
         self.fsdp_param_dtype = (
             None
             if fsdp_param_dtype is None
-            else _choice(ModelDType, fsdp_param_dtype, "fsdp_param_dtype")
+            else enum_choice(ModelDType, fsdp_param_dtype, "fsdp_param_dtype")
         )
         self.token_id_fold = token_id_fold
         self.loss_chunk_tokens = loss_chunk_tokens
         self.lr, self.weight_decay = lr, weight_decay
         self.betas = (float(betas[0]), float(betas[1]))
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
-        self.scheduler = _choice(LRSchedule, scheduler, "scheduler")
+        self.scheduler = enum_choice(LRSchedule, scheduler, "scheduler")
         self.decay_steps = decay_steps
         self._samples_seen = 0
         self._decay: Callable[[int], float] | None = None  # the cosine, once its length is known
@@ -207,7 +206,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         if self.lora is not None:
             model = add_lora(model, self.lora)
         self.model = model
-        self._count_parameters(model)
+        self._parameter_counts = count_parameters(model, self.finetuning)
         if mesh is not None:
             param_dtype = (
                 None if self.fsdp_param_dtype is None else self.fsdp_param_dtype.torch_dtype
@@ -227,17 +226,6 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         if self._parameter_counts is None:
             raise RuntimeError("the model is built by configure_model()")
         return dict(self._parameter_counts)
-
-    def _count_parameters(self, model: nn.Module) -> None:
-        total = trainable = 0
-        for parameter in model.parameters():
-            total += parameter.numel()  # meta tensors have their shape too
-            trainable += parameter.numel() if parameter.requires_grad else 0
-        self._parameter_counts = {
-            "finetuning": self.finetuning.value,
-            "trainable_parameters": trainable,
-            "total_parameters": total,
-        }
 
     @override
     def forward(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, int]:
@@ -373,15 +361,6 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
                 "or train with a data module that reports num_train_samples and a max_epochs"
             )
         return per_epoch * epochs
-
-
-def _choice(kind: type[StrEnumT], value: object, name: str) -> StrEnumT:
-    """``kind(value)``, or an error that names the argument (the YAML key) and the choices."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = ", ".join(member.value for member in kind)
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
 
 
 def _check_arguments(

@@ -44,8 +44,9 @@ class ODBLoader:
 
     World size and rank come from the initialized default process group, if any. With
     several ranks, building the loader is a collective (the ranks agree on the key prefix
-    of their channel on the job's store) unless ``rendezvous`` is given. Call :meth:`set_epoch` before each
-    epoch, as with ``DistributedSampler``, and :meth:`close` (or use ``with``) at the end.
+    of their channel on the job's store) unless ``rendezvous`` is given. Call
+    :meth:`set_epoch` before each epoch, as with ``DistributedSampler``, and :meth:`close`
+    (or use ``with``) at the end.
     :meth:`state_dict` and :meth:`load_state_dict` give exact mid-epoch resume (the
     contract: :mod:`~odb_lightning.runtime.resume`).
 
