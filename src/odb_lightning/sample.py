@@ -10,7 +10,7 @@ Face convention: the model shifts them, so position ``t`` is scored against
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -63,50 +63,121 @@ def count_loss_tokens(labels: torch.Tensor | Sequence[int]) -> int:
     return int(supervised_targets(torch.as_tensor(labels)).sum())
 
 
-def _check_token_tensor(value: object, index: int, field: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
+class SampleLimits(NamedTuple):
+    """What a sample must fit: ``None`` for no limit.
+
+    Attributes:
+        max_seq_len: Longest allowed ``input_ids``.
+        vocab_size: Token ids (and supervised labels) must be below it.
+    """
+
+    max_seq_len: int | None = None
+    vocab_size: int | None = None
+
+
+NO_LIMITS = SampleLimits()
+"""No length limit, no vocabulary check."""
+
+
+def _is_numpy_array(value: object) -> bool:
+    """A NumPy array or memmap, recognized without importing NumPy here."""
+    return type(value).__module__ == "numpy" and hasattr(value, "dtype")
+
+
+def _token_tensor(value: object, index: int, field: str) -> torch.Tensor:
+    """``value`` as a 1-D int64 tensor: any integer dtype, of a tensor or a NumPy array
+    (e.g. a slice of a pre-tokenized ``uint16`` memmap), is widened, so that every check
+    and the collate see the true ids."""
+    if _is_numpy_array(value):
+        array: Any = value
+        if array.dtype.kind not in "iu":
+            raise BadSampleError(index, field, f"must have an integer dtype, got {array.dtype}")
+        value = torch.from_numpy(array.astype("int64"))  # a copy: memmaps are read-only
+    elif not isinstance(value, torch.Tensor):
         problem = f"must be a torch.Tensor of token ids, got {type(value).__name__}"
         raise BadSampleError(index, field, problem)
     if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
         raise BadSampleError(index, field, f"must have an integer dtype, got {value.dtype}")
     if value.dim() != 1:
         raise BadSampleError(index, field, f"must be 1-D, got shape {tuple(value.shape)}")
-    return value
+    return value.to(torch.int64)  # no copy when it already is
 
 
-def inspect_sample(sample: object, index: int, max_seq_len: int | None) -> SampleStats:
-    """Validate a sample and measure it: the one check every sample passes.
+def _check_vocab(ids: torch.Tensor, index: int, field: str, vocab_size: int | None) -> None:
+    if vocab_size is None or ids.numel() == 0:
+        return
+    top = int(ids.max())
+    if top >= vocab_size:
+        problem = f"contains token id {top}, not below the model's vocab_size={vocab_size}"
+        raise BadSampleError(index, field, problem)
+
+
+TRUNCATED_FROM = "truncated_from"
+"""Sample key a dataset sets on a sample it cut to ``max_seq_len``: the length before
+the cut (the collates ignore it; the loader's epoch statistics count such samples)."""
+
+
+def is_truncated(sample: Mapping[str, Any], length: int) -> bool:
+    """Whether a valid sample of ``length`` tokens was cut by its dataset."""
+    full_length = sample.get(TRUNCATED_FROM)
+    return isinstance(full_length, int) and full_length > length
+
+
+def normalize_sample(
+    sample: object, index: int, limits: SampleLimits = NO_LIMITS
+) -> tuple[dict[str, object], SampleStats]:
+    """Validate a sample, widen its token ids to int64 and measure it: the one check
+    every sample passes before it is batched.
 
     Args:
         sample: What ``dataset[index]`` returned.
         index: Its dataset index (named in every error).
-        max_seq_len: Longest allowed ``input_ids``; ``None`` for no limit.
+        limits: Longest allowed ``input_ids`` and the vocabulary size (``None``: no
+            limit).
+
+    Returns:
+        A copy of the sample with ``input_ids`` (and ``labels``) as int64 tensors, and
+        its stats.
 
     Raises:
-        BadSampleError: Naming the index and the field at fault.
+        BadSampleError: Naming the index, the field at fault and the offending value.
     """
     if not isinstance(sample, Mapping):
         problem = f"must be a mapping with 'input_ids', got {type(sample).__name__}"
         raise BadSampleError(index, "<sample>", problem)
     if "input_ids" not in sample:
         raise BadSampleError(index, "input_ids", f"is missing (keys: {sorted(sample)})")
-    input_ids = _check_token_tensor(sample["input_ids"], index, "input_ids")
+    input_ids = _token_tensor(sample["input_ids"], index, "input_ids")
     length = input_ids.numel()
     if length == 0:
         raise BadSampleError(index, "input_ids", "is empty")
+    max_seq_len = limits.max_seq_len
     if max_seq_len is not None and length > max_seq_len:
         problem = f"has {length} tokens, more than max_seq_len={max_seq_len}"
         raise BadSampleError(index, "input_ids", problem)
-    if int(input_ids.min()) < 0:
-        raise BadSampleError(index, "input_ids", "contains negative token ids")
+    lowest = int(input_ids.min())
+    if lowest < 0:
+        raise BadSampleError(index, "input_ids", f"contains negative token id {lowest}")
+    _check_vocab(input_ids, index, "input_ids", limits.vocab_size)
+    normalized = {**sample, "input_ids": input_ids}
     if "labels" not in sample:
-        return SampleStats(length, length - 1)
-    labels = _check_token_tensor(sample["labels"], index, "labels")
+        return normalized, SampleStats(length, length - 1)
+    labels = _token_tensor(sample["labels"], index, "labels")
     if labels.shape != input_ids.shape:
         problem = f"has shape {tuple(labels.shape)}, 'input_ids' has {tuple(input_ids.shape)}"
         raise BadSampleError(index, "labels", problem)
     # Anything below 0 but -100 would index the vocabulary from the end (or crash the loss).
-    if bool(((labels < 0) & (labels != IGNORE_INDEX)).any()):
-        problem = f"contains negative values other than {IGNORE_INDEX} (no loss)"
+    negative = labels[(labels < 0) & (labels != IGNORE_INDEX)]
+    if negative.numel():
+        problem = f"contains negative value {int(negative[0])}, other than {IGNORE_INDEX} (no loss)"
         raise BadSampleError(index, "labels", problem)
-    return SampleStats(length, count_loss_tokens(labels))
+    _check_vocab(labels, index, "labels", limits.vocab_size)
+    normalized["labels"] = labels
+    return normalized, SampleStats(length, count_loss_tokens(labels))
+
+
+def inspect_sample(
+    sample: object, index: int, max_seq_len: int | None, vocab_size: int | None = None
+) -> SampleStats:
+    """The stats of :func:`normalize_sample` (same checks, same errors)."""
+    return normalize_sample(sample, index, SampleLimits(max_seq_len, vocab_size))[1]

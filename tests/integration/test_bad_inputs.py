@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,7 +28,10 @@ from odb_lightning.data import (
 )
 from odb_lightning.data.length_cache import LengthCache, length_fingerprint
 from odb_lightning.runtime import BadSampleError, ODBLoader
+from odb_lightning.runtime.planned import PlannedLoader
 from odb_lightning.runtime.stats import EpochStats
+from odb_lightning.testing.datasets import SyntheticChatDataset
+from odb_lightning.testing.ranks import RankJob, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQ_LEN = 1024
@@ -212,11 +216,21 @@ CUSTOM_SAMPLES = [
         "input_ids",
         r"must have an integer dtype, got torch.float32",
     ),
-    ({"input_ids": torch.tensor([5, -3, 7])}, "input_ids", r"contains negative token ids"),
+    ({"input_ids": torch.tensor([5, -3, 7])}, "input_ids", r"contains negative token id -3"),
     (
         {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([-100, -1, 7])},
         "labels",
-        r"contains negative values other than -100 \(no loss\)",
+        r"contains negative value -1, other than -100 \(no loss\)",
+    ),
+    (
+        {"input_ids": np.array([1.0, 2.0, 3.0])},
+        "input_ids",
+        r"must have an integer dtype, got float64",
+    ),
+    (
+        {"input_ids": torch.tensor([5, 6]), "labels": np.array([True, False])},
+        "labels",
+        r"must have an integer dtype, got bool",
     ),
     ({"input_ids": LONG}, "input_ids", r"has 1000000 tokens, more than max_seq_len=1024"),
     ({"input_ids": torch.zeros(0, dtype=torch.long)}, "input_ids", r"is empty"),
@@ -237,6 +251,126 @@ def test_bad_custom_sample_names_index_and_field(sample: object, field: str, pro
     steps, stats = run_loader(OneBadSample(sample), on_bad_sample="skip")
     assert stats.skipped_ids == (3,)
     assert sorted(i for step in steps for i in step) == [0, 1, 2, 4, 5, 6, 7]
+
+
+# -- Token ids: any integer dtype is widened to int64; ids out of the vocabulary are bad --
+class TokenSamples:
+    """Sample ``i``: ``input_ids`` ``ids(i)`` of dtype ``dtypes[i % len(dtypes)]``, a torch
+    tensor or (``as_numpy``) a NumPy array, as a slice of a pre-tokenized memmap is."""
+
+    def __init__(self, dtypes: list[torch.dtype], as_numpy: bool = False) -> None:
+        self.dtypes, self.as_numpy = dtypes, as_numpy
+
+    def __len__(self) -> int:
+        return 8
+
+    def ids(self, index: int) -> list[int]:
+        dtype = self.dtypes[index % len(self.dtypes)]
+        top = 250 if dtype == torch.uint8 else 65000
+        length = 4 if dtype == torch.uint8 else 2 + index % 2  # uint8 first in its batch
+        return [top - index, 1 + index, top - 7 * index, 200 + index][:length]
+
+    def __getitem__(self, index: int) -> dict:
+        dtype = self.dtypes[index % len(self.dtypes)]
+        ids = torch.tensor(self.ids(index)).to(dtype)
+        return {"input_ids": ids.numpy() if self.as_numpy else ids}
+
+
+def rows_by_id(loader: ODBLoader) -> dict[int, list[int]]:
+    """Every sample's row of ``input_ids`` (padding cut off), checking the batch dtypes."""
+    rows = {}
+    with loader:
+        for batch in loader:
+            inputs = batch.inputs
+            assert inputs["input_ids"].dtype == inputs["labels"].dtype == torch.int64
+            for sample_id, ids, labels, mask in zip(
+                batch.meta.sample_ids,
+                inputs["input_ids"],
+                inputs["labels"],
+                inputs["attention_mask"].bool(),
+                strict=True,
+            ):
+                assert torch.equal(ids[mask], labels[mask])
+                rows[sample_id] = ids[mask].tolist()
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "as_numpy"),
+    [([torch.uint16], False), ([torch.uint16], True), ([torch.uint8, torch.int64], False)],
+    ids=["uint16", "numpy-uint16", "uint8+int64"],
+)
+def test_integer_token_ids_keep_their_values(dtypes: list[torch.dtype], as_numpy: bool) -> None:
+    dataset = TokenSamples(dtypes, as_numpy)
+    loader = ODBLoader(dataset, token_budget=64, num_workers=1, multiprocessing_context="fork")
+    assert rows_by_id(loader) == {i: dataset.ids(i) for i in range(len(dataset))}
+
+
+OUT_OF_VOCAB = [
+    ({"input_ids": torch.tensor([5, 1000, 7])}, "input_ids", 1000),
+    ({"input_ids": torch.tensor([5, 7]), "labels": torch.tensor([-100, 4242])}, "labels", 4242),
+]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize(("sample", "field", "value"), OUT_OF_VOCAB)
+def test_token_id_beyond_the_vocabulary_names_sample_field_value_and_vocab(
+    sample: dict, field: str, value: int, num_workers: int
+) -> None:
+    dataset = OneBadSample(sample)
+    expected = (
+        f"sample 3: field '{field}' contains token id {value}, not below the model's "
+        "vocab_size=1000 (on rank 0)"
+    )
+    with pytest.raises(BadSampleError) as info:
+        run_loader(dataset, vocab_size=1000, num_workers=num_workers)
+    assert str(info.value) == expected
+    steps, stats = run_loader(dataset, vocab_size=1000, num_workers=num_workers,
+                              on_bad_sample="skip")  # fmt: skip
+    assert stats.skipped_ids == (3,)
+    assert sorted(i for step in steps for i in step) == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_planned_loader_checks_token_ids_against_the_vocabulary() -> None:
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    planned = {"mode": "standard", "batch_size": 2, "num_workers": 0}
+    loader = PlannedLoader(OneBadSample(OUT_OF_VOCAB[0][0]), lambda e: batches, vocab_size=1000,
+                           **planned)  # fmt: skip
+    with pytest.raises(BadSampleError) as info:
+        list(loader)
+    assert str(info.value) == (
+        "sample 3: field 'input_ids' contains token id 1000, not below the model's vocab_size=1000"
+    )
+    fine_ids = TokenSamples([torch.uint16]).ids
+    fine = PlannedLoader(TokenSamples([torch.uint16]), lambda e: batches, vocab_size=65536,
+                         **planned)  # fmt: skip
+    batch = next(iter(fine))
+    assert batch.inputs["input_ids"].dtype == torch.int64
+    rows = batch.inputs["input_ids"][batch.inputs["attention_mask"].bool()].tolist()
+    assert rows == [t for i in batch.meta.sample_ids for t in fine_ids(i)]
+
+
+def test_out_of_vocabulary_ids_on_both_ranks_fail_both_or_are_skipped_on_both() -> None:
+    """Ids up to 999, vocabulary 999: about a third of the samples, on each rank, are bad."""
+    dataset = SyntheticChatDataset.seeded(64)
+    bad = {i for i in range(len(dataset)) if int(dataset[i]["input_ids"].max()) >= 999}
+    loader = {"token_budget": 600, "outstanding_depth": 16, "num_workers": 1,
+              "multiprocessing_context": "fork", "vocab_size": 999}  # fmt: skip
+    failed = run_ranks(RankJob(dataset, loader), world_size=2, timeout_s=60)
+    assert failed.ok == {} and sorted(failed.errors) == [0, 1]  # no rank finishes alone
+    messages = [message for name, message, _ in failed.errors.values()]
+    assert any(
+        re.search(r"^sample \d+: field 'input_ids' contains token id 999, not below the "
+                  r"model's vocab_size=999 \(on rank [01]\)", message)
+        for message in messages
+    ), messages  # fmt: skip
+    skipped = run_ranks(RankJob(dataset, loader | {"on_bad_sample": "skip"}), world_size=2)
+    assert skipped.errors == {}
+    epochs = [skipped.ok[rank][0] for rank in range(2)]
+    assert all(epoch["stats"].skipped_ids for epoch in epochs)  # bad samples on both ranks
+    assert sorted(i for epoch in epochs for i in epoch["stats"].skipped_ids) == sorted(bad)
+    emitted = [i for e in epochs for step in e["steps"] for i in step["meta"].sample_ids]
+    assert sorted(emitted) == sorted(set(range(len(dataset))) - bad)
 
 
 # -- Lengths handed to the planned modes ---------------------------------------------------

@@ -212,3 +212,48 @@ def test_fsdp2_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path)
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
         moved += not torch.equal(stopped[name], tensor)
     assert moved > 0, "the steps after the stop changed the weights"
+
+
+def _job_log(run_dir: Path) -> str:
+    """The Hydra job log of rank 0 (the warnings of the run)."""
+    return "\n".join(p.read_text() for p in sorted(run_dir.glob("*.log")))
+
+
+def test_dangling_last_ckpt_resumes_from_the_newest_valid_checkpoint(tmp_path: Path) -> None:
+    """A kill between deleting the old checkpoint and re-linking last.ckpt left it naming a
+    deleted file: the resume takes the newest valid checkpoint beside it, and says so."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    train(
+        first,
+        "audit_ids=true",
+        f"trainer.max_steps={STOP_AT}",
+        f"callbacks.checkpoint.every_n_train_steps={STOP_AT}",
+    )
+    checkpoints = first / "checkpoints"
+    (valid,) = [p for p in checkpoints.iterdir() if not p.is_symlink()]
+    last = checkpoints / "last.ckpt"
+    last.unlink()
+    last.symlink_to("epoch=0-step=2.ckpt")  # the deleted predecessor
+    assert not last.exists()
+    resumed = train(second, "audit_ids=true", f"ckpt_path={last}")
+    assert _emitted(first, 1) + _emitted(second, 1) == Counter(TRAIN_INDICES)
+    assert resumed["optimizer_steps"] == STOP_AT + len(read_audit(second, 1)[0])
+    log = _job_log(second)
+    assert f"resuming from {valid} instead of {last}" in log
+    assert "it links to epoch=0-step=2.ckpt, which does not exist" in log
+
+
+def test_resume_with_another_budget_and_window_warns_and_is_recorded(tmp_path: Path) -> None:
+    overrides = _mode_overrides("odb", tmp_path)
+    _, resumed, _, second = stop_and_resume(
+        tmp_path,
+        *overrides,
+        resume_overrides=("batching.token_budget=8192", "batching.outstanding_depth=64"),
+    )
+    assert resumed["emitted_samples"] == 64, "warned, not refused"
+    # sharegpt_odb's budget; debug=smoke's window.
+    assert resumed["resume_changed_settings"] == {
+        "token_budget": {"old": 4096, "new": 8192},
+        "outstanding_depth": {"old": 32, "new": 64},
+    }
+    assert "token_budget: 4096 -> 8192, outstanding_depth: 32 -> 64" in _job_log(second)

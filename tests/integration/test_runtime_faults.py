@@ -9,16 +9,23 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+import torch.distributed as dist
 
+from odb_lightning.core.config import BatchingConfig, SettingsMismatchError
+from odb_lightning.core.wire import RankReport, encode_report
 from odb_lightning.runtime import (
     BadSampleError,
     LoaderProcessError,
+    MetadataChannelError,
     ODBLoader,
+    Rendezvous,
     SampleFetchError,
+    exchange,
 )
 from odb_lightning.runtime.pipeline import STALL_GRACE_S
 from odb_lightning.testing.datasets import SyntheticChatDataset
@@ -172,3 +179,115 @@ def test_silent_peer_times_out_naming_the_channel_rank_and_round() -> None:
     assert message.startswith("the ODB metadata channel (127.0.0.1:")
     assert "/odb/silent/0, Gloo on local address 127.0.0.1) failed on rank 0 at round 7" in message
     assert 2.0 <= waited_s < 6.0
+
+
+def _on_two_threads(per_rank: Callable[[Rendezvous], object]) -> list[object]:
+    """``per_rank`` on 2 in-process ranks (threads) meeting on a fresh store; each entry:
+    the rank's return value or the exception it raised."""
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    outcomes: list[object] = [None, None]
+
+    def run(rank: int) -> None:
+        try:
+            outcomes[rank] = per_rank(Rendezvous("127.0.0.1", store.port, rank, 2, "agree"))
+        except Exception as error:  # asserted on by the caller
+            outcomes[rank] = error
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), outcomes
+    return outcomes
+
+
+def _epoch_ids(datasets: list[SyntheticChatDataset], **kwargs: object) -> list[object]:
+    def per_rank(rendezvous: Rendezvous) -> object:
+        loader = _loader(datasets[rendezvous.rank], num_workers=0, rendezvous=rendezvous, **kwargs)
+        with loader:
+            return sorted(i for batch in loader for i in batch.meta.sample_ids)
+
+    return _on_two_threads(per_rank)
+
+
+def test_ranks_with_different_dataset_lengths_fail_naming_the_lengths() -> None:
+    outcomes = _epoch_ids([SyntheticChatDataset.seeded(50), SyntheticChatDataset.seeded(60)])
+    for error in outcomes:
+        assert isinstance(error, SettingsMismatchError), outcomes
+        assert str(error).startswith("ranks disagree on len(dataset): rank 0: 50, rank 1: 60;")
+
+
+def test_overlapping_shard_functions_fail_naming_the_shard_sizes() -> None:
+    dataset = SyntheticChatDataset.seeded(50)
+    outcomes = _epoch_ids([dataset, dataset], shard=lambda epoch: list(range(30)))
+    for error in outcomes:
+        assert isinstance(error, SettingsMismatchError), outcomes
+        assert "overlap in epoch 0: shard sizes (rank 0: 30, rank 1: 30) sum to 60" in str(error)
+    # Disjoint shards that cover the dataset pass the same check.
+    halves = [list(range(0, 50, 2)), list(range(1, 50, 2))]
+    ids = _on_two_threads(
+        lambda rendezvous: sorted(
+            i
+            for batch in _loader(
+                dataset,
+                num_workers=0,
+                rendezvous=rendezvous,
+                shard=lambda epoch: halves[rendezvous.rank],
+            )
+            for i in batch.meta.sample_ids
+        )
+    )
+    assert ids == halves
+
+
+def test_malformed_report_on_the_channel_fails_naming_the_rank_and_round() -> None:
+    config = BatchingConfig(token_budget=64, max_steps_per_round=4, alignment_timeout_s=5.0)
+    good = encode_report(RankReport(0, 7, False, False, 4, 3, 2, (1, 2), (5, 6)), 4)
+    garbage = [*good[:7], 1 << 40, *good[8:]]  # num_groups: what sized std::bad_alloc
+
+    def per_rank(rendezvous: Rendezvous) -> object:
+        channel = exchange.open_channel(config, rendezvous, generation=0)
+        try:
+            return channel.allgather(garbage if rendezvous.rank else good, "epoch 0 round 7")
+        finally:
+            channel.close()
+
+    for error in _on_two_threads(per_rank):
+        assert isinstance(error, MetadataChannelError)
+        assert "the message of rank 1 at epoch 0 round 7 is malformed (num_groups is " in str(error)
+
+
+class _ChokingGloo(dist.ProcessGroupGloo):
+    """What Gloo does when the store holds garbage under its prefix (``std::bad_alloc``
+    sizing a buffer by it): a race between the peers' writes and reads on a real store,
+    so it is simulated here; the garbage reports above go through a real channel."""
+
+    def __init__(self, *args: object) -> None:
+        raise MemoryError("std::bad_alloc")
+
+
+def test_gloo_choking_on_the_store_names_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exchange.dist, "ProcessGroupGloo", _ChokingGloo)
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    store.set("odb/agree/3/rank_1", b"\xff" * 64)  # garbage another job left
+    rendezvous = Rendezvous("127.0.0.1", store.port, 0, 2, "agree")
+    with pytest.raises(
+        MetadataChannelError,
+        match=r"rank 0 could not build the ODB metadata channel \(127\.0\.0\.1:\d+/odb/agree/3, "
+        r"Gloo on local address 127\.0\.0\.1\): the store holds malformed keys under the "
+        r"prefix 'odb/agree/3' .*\(MemoryError: std::bad_alloc\)",
+    ):
+        exchange.open_channel(BatchingConfig(token_budget=64), rendezvous, generation=3)
+
+
+def test_worker_processes_check_the_data_too() -> None:
+    """The collate process (num_workers > 0) runs the same data handshake."""
+    job = _two_ranks(rank_kwargs={1: {"max_seq_len": 2048}})
+    outcome = run_ranks(job, world_size=2, timeout_s=30)
+    assert outcome.ok == {}
+    for rank in range(2):
+        name, message, _ = outcome.errors[rank]
+        assert name == "SettingsMismatchError", message
+        assert message.startswith("ranks disagree on max_seq_len: rank 0: "), message
+        assert "rank 1: 2048" in message

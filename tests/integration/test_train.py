@@ -7,12 +7,16 @@ a one-layer body and token ids folded to 4,096 so that the LM head stays small).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from helpers.train_run import read_audit, train
+from helpers.train_run import ROOT, read_audit, train
 from odb_lightning.core.order import epoch_permutation, shard_indices
+from odb_lightning.lit.callbacks import ODBMetricsCallback
 
 
 @pytest.mark.parametrize("experiment", ["sharegpt_odb", "sharegpt_standard"])
@@ -92,3 +96,101 @@ def test_fsdp2_validation_with_an_idle_batch_runs_every_forward(tmp_path: Path) 
     its loss is not counted."""
     summary = train(tmp_path, "trainer=fsdp_cpu", "data.val_samples=24", timeout_s=240)
     assert summary["world_size"] == 2 and summary["val_loss"] > 0
+
+
+def _write_records(path: Path, records: list[list[tuple[str, str]]]) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for index, turns in enumerate(records):
+            messages = [{"role": role, "content": content} for role, content in turns]
+            out.write(json.dumps({"id": f"r{index}", "messages": messages}) + "\n")
+
+
+def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "train.py", "debug=smoke", f"hydra.run.dir={tmp_path}"]
+    return subprocess.run(
+        [*command, *overrides], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_user_only_records_are_refused_at_startup(tmp_path: Path) -> None:
+    data = tmp_path / "user_only.jsonl"
+    turns = [("system", "be brief"), ("user", "hello")]
+    _write_records(data, [[("user", f"question {i}?")] for i in range(39)] + [turns])
+    done = _run(tmp_path / "run", "data=jsonl", f"data.path={data}")
+    assert done.returncode != 0
+    assert (
+        f"data.source='jsonl' data.path='{data}': no supervised tokens to train on: read 40 "
+        "records, 24 for training, and none has an assistant turn"
+    ) in done.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+LONG = " ".join(f"word{k}" for k in range(300))  # far more than max_seq_len=64 tokens
+
+
+@pytest.mark.parametrize("batching", ["odb", "sorted"])
+def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_path: Path) -> None:
+    records = [[("user", f"question {i}?"), ("assistant", f"answer {i}")] for i in range(20)]
+    records += [[("user", f"no answer {i}")] for i in range(5)]  # unsupervised
+    records += [[("system", "a system prompt only")]]  # unsupervised
+    records += [[("user", "tell me"), ("assistant", LONG)] for _ in range(3)]  # truncated
+    data = tmp_path / "mix.jsonl"
+    _write_records(data, records)
+    common = ["data=jsonl", f"data.path={data}", "data.max_samples=null", "data.val_samples=0"]
+    summary = train(
+        tmp_path / "run",
+        *common,
+        "data.max_seq_len=64",
+        f"batching={batching}",
+        f"data.length_cache_dir={tmp_path / 'cache'}",
+    )
+    assert summary["train_samples"] == 29 == summary["emitted_samples"]
+    assert summary["unsupervised_samples"] == 6
+    # sorted: from the length pass; odb: from the loader's epoch statistics.
+    assert summary["truncated_samples"] == 3
+    assert summary["train_loss"] > 0
+
+
+def test_limit_train_batches_reports_the_samples_not_trained(tmp_path: Path) -> None:
+    done = _run(tmp_path, "+trainer.limit_train_batches=2", "batching=standard")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["optimizer_steps"] == 2 and summary["emitted_samples"] == 16
+    assert summary["not_trained_samples"] == 64 - 16
+    assert "not-trained samples" in done.stdout
+
+
+def test_audit_file_is_flushed_after_every_step(tmp_path: Path) -> None:
+    """A run killed mid-epoch (SIGKILL: nothing is closed) keeps one line per step."""
+    callback = ODBMetricsCallback(str(tmp_path), audit_ids=True, log_every_n_steps=10**9)
+    trainer = SimpleNamespace(global_rank=0)
+    callback.on_train_start(trainer, None)  # type: ignore[arg-type]
+    for step in range(3):
+        meta = SimpleNamespace(
+            is_idle=False,
+            local_samples=2,
+            local_real_tokens=10,
+            local_padded_tokens=12,
+            local_loss_tokens=4,
+            sample_ids=(2 * step, 2 * step + 1),
+        )
+        batch = SimpleNamespace(meta=meta)
+        callback.on_train_batch_end(trainer, None, None, batch, step)  # type: ignore[arg-type]
+        lines = (tmp_path / "emitted_ids_rank0.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines][-1] == [2 * step, 2 * step + 1]
+        assert len(lines) == step + 1
+
+
+def test_assistant_turns_cut_off_are_refused_after_the_first_epoch(tmp_path: Path) -> None:
+    """Online modes cannot see truncation at startup: every assistant turn lies beyond
+    max_seq_len, so the run stops after the first epoch instead of finishing silently."""
+    data = tmp_path / "cut.jsonl"
+    _write_records(data, [[("user", LONG), ("assistant", f"answer {i}")] for i in range(24)])
+    overrides = ["data=jsonl", f"data.path={data}", "data.max_seq_len=64", "data.val_samples=0"]
+    done = _run(tmp_path / "run", *overrides)
+    assert done.returncode != 0
+    assert (
+        "no supervised tokens in the first training epoch: 24 samples emitted over 1 rank(s), "
+        "every label -100 after the template and max_seq_len=64"
+    ) in done.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()

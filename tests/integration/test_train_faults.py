@@ -6,11 +6,16 @@ is gone within 30 s of the fault, and the output says what happened on each rank
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from helpers.train_run import read_audit, train
 from odb_lightning.testing.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 
 PROCESSES = 6  # 2 ranks, each with 1 loader worker (debug=smoke) and 1 collate process
@@ -50,22 +55,89 @@ def test_killed_rank_stops_the_job(tmp_path: Path) -> None:
     _check_rank0_failed(result, GLOO_PEER_GONE)
 
 
+STOP_LINE = "received SIGTERM: stopping after this step"
+EPOCH = list(range(80))  # debug=smoke with data.val_samples=0: all 80 records train
+
+
+def _stopped_and_resumed(tmp_path: Path, result: TrainFaultResult) -> tuple[Counter, Counter]:
+    """The samples the stopped run trained and those its resume trains."""
+    first = tmp_path / "run"
+    checkpoint = (first / "checkpoints" / "last.ckpt").resolve()
+    assert checkpoint.name.startswith("stop-"), sorted(p.name for p in checkpoint.parent.iterdir())
+    second = tmp_path / "resumed"
+    train(second, *RESUME, "audit_ids=true", f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}")
+    before = Counter(i for rank in read_audit(first, 2) for step in rank for i in step)
+    after = Counter(i for rank in read_audit(second, 2) for step in rank for i in step)
+    return before, after
+
+
+RESUME = ("trainer=ddp_cpu", "data.val_samples=0")
+
+
 def test_sigterm_during_an_epoch_stops_every_rank(tmp_path: Path) -> None:
-    result = run_train_fault(tmp_path, "sigterm", 0)
+    result = run_train_fault(tmp_path, "sigterm", 0, "audit_ids=true")
     _check_exit(result)
-    # Lightning forwards SIGTERM to rank 1 and both ranks stop at the next step boundary;
-    # train.py then exits as a terminated job (128 + SIGTERM), not as a finished one.
-    assert "[rank: 0] Received SIGTERM: 15" in result.output
-    assert "[rank: 1] Received SIGTERM: 15" in result.output
+    # Only rank 0 got the signal; both ranks stop after the same step, save, and train.py
+    # exits as a terminated job (128 + SIGTERM), not as a finished one.
+    assert STOP_LINE in result.output
     assert "Traceback" not in result.output
     assert result.returncode == 128 + signal.SIGTERM
-    assert not (result.probe_dir.parent / "run" / "summary.json").exists()  # not finished
+    audit = read_audit(tmp_path / "run", 2)
+    assert len(audit[0]) == len(audit[1]) == 3  # fault at step 2: agreed at its end
+    before, after = _stopped_and_resumed(tmp_path, result)
+    assert before + after == Counter(EPOCH), "every sample once over the stop and the resume"
 
 
-@pytest.mark.slow  # the same Lightning teardown as SIGTERM, which runs in the default tier
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["step", "backward", "batch_end"])
+@pytest.mark.parametrize("target", [0, 1, -1], ids=["rank0", "rank1", "both"])
+def test_stop_matrix_under_load(target: int, moment: str, tmp_path: Path) -> None:
+    """SIGTERM to rank 0, rank 1 or both, at three moments of a step, beside a CPU hog:
+    every process gone within the bound, exit 143, a checkpoint that resumes exactly."""
+    hog = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    try:
+        result = run_train_fault(
+            tmp_path, "sigterm", target, "audit_ids=true", f"+model.fault_moment={moment}"
+        )
+    finally:
+        hog.kill()
+        hog.wait()
+    _check_exit(result)
+    assert result.returncode == 128 + signal.SIGTERM, result.output[-3000:]
+    audit = read_audit(tmp_path / "run", 2)
+    assert len(audit[0]) == len(audit[1])
+    before, after = _stopped_and_resumed(tmp_path, result)
+    assert before + after == Counter(EPOCH)
+    record = {"target": target, "moment": moment, "exit_s": result.seconds_to_exit}
+    print(json.dumps(record))
+
+
+@pytest.mark.slow  # the same stop protocol as SIGTERM, which runs in the default tier
 def test_ctrl_c_during_an_epoch_stops_every_rank(tmp_path: Path) -> None:
     result = run_train_fault(tmp_path, "sigint", 0)  # SIGINT to the job's process group
     _check_exit(result)
     assert "Traceback" not in result.output
-    # Lightning SIGKILLs rank 1 on a KeyboardInterrupt, then exits rank 0 with code 1.
-    _check_rank0_failed(result, "Detected KeyboardInterrupt, attempting graceful shutdown")
+    # Both ranks stop after the same step, save, and exit as interrupted (128 + SIGINT).
+    assert "received SIGINT: stopping after this step" in result.output
+    assert result.returncode == 128 + signal.SIGINT
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").resolve().name.startswith("stop-")
+
+
+def test_sigusr1_under_slurm_stops_saves_and_requeues(tmp_path: Path) -> None:
+    """SLURM's ``--signal=USR1@...`` to rank 1: every rank stops after the same step,
+    saves, and rank 0 runs ``scontrol requeue <job>`` (a stub on PATH records it)."""
+    stub_dir = tmp_path / "bin"
+    stub_dir.mkdir()
+    calls = tmp_path / "scontrol_calls.txt"
+    stub = stub_dir / "scontrol"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    result = run_train_fault(tmp_path, "sigusr1", 1, "audit_ids=true", env=env)
+    _check_exit(result)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "received SIGUSR1: stopping after this step" in result.output
+    assert calls.read_text().split("\n")[0] == "requeue 4242"  # once, by rank 0
+    assert len(calls.read_text().strip().splitlines()) == 1
+    before, after = _stopped_and_resumed(tmp_path, result)
+    assert before + after == Counter(EPOCH)

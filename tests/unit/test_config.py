@@ -8,12 +8,16 @@ import pytest
 
 from odb_lightning.core.config import (
     BatchingConfig,
+    DataHandshake,
     OnBadSample,
     SettingsMismatchError,
     StartMethod,
+    check_data_agree,
     check_settings_agree,
+    handshake_message,
     resolve_config,
 )
+from odb_lightning.core.wire import RankReport, WireFormatError, decode_report, encode_report
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.pipeline import output_slots
 
@@ -109,3 +113,62 @@ def test_handshake_names_the_first_setting_that_differs() -> None:
 
 def _fields(config: BatchingConfig) -> dict:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def _data_messages(*data: DataHandshake | None) -> list[list[int]]:
+    config = BatchingConfig(token_budget=64)
+    return [handshake_message(config, d) for d in data]
+
+
+def test_data_handshake_names_the_field_and_every_rank_value() -> None:
+    check_data_agree(_data_messages(DataHandshake.of(50, None, 0, None), None))  # None: unknown
+    with pytest.raises(
+        SettingsMismatchError, match=r"ranks disagree on len\(dataset\): rank 0: 50, rank 1: 60;"
+    ):
+        check_data_agree(
+            _data_messages(DataHandshake.of(50, None, 0, None), DataHandshake.of(60, None, 0, None))
+        )
+    with pytest.raises(SettingsMismatchError, match="max_seq_len: rank 0: 0, rank 1: 512"):
+        check_data_agree(
+            _data_messages(DataHandshake.of(50, None, 0, None), DataHandshake.of(50, 512, 0, None))
+        )
+    with pytest.raises(SettingsMismatchError, match="sharding: rank 0: default, rank 1: shard="):
+        check_data_agree(
+            _data_messages(DataHandshake.of(9, None, 0, None), DataHandshake.of(9, None, 0, [1]))
+        )
+
+
+def test_user_shards_that_overlap_are_detected_from_sizes_and_digests() -> None:
+    def shards(*per_rank: list[int]) -> list[list[int]]:
+        return _data_messages(*(DataHandshake.of(50, None, 3, ids) for ids in per_rank))
+
+    check_data_agree(shards(list(range(0, 50, 2)), list(range(49, 0, -2))))  # a partition
+    check_data_agree(shards(list(range(10)), list(range(5, 20))))  # a part: not checked
+    with pytest.raises(
+        SettingsMismatchError,
+        match=r"overlap in epoch 3: shard sizes \(rank 0: 30, rank 1: 30\) sum to 60, more",
+    ):
+        check_data_agree(shards(list(range(30)), list(range(20, 50))))
+    with pytest.raises(SettingsMismatchError, match=r"sum to len\(dataset\) 50 but"):
+        check_data_agree(shards(list(range(25)), list(range(20, 45))))
+    with pytest.raises(SettingsMismatchError, match="not a partition"):  # a duplicate in one
+        check_data_agree(shards([0, *range(25)][:25], list(range(25, 50))))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        (0, 9, "wire version 9"),
+        (3, 7, "aborted is 7, expected 0 or 1"),
+        (6, -5, "buffered is -5"),
+        (7, 1 << 40, "num_groups is 1099511627776, more than max_steps_per_round 4"),
+        (9, -1, r"group_sizes\[1\] is -1"),
+        (16, -3, r"peel_loss_tokens\[0\] is -3"),
+    ],
+)
+def test_garbage_reports_fail_naming_the_field(field: int, value: int, expected: str) -> None:
+    message = encode_report(RankReport(0, 2, False, False, 4, 3, 2, (1, 2), (5, 6)), 4)
+    decode_report(message, 4)
+    message[field] = value
+    with pytest.raises(WireFormatError, match=expected):
+        decode_report(message, 4)

@@ -17,6 +17,8 @@ from odb_lightning.data import (
     TokenizedDataset,
     inspect_sample,
 )
+from odb_lightning.data.dataset import TRUNCATED_FROM
+from odb_lightning.runtime.stats import is_truncated
 
 RECORDS = [
     {
@@ -39,7 +41,7 @@ def test_chat_dataset_items(chat_dataset: ChatDataset) -> None:
     assert len(chat_dataset) == 6 and chat_dataset.record_id(2) == "r2"
     for index in range(len(chat_dataset)):
         sample = chat_dataset[index]
-        assert set(sample) == {"input_ids", "labels"}
+        assert set(sample) - {TRUNCATED_FROM} == {"input_ids", "labels"}  # see below
         assert sample["input_ids"].dtype == torch.long and sample["input_ids"].dim() == 1
         assert sample["labels"].shape == sample["input_ids"].shape
         stats = inspect_sample(sample, index, max_seq_len=20)
@@ -99,3 +101,26 @@ def test_synthetic_dataset_is_deterministic_and_valid() -> None:
 
 
 GOOD = {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])}
+
+
+def test_chat_dataset_marks_truncated_samples(chat_dataset: ChatDataset) -> None:
+    full = ChatDataset(RECORDS, QwenTokenizer(), max_seq_len=4096)
+    for index in range(len(chat_dataset)):
+        sample, whole = chat_dataset[index], full[index]
+        length, full_length = sample["input_ids"].numel(), whole["input_ids"].numel()
+        assert is_truncated(sample, length) == (full_length > 20)
+        assert sample.get(TRUNCATED_FROM, length) == full_length
+        assert TRUNCATED_FROM not in whole and not is_truncated(whole, full_length)
+    assert is_truncated(chat_dataset[5], 20)
+
+
+def test_chat_dataset_finds_records_without_assistant_turn() -> None:
+    records = [
+        *RECORDS[:2],
+        {"id": "u", "messages": [{"role": "user", "content": "hi"}]},
+        {"id": "s", "messages": [{"role": "system", "content": "be brief"}]},
+        {"id": "bad", "messages": None},
+    ]
+    dataset = ChatDataset(records, QwenTokenizer(), max_seq_len=64)
+    assert dataset.unsupervised_indices(range(5)) == [2, 3, 4]
+    assert dataset.unsupervised_indices([0, 1, 3]) == [3]

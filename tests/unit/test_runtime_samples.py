@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from odb_lightning.core.window import Step
 from odb_lightning.runtime import BadSampleError, idle_sample, pad_collate
 from odb_lightning.runtime.batch import make_step_meta
 from odb_lightning.runtime.transport import dump_sample, load_sample
-from odb_lightning.sample import inspect_sample
+from odb_lightning.sample import SampleLimits, inspect_sample, normalize_sample
 
 
 def _ids(*values: int) -> torch.Tensor:
@@ -21,7 +22,7 @@ def _ids(*values: int) -> torch.Tensor:
     ("sample", "message"),
     [
         ([1, 2, 3], r"sample 9: field '<sample>' must be a mapping with 'input_ids', got list"),
-        ({"input_ids": _ids(3, -1)}, r"sample 9: field 'input_ids' contains negative token ids"),
+        ({"input_ids": _ids(3, -1)}, r"sample 9: field 'input_ids' contains negative token id -1"),
         ({"labels": _ids(1)}, r"sample 9: field 'input_ids' is missing"),
         ({"input_ids": [1, 2]}, r"sample 9: field 'input_ids' must be a torch.Tensor"),
         ({"input_ids": torch.ones(3)}, r"sample 9: field 'input_ids' must have an integer dtype"),
@@ -37,6 +38,74 @@ def test_bad_samples_name_index_and_field(sample: object, message: str) -> None:
     with pytest.raises(BadSampleError, match=message) as info:
         inspect_sample(sample, 9, max_seq_len=8)
     assert info.value.index == 9 and info.value.field in message
+
+
+INTEGER_DTYPES = [torch.uint8, torch.uint16, torch.uint32, torch.int8, torch.int16, torch.int32]
+
+
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES, ids=str)
+def test_integer_token_ids_are_widened_to_int64(dtype: torch.dtype) -> None:
+    ids = torch.tensor([0, 5, 127]).to(dtype)
+    labels = torch.tensor([-100 if dtype.is_signed else 0, 5, 127]).to(dtype)
+    extra = torch.ones(2)
+    sample, stats = normalize_sample({"input_ids": ids, "labels": labels, "x": extra}, 0)
+    assert sample["input_ids"].dtype == sample["labels"].dtype == torch.int64
+    assert sample["input_ids"].tolist() == [0, 5, 127]
+    assert sample["labels"].tolist() == labels.long().tolist()
+    assert sample["x"] is extra and stats == (3, 2)
+
+
+def test_numpy_memmap_slice_becomes_an_int64_tensor() -> None:
+    tokens = np.array([65535, 3, 40000], dtype=np.uint16)
+    tokens.setflags(write=False)  # as a slice of a read-only memmap is
+    sample, stats = normalize_sample({"input_ids": tokens}, 2, SampleLimits(vocab_size=65536))
+    assert sample["input_ids"].dtype == torch.int64
+    assert sample["input_ids"].tolist() == [65535, 3, 40000] and stats == (3, 2)
+
+
+NOT_BELOW = "not below the model's vocab_size=1000"
+
+
+@pytest.mark.parametrize(
+    ("sample", "field", "problem"),
+    [
+        ({"input_ids": np.ones(3)}, "input_ids", "must have an integer dtype, got float64"),
+        ({"input_ids": np.ones(3, bool)}, "input_ids", "must have an integer dtype, got bool"),
+        (
+            {"input_ids": _ids(1, 2), "labels": np.ones(2, np.float16)},
+            "labels",
+            "must have an integer dtype, got float16",
+        ),
+        ({"input_ids": _ids(3, 1000)}, "input_ids", f"contains token id 1000, {NOT_BELOW}"),
+        (
+            {"input_ids": torch.tensor([3, 4000], dtype=torch.uint16)},
+            "input_ids",
+            f"contains token id 4000, {NOT_BELOW}",
+        ),
+        (
+            {"input_ids": _ids(3, 4), "labels": _ids(-100, 1200)},
+            "labels",
+            f"contains token id 1200, {NOT_BELOW}",
+        ),
+        (
+            {"input_ids": _ids(3, 4), "labels": _ids(-100, -7)},
+            "labels",
+            "contains negative value -7, other than -100 (no loss)",
+        ),
+    ],
+)
+def test_out_of_vocabulary_and_non_integer_ids_are_bad_samples(
+    sample: object, field: str, problem: str
+) -> None:
+    with pytest.raises(BadSampleError) as info:
+        inspect_sample(sample, 9, max_seq_len=None, vocab_size=1000)
+    assert str(info.value) == f"sample 9: field '{field}' {problem}"
+    assert (info.value.index, info.value.field, info.value.problem) == (9, field, problem)
+
+
+def test_ids_below_the_vocabulary_and_ignored_labels_pass() -> None:
+    sample = {"input_ids": _ids(0, 999), "labels": _ids(-100, 999)}
+    assert inspect_sample(sample, 0, max_seq_len=None, vocab_size=1000) == (2, 1)
 
 
 def test_loss_tokens_count_shifted_supervised_labels() -> None:
@@ -71,6 +140,15 @@ def test_pad_collate_pads_to_batch_max() -> None:
     assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 7, 7]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 2, 3], [4, -100, -100]]
+
+
+def test_pad_collate_pads_mixed_dtypes_in_int64() -> None:
+    narrow = {"input_ids": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    wide = {"input_ids": _ids(300, 70000), "labels": _ids(-100, 70000)}
+    batch = pad_collate([narrow, wide], pad_id=0)
+    assert batch["input_ids"].dtype == torch.int64
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [300, 70000, 0]]
+    assert batch["labels"].tolist() == [[1, 2, 3], [-100, 70000, -100]]
 
 
 def test_idle_batch_is_one_unsupervised_token() -> None:

@@ -91,14 +91,48 @@ def encode_report(report: RankReport, max_steps: int) -> list[int]:
     )
 
 
-def decode_report(message: list[int], max_steps: int) -> RankReport:
-    """Inverse of :func:`encode_report`."""
+def report_max_steps(message: list[int]) -> int | None:
+    """The ``Q`` of ``message`` if its length and version are those of a report, else ``None``."""
+    extra = len(message) - len(_HEADER)
+    if extra < 3 or extra % 3 or message[0] != WIRE_VERSION:
+        return None
+    return extra // 3
+
+
+def check_message(message: list[int], max_steps: int) -> None:
+    """Raise :class:`WireFormatError` naming the first field of ``message`` that no
+    report can hold (wrong length or version, a flag not 0/1, a negative count, more
+    groups than ``Q``): garbage is caught here, before the planner sizes anything by it."""
     if len(message) != message_length(max_steps):
         raise WireFormatError(
             f"message has {len(message)} integers, expected {message_length(max_steps)}"
         )
     if message[0] != WIRE_VERSION:
         raise WireFormatError(f"wire version {message[0]}, expected {WIRE_VERSION}")
+    header = dict(zip(_HEADER, message, strict=False))
+    for name in ("aborted", "finished"):
+        if header[name] not in (0, 1):
+            raise WireFormatError(f"{name} is {header[name]}, expected 0 or 1")
+    for name in ("epoch", "round_index", "free_slots", "buffered", "num_groups"):
+        if header[name] < 0:
+            raise WireFormatError(f"{name} is {header[name]}, expected >= 0")
+    if header["num_groups"] > max_steps:
+        raise WireFormatError(
+            f"num_groups is {header['num_groups']}, more than max_steps_per_round {max_steps}"
+        )
+    body = message[len(_HEADER) :]
+    negative = next((i for i, value in enumerate(body) if value < 0), None)
+    if negative is not None:
+        names = ("group_sizes", "group_loss_tokens", "peel_loss_tokens")
+        raise WireFormatError(
+            f"{names[negative // max_steps]}[{negative % max_steps}] is {body[negative]}, "
+            "expected >= 0"
+        )
+
+
+def decode_report(message: list[int], max_steps: int) -> RankReport:
+    """Inverse of :func:`encode_report`; a malformed message raises :class:`WireFormatError`."""
+    check_message(message, max_steps)
     _, epoch, round_index, aborted, finished, free_slots, buffered, num_groups = message[
         : len(_HEADER)
     ]

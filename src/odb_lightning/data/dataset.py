@@ -1,7 +1,10 @@
 """Map-style datasets whose items are ready-to-batch samples.
 
 Every item is ``{"input_ids": LongTensor[L], "labels": LongTensor[L]}`` (1-D), the shape
-:func:`~odb_lightning.sample.inspect_sample` checks and the collates consume.
+:func:`~odb_lightning.sample.inspect_sample` checks and the collates consume. A
+:class:`ChatDataset` sample cut to ``max_seq_len`` also carries
+``TRUNCATED_FROM: int`` (its length before the cut), which the collates ignore and the
+loader's epoch statistics count (:func:`~odb_lightning.sample.is_truncated`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import torch
 from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
-from odb_lightning.data.conversation import ChatRecord
+from odb_lightning.data.conversation import ChatRecord, has_assistant
 from odb_lightning.data.template import ChatMLTemplate
 from odb_lightning.data.tokenizer import ChatTokenizer
-from odb_lightning.sample import BadSampleError, Sample
+from odb_lightning.sample import TRUNCATED_FROM, BadSampleError, Sample
+
+__all__ = ["TRUNCATED_FROM", "ChatDataset", "TokenizedDataset", "as_sample"]
 
 
 def as_sample(input_ids: Sequence[int], labels: Sequence[int]) -> Sample:
@@ -82,6 +87,23 @@ class ChatDataset(Dataset[Sample]):
         """The source id of the record at ``index`` (ids need not be unique)."""
         return self.records[index]["id"]
 
+    def unsupervised_indices(self, indices: Sequence[int]) -> list[int]:
+        """Those of ``indices`` whose record has no assistant turn, so no supervised token.
+
+        A text scan, no tokenizer: cheap enough at startup for any source. A record whose
+        assistant turns are all cut off by ``max_seq_len`` (or dropped by augmentation)
+        is not found here; the length pass and the loader's epoch statistics count those.
+        """
+        unsupervised = []
+        for index in indices:
+            record: Any = self.records[index]
+            messages = record.get("messages") if isinstance(record, dict) else None
+            if not isinstance(messages, list) or not has_assistant(
+                m for m in messages if isinstance(m, dict) and "role" in m
+            ):
+                unsupervised.append(index)
+        return unsupervised
+
     def __getitem__(self, index: int) -> Sample:
         record: Any = self.records[index]
         if not isinstance(record, dict):
@@ -100,7 +122,10 @@ class ChatDataset(Dataset[Sample]):
             chat = self.template.tokenize(messages, self.max_seq_len)
         except BadSampleError as error:
             raise error.at_index(index) from error
-        return as_sample(chat.input_ids, chat.labels)
+        sample = as_sample(chat.input_ids, chat.labels)
+        if chat.truncated:
+            sample[TRUNCATED_FROM] = chat.full_length  # type: ignore[assignment]
+        return sample
 
 
 class TokenizedDataset(Dataset[Sample]):

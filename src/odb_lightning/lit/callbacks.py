@@ -28,6 +28,7 @@ from typing_extensions import override
 from odb_lightning.lit.run_report import (
     CountsParameters,
     LoaderCounters,
+    NoSupervisedTokensError,
     ParameterCounts,
     ReportsRun,
     RunReport,
@@ -95,6 +96,7 @@ class ODBMetricsCallback(pl.Callback):
         self._audit_file: Any = None
         self._trainer: pl.Trainer | None = None
         self._resumed = False
+        self._supervision_checked = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -162,6 +164,7 @@ class ODBMetricsCallback(pl.Callback):
         self._last_batch_end = time.perf_counter()
         if self._audit_file is not None:
             self._audit_file.write(json.dumps(list(meta.sample_ids)) + "\n")
+            self._audit_file.flush()  # a killed run keeps every completed step's line
         if self.totals.steps % self.log_every_n_steps == 0:
             self._log_rates(trainer, pl_module)
 
@@ -182,6 +185,31 @@ class ODBMetricsCallback(pl.Callback):
         if self._epoch_start is not None and self._last_batch_end is not None:
             self._train_s += self._last_batch_end - self._epoch_start
         self._epoch_start = None
+        if not self._supervision_checked:
+            self._supervision_checked = True
+            self._check_supervised(trainer, pl_module)
+
+    def _check_supervised(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Refuse to go on after a whole epoch without a supervised token on any rank.
+
+        The data module refuses such data at startup where it can tell (length-pass
+        modes; records without an assistant turn). Online modes tokenize in the loader
+        workers, so a set whose assistant turns are all cut off by ``max_seq_len`` is
+        only known here, after the first epoch (one all-gather, once per run).
+        """
+        rows = _gather_rows(trainer, pl_module, [float(self.totals.loss_tokens)])
+        samples = _gather_rows(trainer, pl_module, [float(self.totals.samples)])
+        if sum(row[0] for row in rows) > 0 or not any(row[0] for row in samples):
+            return
+        report = _run_report(trainer)
+        max_seq_len = report.facts.get("max_seq_len") if report is not None else None
+        emitted = int(sum(row[0] for row in samples))
+        raise NoSupervisedTokensError(
+            f"no supervised tokens in the first training epoch: {emitted} samples emitted "
+            f"over {trainer.world_size} rank(s), every label -100 after the template and "
+            f"max_seq_len={max_seq_len}; training changes nothing. SFT trains on assistant "
+            "turns: check that the data has them within data.max_seq_len tokens"
+        )
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -197,6 +225,8 @@ class ODBMetricsCallback(pl.Callback):
             self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))
             rows = gather_objects(list(report.skipped_sample_ids), trainer.world_size)
             self.summary["skipped_sample_ids"] = sorted(i for row in rows for i in row)
+            self.summary.update(_gather_first_epoch_records(trainer, pl_module, report))
+        self.summary["not_trained_samples"] = _not_trained_samples(trainer, self.summary)
         if trainer.is_global_zero:
             (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             for logger in trainer.loggers:
@@ -299,6 +329,33 @@ def _gather_loader_counters(
     return totals
 
 
+def _gather_first_epoch_records(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, report: RunReport
+) -> dict[str, int]:
+    """The loader's counts of unsupervised and truncated training records, summed over
+    ranks, where every rank's loader counted them (one all-gather; every rank calls it)."""
+    names = ("unsupervised_samples", "truncated_samples")
+    local = [float(report.first_epoch_records.get(n, -1)) for n in names]
+    rows = _gather_rows(trainer, pl_module, local)
+    return {
+        n: int(sum(row[i] for row in rows))
+        for i, n in enumerate(names)
+        if all(row[i] >= 0 for row in rows)
+    }
+
+
+def _not_trained_samples(trainer: pl.Trainer, summary: dict[str, Any]) -> int | None:
+    """Training samples of the epochs run that no step emitted and that are not counted
+    as dropped or skipped: cut by ``limit_train_batches`` (or by ``max_steps``)."""
+    train_samples = summary.get("train_samples")
+    if train_samples is None:
+        return None
+    epochs = trainer.fit_loop.epoch_progress.current.started
+    accounted = summary.get("emitted_samples", 0) + summary.get("dropped_samples", 0)
+    accounted += summary.get("skipped_bad_samples", 0)
+    return max(0, train_samples * epochs - accounted)
+
+
 def format_trainable(model: dict[str, Any]) -> str:
     """``trainable of total (share) finetuning`` of the summary's ``model`` block."""
     trainable, total = model["trainable_parameters"], model["total_parameters"]
@@ -326,6 +383,9 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("over_budget_samples", "over-budget samples", "{}"),
     ("dropped_samples", "dropped samples", "{}"),
     ("skipped_bad_samples", "skipped bad samples", "{}"),
+    ("not_trained_samples", "not-trained samples", "{:,}"),
+    ("unsupervised_samples", "unsupervised records", "{:,}"),
+    ("truncated_samples", "truncated records", "{:,}"),
     ("length_cache_s", "length cache build s", "{:.2f}"),
     ("train_loss", "train loss", "{:.4f}"),
     ("val_loss", "val loss (token-weighted)", "{:.4f}"),

@@ -23,8 +23,14 @@ from odb_lightning.data.length_pass import exact_lengths
 from odb_lightning.lit.idle_steps import check_weights_idle_steps
 from odb_lightning.lit.loaders import LightningLoader, TrainShard
 from odb_lightning.lit.planned_mode import epoch_plan, in_order_plan
-from odb_lightning.lit.resume_state import data_identity, pack_state, unpack_state
-from odb_lightning.lit.run_report import RunReport
+from odb_lightning.lit.resume_state import (
+    batching_settings,
+    data_identity,
+    pack_state,
+    resume_changes,
+    unpack_state,
+)
+from odb_lightning.lit.run_report import NoSupervisedTokensError, RunReport
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
 from odb_lightning.runtime.rendezvous import JobRendezvous, MetadataStore, Rendezvous
@@ -97,6 +103,8 @@ class ODBDataModule(pl.LightningDataModule):
         self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
         self._job_rendezvous: JobRendezvous | None = None
         self.source_counts: dict[str, int] = {}  # records read, kept, dropped (by reason)
+        # Training records without supervised tokens / truncated (see setup).
+        self.train_record_counts: dict[str, int] = {}
 
     # -- data ---------------------------------------------------------------------------
     def _source_arguments(self) -> dict[str, Any]:
@@ -156,6 +164,49 @@ class ODBDataModule(pl.LightningDataModule):
             )
             self.train_lengths = [exact.lengths[i] for i in self.train_indices]
             self.loss_tokens, self.length_cache_s = exact.num_loss_tokens, exact.build_s
+        self._count_unsupervised_and_truncated()
+
+    def _count_unsupervised_and_truncated(self) -> None:
+        """Count the training records without a supervised token and those cut to
+        ``max_seq_len``, and refuse a training set with no supervised token at all.
+
+        Length-pass modes know every sample's supervised tokens and length: the counts
+        are exact (a record of exactly ``max_seq_len`` tokens counts as truncated).
+        Online modes tokenize in the workers only, so here a text scan finds the records
+        with no assistant turn; truncation is counted by the loader's epoch statistics.
+        """
+        indices = self.train_indices
+        if self.loss_tokens is not None:
+            unsupervised = sum(1 for i in indices if self.loss_tokens[i] == 0)
+            self.train_record_counts = {
+                "unsupervised_samples": unsupervised,
+                "truncated_samples": sum(1 for n in self.train_lengths if n >= self.max_seq_len),
+            }
+        elif isinstance(self.dataset, ChatDataset):
+            unsupervised = len(self.dataset.unsupervised_indices(indices))
+            self.train_record_counts = {"unsupervised_samples": unsupervised}
+        else:
+            return  # synthetic data: every sample is supervised
+        if indices and unsupervised == len(indices):
+            raise NoSupervisedTokensError(self._no_supervision_message(exact=self.loss_tokens))
+
+    def _no_supervision_message(self, exact: list[int] | None) -> str:
+        where = f"data.source={self.source!r}"
+        if self.path is not None:
+            where += f" data.path={self.path!r}"
+        read = self.source_counts.get("read", len(self.dataset or ()))
+        why = (
+            "every one has 0 supervised tokens after the template and max_seq_len"
+            f"={self.max_seq_len}"
+            if exact is not None
+            else "none has an assistant turn"
+        )
+        return (
+            f"{where}: no supervised tokens to train on: read {read} records, "
+            f"{len(self.train_indices)} for training, and {why}. SFT trains on assistant "
+            "turns only (user and system turns are context): add assistant turns, or "
+            "check the role names of the source"
+        )
 
     @property
     def num_train_samples(self) -> int | None:
@@ -182,6 +233,18 @@ class ODBDataModule(pl.LightningDataModule):
             )
         return self._job_rendezvous.for_loader(name), self._job_rendezvous.store
 
+    def _vocab_size(self) -> int | None:
+        """The model's vocabulary, against which the loaders check token ids; ``None``
+        when unknown, or when the module folds ids modulo ``token_id_fold``."""
+        module = getattr(self.trainer, "lightning_module", None) if self.trainer else None
+        if module is None or getattr(module, "token_id_fold", None) is not None:
+            return None
+        config = getattr(getattr(module, "model", None), "config", None)
+        if config is None and not getattr(module, "hparams", {}).get("pretrained_path"):
+            config = getattr(module, "random_init", None)  # before configure_model
+        vocab_size = getattr(config, "vocab_size", None)
+        return vocab_size if isinstance(vocab_size, int) else None
+
     def _planned_loader(
         self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
     ) -> PlannedLoader:
@@ -194,6 +257,7 @@ class ODBDataModule(pl.LightningDataModule):
             rank=rank,
             pad_id=self.tokenizer.pad_id,
             max_seq_len=self.max_seq_len,
+            vocab_size=self._vocab_size(),
             loss_tokens=loss_tokens,
         )
 
@@ -208,6 +272,7 @@ class ODBDataModule(pl.LightningDataModule):
                 metadata_store=store,
                 pad_id=self.tokenizer.pad_id,
                 max_seq_len=self.max_seq_len,
+                vocab_size=self._vocab_size(),
             )
         positions = epoch_plan(self.train_lengths, self.batching, len(self.train_indices))
         indices = self.train_indices
@@ -281,7 +346,8 @@ class ODBDataModule(pl.LightningDataModule):
             return {}
         consumed = train.consumed_steps(self.trainer.global_step)
         loader_state = train.loader.state_dict(consumed_steps=consumed)
-        return pack_state(self.data_identity(), self._world()[0], loader_state)
+        settings = batching_settings(self.batching)
+        return pack_state(self.data_identity(), self._world()[0], loader_state, settings)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -293,6 +359,7 @@ class ODBDataModule(pl.LightningDataModule):
         if not state_dict:
             return
         self._resume_state = unpack_state(state_dict, self.data_identity(), self._world()[0])
+        self.resume_changed_settings = resume_changes(state_dict, batching_settings(self.batching))
         if self._train_loader is not None:
             self._train_loader.loader.load_state_dict(self._resume_state)
             self._resume_state = None
@@ -307,6 +374,9 @@ class ODBDataModule(pl.LightningDataModule):
             "train_samples": self.num_train_samples,
             "length_cache_s": self.length_cache_s,
             "source_records": self.source_counts,
+            **self.train_record_counts,
         }
+        if getattr(self, "resume_changed_settings", None):  # set by load_state_dict
+            facts["resume_changed_settings"] = self.resume_changed_settings
         stats = self._train_loader.epoch_stats if self._train_loader else []
         return RunReport.of(self.batching, facts, stats)

@@ -1,5 +1,7 @@
 """The data module's share of a checkpoint: the training epoch, the samples consumed in
-it over all ranks, and an identity of the data that refuses a resume on other data."""
+it over all ranks, an identity of the data that refuses a resume on other data, and the
+batching settings it was taken with (a resume with other ones is warned about, not
+refused)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any
 
+from odb_lightning.core.config import HANDSHAKE_FIELDS, BatchingConfig
 from odb_lightning.runtime.resume import ResumeStateError
 
 log = logging.getLogger(__name__)
@@ -37,9 +41,52 @@ def data_identity(
     }
 
 
-def pack_state(identity: dict[str, Any], world_size: int, train: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint entry: format, data identity, ranks and the train loader's state."""
-    return {"format": CHECKPOINT_FORMAT, "data": identity, "world_size": world_size, "train": train}
+def batching_settings(batching: BatchingConfig) -> dict[str, Any]:
+    """The batching fields of the ranks' handshake (what a round plans), as plain values
+    that ``torch.load(weights_only=True)`` reads back."""
+    values = {name: getattr(batching, name) for name in HANDSHAKE_FIELDS}
+    return {k: v.value if isinstance(v, Enum) else v for k, v in values.items()}
+
+
+def changed_settings(saved: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
+    """``{field: {"old": saved, "new": current}}`` for every batching field that changed
+    (nothing for a checkpoint that predates the record)."""
+    if not saved:
+        return {}
+    return {
+        k: {"old": saved.get(k), "new": current[k]}
+        for k in current
+        if k in saved and saved[k] != current[k]
+    }
+
+
+def pack_state(
+    identity: dict[str, Any],
+    world_size: int,
+    train: dict[str, Any],
+    batching: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The checkpoint entry: format, data identity, ranks, the batching settings
+    (:func:`batching_settings`) and the train loader's state."""
+    state = {"format": CHECKPOINT_FORMAT, "data": identity, "world_size": world_size}
+    if batching is not None:
+        state["batching"] = batching
+    return state | {"train": train}
+
+
+def resume_changes(state: dict[str, Any], batching: dict[str, Any]) -> dict[str, Any]:
+    """The batching fields that differ between a checkpoint entry and this run, logged as
+    one warning line (a resume with another budget or window is allowed: warned, not
+    refused)."""
+    changed = changed_settings(state.get("batching"), batching)
+    if changed:
+        what = ", ".join(f"{k}: {v['old']!r} -> {v['new']!r}" for k, v in changed.items())
+        log.warning(
+            "resuming with other batching settings than the checkpoint was taken with "
+            "(%s): the rest of the epoch is planned with the new ones",
+            what,
+        )
+    return changed
 
 
 def unpack_state(

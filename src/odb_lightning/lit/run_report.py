@@ -13,6 +13,10 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.runtime.stats import EpochStats
 
 
+class NoSupervisedTokensError(ValueError):
+    """The training data has no supervised token: training would change nothing."""
+
+
 @dataclass(frozen=True)
 class LoaderCounters:
     """One rank's loader counters over every finished epoch (summed over ranks by the
@@ -42,6 +46,10 @@ class RunReport:
             cache time, source record counts).
         skipped_sample_ids: Dataset indices this rank skipped as bad samples.
         round_latency_s: This rank's alignment round latencies.
+        first_epoch_records: The loader's own counts of this rank's first finished
+            epoch (every training record once): ``unsupervised_samples`` and
+            ``truncated_samples``, each where the loader counts it (summed over ranks
+            by the callback, used where ``facts`` has no exact count).
     """
 
     batching: BatchingConfig
@@ -49,15 +57,22 @@ class RunReport:
     counters: LoaderCounters = LoaderCounters()
     skipped_sample_ids: tuple[int, ...] = ()
     round_latency_s: tuple[float, ...] = ()
+    first_epoch_records: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, batching: BatchingConfig, facts: dict[str, Any], stats: list[EpochStats]):
+        first: dict[str, int] = {}
+        if stats:
+            counted = {"unsupervised_samples": stats[0].unsupervised}
+            counted["truncated_samples"] = stats[0].truncated
+            first = {name: n for name, n in counted.items() if n is not None}
         return cls(
             batching=batching,
             facts=facts,
             counters=LoaderCounters.of(stats),
             skipped_sample_ids=tuple(sorted(i for s in stats for i in s.skipped_ids)),
             round_latency_s=tuple(t for s in stats for t in s.round_latency_s),
+            first_epoch_records=first,
         )
 
     def summary_facts(self) -> dict[str, Any]:

@@ -125,11 +125,11 @@ def pad_collate(
     Returns:
         ``input_ids`` (padded with ``pad_id``), ``attention_mask`` (1 on real tokens)
         and ``labels`` (``-100`` on padding; ``input_ids`` where a sample has none),
-        each ``[batch, longest]``.
+        each a long ``[batch, longest]``.
     """
     longest = max(s["input_ids"].numel() for s in samples)
-    dtype = samples[0]["input_ids"].dtype
-    input_ids = torch.full((len(samples), longest), pad_id, dtype=dtype)
+    # int64 whatever the samples hold: a narrower first sample would wrap the others' ids.
+    input_ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
     labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((len(samples), longest), dtype=torch.long)
     for row, sample in enumerate(samples):

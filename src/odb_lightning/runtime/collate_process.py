@@ -19,7 +19,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Semaphore
 from typing import Protocol
 
-from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.config import BatchingConfig, DataHandshake
 from odb_lightning.runtime.batch import CollateFn
 from odb_lightning.runtime.engine import EpochRunner
 from odb_lightning.runtime.errors import SampleTimeoutError
@@ -34,6 +34,7 @@ from odb_lightning.runtime.messages import (
     Shutdown,
 )
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.sample import SampleLimits
 
 
 class ProgressCounter(Protocol):
@@ -126,7 +127,7 @@ class CollateProcessSpec:
     """
 
     config: BatchingConfig
-    max_seq_len: int | None
+    max_seq_len: SampleLimits | int | None  # the workers' sample limits
     pad_id: int
     rank: int
     rendezvous: Rendezvous | None
@@ -138,6 +139,7 @@ class CollateProcessSpec:
     outputs: Queue
     slots: Semaphore
     progress: ProgressCounter
+    data: DataHandshake | None = None  # what the channel's handshake compares of the data
 
 
 def _report_failure(outputs: Queue, error: Exception) -> None:
@@ -181,7 +183,7 @@ def collate_main(spec: CollateProcessSpec) -> None:
     """Entry point of the collate process; a failure is reported to the main process."""
     prepare_child()
     try:
-        channel = open_channel(spec.config, spec.rendezvous, spec.generation)
+        channel = open_channel(spec.config, spec.rendezvous, spec.generation, spec.data)
     except Exception as error:  # reported to the main process, which raises it
         _report_failure(spec.outputs, error)
         return

@@ -103,6 +103,8 @@ class _EpochLog:
     window_fill_s: float | None = None
     steps: int = 0
     idle_steps: int = 0
+    unsupervised: int = 0  # fetched samples without a supervised token
+    truncated: int = 0  # fetched samples their dataset cut to max_seq_len
 
     def finish(self, window: GroupingWindow) -> EpochStats:
         return EpochStats(
@@ -116,6 +118,8 @@ class _EpochLog:
             rounds=len(self.round_latency_s),
             round_latency_s=tuple(self.round_latency_s),
             window_fill_s=self.window_fill_s or 0.0,
+            unsupervised=self.unsupervised,
+            truncated=self.truncated,
         )
 
 
@@ -196,6 +200,8 @@ class EpochRunner:
                 )
                 window.add(info)
                 log.payloads[result.position] = result.payload
+                log.unsupervised += result.num_loss_tokens == 0
+                log.truncated += result.truncated
             elif isinstance(result, SampleSkipped):
                 window.skip(result.position)
                 log.skipped_ids.append(result.dataset_index)

@@ -15,7 +15,14 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from odb_lightning.core.config import BatchingConfig, check_settings_agree
+from odb_lightning.core.config import (
+    BatchingConfig,
+    DataHandshake,
+    check_data_agree,
+    check_settings_agree,
+    handshake_message,
+)
+from odb_lightning.core.wire import WireFormatError, check_message, report_max_steps
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import Rendezvous
 
@@ -64,10 +71,18 @@ class GlooChannel:
             self._group: dist.ProcessGroupGloo | None = dist.ProcessGroupGloo(
                 prefixed, rendezvous.rank, rendezvous.world_size, options
             )
-        except RuntimeError as error:
+        except MemoryError as error:  # Gloo read garbage under the prefix as an address
+            raise MetadataChannelError(
+                f"rank {rendezvous.rank} could not build {self._where}: the store holds "
+                f"malformed keys under the prefix {rendezvous.channel_prefix(generation)!r} "
+                f"(written by another job or loader?) ({type(error).__name__}: {error}); "
+                "give every loader and job its own prefix"
+            ) from error
+        except (RuntimeError, ValueError) as error:
             raise MetadataChannelError(
                 f"rank {rendezvous.rank} could not connect to {self._where} within "
-                f"{timeout_s}s: {error}"
+                f"{timeout_s}s (store prefix {rendezvous.channel_prefix(generation)!r}): "
+                f"{error}"
             ) from error
 
     def allgather(self, message: list[int], context: str) -> list[list[int]]:
@@ -77,12 +92,14 @@ class GlooChannel:
         gathered = [torch.empty_like(local) for _ in range(self._rendezvous.world_size)]
         try:
             self._group.allgather([gathered], [local]).wait()
-        except RuntimeError as error:
+        except (RuntimeError, MemoryError) as error:
             raise MetadataChannelError(
                 f"{self._where} failed on rank {self._rendezvous.rank} at {context} "
                 f"(a peer rank died, hangs or is out of step): {error}"
             ) from error
-        return [t.tolist() for t in gathered]
+        messages = [t.tolist() for t in gathered]
+        check_messages(messages, message, context, f"{self._where} on rank {self._rendezvous.rank}")
+        return messages
 
     def close(self) -> None:
         """Shut the Gloo group down; later calls fail with :class:`MetadataChannelError`."""
@@ -91,18 +108,49 @@ class GlooChannel:
             group.shutdown()
 
 
-def open_channel(config: BatchingConfig, rendezvous: Rendezvous | None, generation: int) -> Channel:
-    """Connect the channel and check that every rank runs the same loader settings.
+HANDSHAKE_CONTEXT = "the settings handshake"
+
+
+def check_messages(messages: list[list[int]], local: list[int], context: str, where: str) -> None:
+    """Raise :class:`MetadataChannelError` naming the rank and ``context`` when a gathered
+    message is not of the local message's kind: a wrong length, or (for a round report)
+    a field no report holds (:func:`~odb_lightning.core.wire.check_message`)."""
+    max_steps = None if context == HANDSHAKE_CONTEXT else report_max_steps(local)
+    for rank, message in enumerate(messages):
+        try:
+            if len(message) != len(local):
+                raise WireFormatError(f"{len(message)} integers, expected {len(local)}")
+            if max_steps is not None:
+                check_message(message, max_steps)
+        except WireFormatError as error:
+            raise MetadataChannelError(
+                f"{where}: the message of rank {rank} at {context} is malformed ({error}); "
+                "a peer runs another version, or something else writes to this channel"
+            ) from None
+
+
+def open_channel(
+    config: BatchingConfig,
+    rendezvous: Rendezvous | None,
+    generation: int,
+    data: DataHandshake | None = None,
+) -> Channel:
+    """Connect the channel and check, in one all-gather, that every rank runs the same
+    loader settings and sees the same data (``data``: ``len(dataset)``, ``max_seq_len``,
+    the ``shard=`` indices; ``None``: not compared from this rank).
 
     Raises:
         MetadataChannelError: The channel could not be built or the handshake failed.
-        SettingsMismatchError: Ranks disagree on a setting (named in the message).
+        SettingsMismatchError: Ranks disagree on a setting or on their data (named in
+            the message), or their ``shard=`` indices overlap.
     """
     if rendezvous is None or rendezvous.world_size == 1:
         return LocalChannel()
     channel = GlooChannel(rendezvous, generation, config.alignment_timeout_s)
     try:
-        check_settings_agree(channel.allgather(config.handshake(), "the settings handshake"))
+        messages = channel.allgather(handshake_message(config, data), HANDSHAKE_CONTEXT)
+        check_settings_agree(messages)
+        check_data_agree(messages)
     except Exception:
         channel.close()
         raise

@@ -28,13 +28,15 @@ def _exit_with_parent(parent_sentinel: int) -> None:
 def prepare_child() -> None:
     """Call first in every child process.
 
-    SIGTERM gets its default action (``close()`` uses it) and SIGINT is ignored: on
-    Ctrl-C the main process stops its children itself. A daemon thread waits on the
+    SIGTERM gets its default action (``close()`` uses it); SIGINT and SIGUSR1 are
+    ignored: on Ctrl-C, or SLURM's requeue signal sent to every process of the job, the
+    main process stops its children itself. A daemon thread waits on the
     parent's sentinel and exits the process when the parent dies, so no child outlives a
     killed main process. Torch ops run single-threaded, as in DataLoader workers.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     torch.set_num_threads(1)
     parent = multiprocessing.parent_process()
     if parent is not None:

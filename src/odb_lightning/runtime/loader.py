@@ -8,7 +8,12 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from odb_lightning.core.config import ONLINE_MODES, BatchingConfig, resolve_config
+from odb_lightning.core.config import (
+    ONLINE_MODES,
+    BatchingConfig,
+    DataHandshake,
+    resolve_config,
+)
 from odb_lightning.core.order import shard_indices
 from odb_lightning.runtime.batch import CollateFn, ODBBatch, pack_collate, pad_collate
 from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
@@ -24,6 +29,7 @@ from odb_lightning.runtime.rendezvous import (
 from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
 from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.worker import MapDataset
+from odb_lightning.sample import SampleLimits
 
 ShardFn = Callable[[int], list[int]]
 """``shard(epoch)``: this rank's dataset indices for an epoch, in order."""
@@ -69,6 +75,8 @@ class ODBLoader:
             collective).
         pad_id: Padding token id of the default collate and of IDLE batches.
         max_seq_len: Longer samples are bad samples (``None``: no limit).
+        vocab_size: Samples with a token id (or supervised label) at or above it are bad
+            samples (``None``: not checked), as are negative ids.
         **knobs: ``BatchingConfig`` fields that replace those of ``config``, or make a
             config of their own: ``ODBLoader(dataset, token_budget=8192, num_workers=2)``.
     """
@@ -84,6 +92,7 @@ class ODBLoader:
         metadata_store: MetadataStore | None = None,
         pad_id: int = 0,
         max_seq_len: int | None = None,
+        vocab_size: int | None = None,
         **knobs: Any,
     ) -> None:
         self.config = resolve_config(config, knobs)
@@ -96,7 +105,10 @@ class ODBLoader:
             raise ValueError(f"pad_id must be an integer >= 0, got {pad_id!r}")
         if max_seq_len is not None and not _is_count(max_seq_len, 1):
             raise ValueError(f"max_seq_len must be an integer >= 1 or None, got {max_seq_len!r}")
-        self.pad_id, self.max_seq_len = pad_id, max_seq_len
+        if vocab_size is not None and not _is_count(vocab_size, 1):
+            raise ValueError(f"vocab_size must be an integer >= 1 or None, got {vocab_size!r}")
+        self.pad_id, self.max_seq_len, self.vocab_size = pad_id, max_seq_len, vocab_size
+        self._limits = SampleLimits(max_seq_len, vocab_size)  # what every sample is checked on
         if collate_fn is None:
             collate_fn = (
                 pack_collate
@@ -196,6 +208,13 @@ class ODBLoader:
             return list(self._shard(epoch))
         return shard_indices(len(self.dataset), self.world_size, self.rank, self.config.seed, epoch)
 
+    def _data_handshake(self) -> DataHandshake:
+        """What the channel's handshake compares across ranks (``shard=``: this epoch's)."""
+        shard = None
+        if self._shard is not None and self.world_size > 1:
+            shard = self._indices(self._epoch)
+        return DataHandshake.of(len(self.dataset), self.max_seq_len, self._epoch, shard)
+
     def _begin_epoch(self, epoch: int) -> tuple[EpochRecord, list[int]]:
         """The record of this iteration and this rank's indices for ``epoch``, without
         those consumed before a resume."""
@@ -235,8 +254,9 @@ class ODBLoader:
             rank=self.rank,
             rendezvous=self._rendezvous,
             generation=generation,
-            max_seq_len=self.max_seq_len,
+            max_seq_len=self._limits,
             pad_id=self.pad_id,
+            data=self._data_handshake(),
         )
         if ordered:
             self._store.rank_zero_started(prefix)
@@ -275,12 +295,14 @@ class ODBLoader:
         if self._epoch_active:
             self._close_channel()  # the last epoch was abandoned midway
         if self._channel is None:
-            self._channel = open_channel(self.config, self._rendezvous, self._next_generation())
+            self._channel = open_channel(
+                self.config, self._rendezvous, self._next_generation(), self._data_handshake()
+            )
         runner = EpochRunner(
             self.config,
             rank=self.rank,
             channel=self._channel,
-            source=InlineSource(self.dataset, self.config, self.max_seq_len),
+            source=InlineSource(self.dataset, self.config, self._limits),
             slots=InlineSlots(),
             collate_fn=self.collate_fn,
             pad_id=self.pad_id,

@@ -37,6 +37,7 @@ class FetchedSample:
     length: int
     num_loss_tokens: int
     payload: bytes
+    truncated: bool = False  # its dataset cut it to max_seq_len
 
 
 @dataclass(frozen=True, slots=True)

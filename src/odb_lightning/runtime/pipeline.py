@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
-from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.config import BatchingConfig, DataHandshake
 from odb_lightning.runtime.batch import CollateFn, ODBBatch
 from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
 from odb_lightning.runtime.errors import LoaderProcessError, RemoteTraceback
@@ -26,6 +26,7 @@ from odb_lightning.runtime.messages import (
 )
 from odb_lightning.runtime.rendezvous import Rendezvous
 from odb_lightning.runtime.worker import MapDataset, worker_main
+from odb_lightning.sample import SampleLimits
 
 POLL_S = 0.1
 """How often the main process checks its children's liveness while it waits."""
@@ -71,8 +72,9 @@ class Pipeline:
         rank: int,
         rendezvous: Rendezvous | None,
         generation: int,
-        max_seq_len: int | None,
+        max_seq_len: SampleLimits | int | None,
         pad_id: int,
+        data: DataHandshake | None = None,
     ) -> None:
         method = config.multiprocessing_context
         context = multiprocessing.get_context(None if method is None else method.value)
@@ -96,7 +98,7 @@ class Pipeline:
         ]
         spec = CollateProcessSpec(
             config, max_seq_len, pad_id, rank, rendezvous, generation, collate_fn, self._requests,
-            self._results, self._commands, self._outputs, self._slots, self._progress,
+            self._results, self._commands, self._outputs, self._slots, self._progress, data,
         )  # fmt: skip
         self._collate = context.Process(
             target=collate_main, args=(spec,), name="odb-collate", daemon=True

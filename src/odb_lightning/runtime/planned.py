@@ -29,7 +29,7 @@ from odb_lightning.runtime.batch import (
     pad_collate,
 )
 from odb_lightning.runtime.resume import EpochRecord, EpochResume
-from odb_lightning.sample import inspect_sample
+from odb_lightning.sample import SampleLimits, normalize_sample
 
 PlanFn = Callable[[int], list[list[int]]]
 """``plan(epoch)``: the whole job's batches for an epoch, dataset indices."""
@@ -134,16 +134,17 @@ class _PlannedCollate:
         batches: _EpochBatches,
         collate_fn: CollateFn,
         pad_id: int,
-        max_seq_len: int | None,
+        limits: SampleLimits,
         packed: bool,
     ) -> None:
         self.batches, self.collate_fn, self.pad_id = batches, collate_fn, pad_id
-        self.max_seq_len, self.packed = max_seq_len, packed
+        self.limits, self.packed = limits, packed
 
     def __call__(self, items: Sequence[tuple[int, Mapping[str, Any]]]) -> ODBBatch:
         ids = tuple(index for index, _ in items)
-        counts = [inspect_sample(sample, index, self.max_seq_len) for index, sample in items]
-        samples = [sample for _, sample in items] or [idle_sample(self.pad_id)]
+        checked = [normalize_sample(sample, index, self.limits) for index, sample in items]
+        counts = [stats for _, stats in checked]
+        samples = [sample for sample, _ in checked] or [idle_sample(self.pad_id)]
         meta = build_step_meta(
             ids,
             [length for length, _ in counts],
@@ -171,6 +172,8 @@ class PlannedLoader:
         collate_fn: Model inputs from a list of samples (default: pad to the longest).
         pad_id: Padding id (default collate and IDLE batches).
         max_seq_len: Longer samples are bad samples.
+        vocab_size: Samples with a token id (or supervised label) at or above it are bad
+            samples (``None``: not checked).
         loss_tokens: Supervised tokens of every sample, when a length pass knows them:
             then each step's global count is in its metadata (no collective needed).
         **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
@@ -188,6 +191,7 @@ class PlannedLoader:
         collate_fn: CollateFn | None = None,
         pad_id: int = 0,
         max_seq_len: int | None = None,
+        vocab_size: int | None = None,
         loss_tokens: Sequence[int] | None = None,
         **knobs: Any,
     ) -> None:
@@ -201,7 +205,7 @@ class PlannedLoader:
             self.batches,
             collate_fn or functools.partial(pad_collate, pad_id=pad_id),
             pad_id,
-            max_seq_len,
+            SampleLimits(max_seq_len, vocab_size),
             config.packed,
         )
         workers = config.num_workers

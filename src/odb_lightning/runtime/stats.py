@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from odb_lightning.sample import TRUNCATED_FROM, is_truncated
+
+__all__ = ["TRUNCATED_FROM", "EpochStats", "is_truncated"]
+
 
 @dataclass(frozen=True, slots=True)
 class EpochStats:
@@ -22,6 +26,10 @@ class EpochStats:
             plan (the all-gather, including waiting for the slowest rank).
         window_fill_s: Seconds from the epoch start until the first window was ready.
         loader_wait_s: Seconds the main process spent waiting for batches.
+        unsupervised: Samples fetched this epoch with no supervised token
+            (``num_loss_tokens == 0``); ``None`` where the loader does not count them.
+        truncated: Samples fetched this epoch that their dataset cut to ``max_seq_len``
+            (:func:`is_truncated`); ``None`` where the loader does not count them.
     """
 
     epoch: int
@@ -35,3 +43,5 @@ class EpochStats:
     round_latency_s: tuple[float, ...]
     window_fill_s: float
     loader_wait_s: float = 0.0
+    unsupervised: int | None = None
+    truncated: int | None = None

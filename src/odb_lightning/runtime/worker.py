@@ -17,7 +17,7 @@ from odb_lightning.runtime.messages import (
     StopWorker,
 )
 from odb_lightning.runtime.transport import dump_sample
-from odb_lightning.sample import BadSampleError, inspect_sample
+from odb_lightning.sample import BadSampleError, SampleLimits, is_truncated, normalize_sample
 
 
 class MapDataset(Protocol):
@@ -65,15 +65,19 @@ def fetch_sample(
     dataset: MapDataset,
     request: FetchRequest,
     on_bad_sample: OnBadSample,
-    max_seq_len: int | None,
+    limits: SampleLimits | int | None,
 ) -> FetchResult:
     """Run ``dataset[i]`` and turn the outcome into a typed result (never raises).
 
     A record the data layer rejects (:class:`BadSampleError`) or a sample that fails
-    :func:`inspect_sample` is a bad sample; any other exception in ``dataset[i]`` is a
-    fetch failure. Under ``on_bad_sample="skip"`` both are skipped and counted. Messages
-    name the dataset index, the record id where the dataset has one, and the field.
+    :func:`~odb_lightning.sample.normalize_sample` is a bad sample; any other exception
+    in ``dataset[i]`` is a fetch failure. Under ``on_bad_sample="skip"`` both are skipped
+    and counted. Messages name the dataset index, the record id where the dataset has
+    one, and the field. ``limits``: a bare ``int`` or ``None`` is ``max_seq_len`` alone.
+    The sample is sent with its token ids widened to int64.
     """
+    if not isinstance(limits, SampleLimits):
+        limits = SampleLimits(max_seq_len=limits)
     index = request.dataset_index
     set_epoch = getattr(dataset, "set_epoch", None)
     if callable(set_epoch) and getattr(dataset, "epoch", None) != request.epoch:
@@ -88,7 +92,7 @@ def fetch_sample(
         wrapped = RuntimeError(f"{where} raised {type(error).__name__}: {error}")
         return _reject(request, wrapped, on_bad_sample)
     try:
-        length, num_loss_tokens = inspect_sample(sample, index, max_seq_len)
+        sample, (length, num_loss_tokens) = normalize_sample(sample, index, limits)
     except BadSampleError as error:
         located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
         return _reject(request, located, on_bad_sample)
@@ -98,13 +102,14 @@ def fetch_sample(
         where = f"sample {index}{record_label(dataset, index)}"
         wrapped = RuntimeError(f"{where} could not be serialized: {error}")
         return _failure(request, wrapped)
-    return FetchedSample(request.position, index, length, num_loss_tokens, payload)
+    truncated = is_truncated(sample, length)
+    return FetchedSample(request.position, index, length, num_loss_tokens, payload, truncated)
 
 
 def worker_main(
     dataset: MapDataset,
     config: BatchingConfig,
-    max_seq_len: int | None,
+    limits: SampleLimits | int | None,
     requests: Queue,
     results: Queue,
 ) -> None:
@@ -114,4 +119,4 @@ def worker_main(
         request = requests.get()
         if isinstance(request, StopWorker):
             return
-        results.put(fetch_sample(dataset, request, config.on_bad_sample, max_seq_len))
+        results.put(fetch_sample(dataset, request, config.on_bad_sample, limits))

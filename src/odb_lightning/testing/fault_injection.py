@@ -26,6 +26,10 @@ from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.testing.processes import descendants, listening_sockets
 
+FAULT_MOMENTS = ("step", "backward", "batch_end")
+"""When in its step the fault fires: at ``training_step``'s start, as the backward
+reaches the loss, or in ``on_train_batch_end`` after every callback's."""
+
 
 class Fault(StrEnum):
     """What the fault rank does at the fault step."""
@@ -35,6 +39,7 @@ class Fault(StrEnum):
     KILL = "kill"  # SIGKILL of its own main process (preemption, OOM killer)
     SIGTERM = "sigterm"  # SIGTERM to its own main process (scheduler stop, `kill <pid>`)
     SIGINT = "sigint"  # SIGINT to the whole process group (Ctrl-C in the terminal)
+    SIGUSR1 = "sigusr1"  # SIGUSR1 to its own main process (SLURM's --signal before the limit)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -50,8 +55,9 @@ class FaultInjectingModule(CausalLMModule):
 
     Args:
         fault: A :class:`Fault` value.
-        fault_rank: Global rank that injects it.
+        fault_rank: Global rank that injects it (``-1``: every rank).
         fault_step: Training step (0-based, over all epochs) at which it is injected.
+        fault_moment: When in that step (:data:`FAULT_MOMENTS`).
         probe_dir: Where the probe files go (required).
         socket_probe_step: Rank 0 records every listening socket of the job's processes
             at this step (``sockets.json``). Step 0 already sees every rank's loader: no
@@ -67,11 +73,15 @@ class FaultInjectingModule(CausalLMModule):
         fault: str = Fault.NONE.value,
         fault_rank: int = 1,
         fault_step: int = 2,
+        fault_moment: str = "step",
         socket_probe_step: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.fault, self.fault_rank, self.fault_step = Fault(fault), fault_rank, fault_step
+        if fault_moment not in FAULT_MOMENTS:
+            raise ValueError(f"fault_moment must be one of {FAULT_MOMENTS}, got {fault_moment!r}")
+        self.fault_moment = fault_moment
         self.probe_dir = Path(probe_dir)
         self.socket_probe_step = socket_probe_step
         self._steps = 0
@@ -86,9 +96,25 @@ class FaultInjectingModule(CausalLMModule):
             write_json(self.probe_dir / f"probe_rank{rank}.json", probe)
         if step == self.socket_probe_step and rank == 0:
             self._probe_sockets()
-        if step == self.fault_step and rank == self.fault_rank:
+        if not self._faults_here(step):
+            return super().training_step(batch, batch_idx)
+        if self.fault_moment == "step":
             self._inject()
-        return super().training_step(batch, batch_idx)
+        loss = super().training_step(batch, batch_idx)
+        if self.fault_moment == "backward":
+            # Fires when the backward reaches the loss: the step's gradient collectives
+            # are about to run on every rank.
+            loss.register_hook(lambda grad: self._inject() or grad)
+        return loss
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        if self.fault_moment == "batch_end" and self._faults_here(self._steps - 1):
+            self._inject()  # after the callbacks' hooks of this step
+
+    def _faults_here(self, step: int) -> bool:
+        return step == self.fault_step and self.fault_rank in (self.global_rank, -1)
 
     def _probe_sockets(self) -> None:
         pid = os.getpid()
@@ -112,6 +138,8 @@ class FaultInjectingModule(CausalLMModule):
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.fault is Fault.SIGTERM:
             os.kill(os.getpid(), signal.SIGTERM)
+        elif self.fault is Fault.SIGUSR1:
+            os.kill(os.getpid(), signal.SIGUSR1)
         else:
             os.killpg(os.getpgid(0), signal.SIGINT)
 
