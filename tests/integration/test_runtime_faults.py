@@ -291,3 +291,29 @@ def test_worker_processes_check_the_data_too() -> None:
         assert name == "SettingsMismatchError", message
         assert message.startswith("ranks disagree on max_seq_len: rank 0: "), message
         assert "rank 1: 2048" in message
+
+
+def test_a_worker_killed_in_the_last_window_is_reported_at_the_epoch_end() -> None:
+    """The last window's batches can arrive without a pause, so the liveness poll never
+    runs; the end of the epoch checks every child."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    dataset = SyntheticChatDataset.seeded(40)
+    # spawn: this process may hold threads of earlier tests, which a forked child inherits.
+    settings = {"num_workers": 1, "outstanding_depth": 64, "multiprocessing_context": "spawn"}
+    with _loader(dataset, **settings) as loader:
+        batches = iter(loader)
+        next(batches)  # the whole epoch fits one window: every sample is fetched by now
+        (worker,) = [p for n, p in loader._pipeline.child_pids().items() if n.startswith("worker")]
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(worker) and psutil.Process(worker).status() != "zombie":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(LoaderProcessError, match=r"the ODB worker 0 \(pid \d+\) of rank 0 "):
+            for _ in batches:
+                pass

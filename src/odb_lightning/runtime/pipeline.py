@@ -155,6 +155,10 @@ class Pipeline:
                 _raise_failure(message)
             if isinstance(message, ODBBatch):
                 self._slots.release()
+            elif isinstance(message, EpochEnd):
+                # Batches of the last window may arrive without a pause, so the liveness
+                # check above never ran: a child that died meanwhile is reported here.
+                self._check_alive()
             return message
 
     def _check_alive(self) -> None:
