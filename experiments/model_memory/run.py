@@ -65,12 +65,8 @@ def eager(out: Path) -> None:
 
 def sharded(out_dir: Path) -> None:
     """One rank of a 2-rank FSDP2 job: Lightning's setup, stopped before the first batch."""
-    import lightning.pytorch as pl
-    import torch
-    from torch.utils.data import DataLoader
-
-    from odb_lightning.lit.fsdp2 import FSDP2Strategy
     from odb_lightning.lit.module import CausalLMModule
+    from odb_lightning.testing.sharded_setup import fit_setup_only, one_batch_loader
 
     class Probe(CausalLMModule):
         def on_fit_start(self) -> None:
@@ -82,22 +78,10 @@ def sharded(out_dir: Path) -> None:
                       "parameters": sum(p.numel() for p in self.parameters())}  # fmt: skip
             (out_dir / f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
-        def train_dataloader(self) -> DataLoader:
-            return DataLoader([torch.zeros(1)])
+        def train_dataloader(self) -> Any:
+            return one_batch_loader()
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=FSDP2Strategy(process_group_backend="gloo"),
-        limit_train_batches=0,
-        limit_val_batches=0,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(Probe(**_architecture(), model_dtype="float32", decay_steps=1))
+    fit_setup_only(Probe(**_architecture(), model_dtype="float32", decay_steps=1))
 
 
 def _run(arm: str, out: Path) -> list[dict[str, Any]]:

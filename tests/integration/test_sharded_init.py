@@ -12,7 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -20,8 +19,8 @@ from typing_extensions import override
 
 from helpers.tiny_lm import tiny_arguments, tiny_module
 from helpers.torchrun import run_script_on_ranks
-from odb_lightning.lit.fsdp2 import FSDP2Strategy
 from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.testing.sharded_setup import fit_setup_only, one_batch_loader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,24 +46,12 @@ class Gather(CausalLMModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return DataLoader([torch.zeros(1)])
+        return one_batch_loader()
 
 
 def setup_on_both_ranks(pretrained: str | None, out: str, finetuning: str) -> None:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=FSDP2Strategy(process_group_backend="gloo"),
-        limit_train_batches=0,
-        limit_val_batches=0,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
     arguments = tiny_arguments(pretrained_path=pretrained, decay_steps=1, finetuning=finetuning)
-    trainer.fit(Gather(out, **arguments))
+    fit_setup_only(Gather(out, **arguments))
 
 
 @pytest.fixture(scope="module")
