@@ -112,6 +112,24 @@ def _check_vocab(ids: torch.Tensor, index: int, field: str, vocab_size: int | No
         raise BadSampleError(index, field, problem)
 
 
+PIXEL_VALUES = "pixel_values"
+"""Key of an image-text sample's patches: float ``[patches, D]`` (empty without image)."""
+IMAGE_GRID_THW = "image_grid_thw"
+"""Key of an image-text sample's patch grids: long ``[images, 3]``, ``(t, h, w)`` each."""
+MROPE_POSITIONS = "position_ids"
+"""Key of an image-text sample's rotary positions: long ``[4, L]`` (the text positions,
+then Qwen2-VL's temporal, height and width rows; see :mod:`odb_lightning.runtime.vlm_batch`)."""
+
+
+def count_image_patches(sample: Mapping[str, Any]) -> int:
+    """ViT patches of a sample's images (``sum(t * h * w)``; 0 for a text-only sample):
+    the vision tower's share of the sample's cost, observed with its length."""
+    grid = sample.get(IMAGE_GRID_THW)
+    if not isinstance(grid, torch.Tensor) or grid.numel() == 0:
+        return 0
+    return int(grid.reshape(-1, 3).prod(dim=-1).sum())
+
+
 TRUNCATED_FROM = "truncated_from"
 """Sample key a dataset sets on a sample it cut to ``max_seq_len``: the length before
 the cut (the collates ignore it; the loader's epoch statistics count such samples)."""

@@ -1,0 +1,165 @@
+"""LLaVA-style image-text records: a JSON Lines reader and an offline LLaVA-shaped set.
+
+A line is ``{"id", "images": [path, ...], "messages": [{"role", "content"}, ...]}`` with
+one ``<image>`` placeholder in a user turn per path; the original LLaVA layout
+(``"image": path`` and ``"conversations": [{"from", "value"}]``) is read too. Lines are
+checked when read (JSON, roles, contents, ``images`` a list of strings, as
+:mod:`~odb_lightning.data.sources.jsonl` does); the image files themselves are read, and
+their problems reported, in the loader workers (the bad-input policy of the loader).
+
+:func:`build_llava_set` writes a LLaVA-shaped set offline: real pictures and real
+questions of the easy-VQA package (several questions about one image per conversation,
+as in LLaVA-Instruct), each picture written at a resolution drawn from a
+:class:`~odb_lightning.data.image_generator.ResolutionProfile`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from odb_lightning.data.conversation import BadRecordError
+from odb_lightning.data.image_generator import ResolutionProfile, write_images
+from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages
+from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
+from odb_lightning.data.vision import IMAGE_PLACEHOLDER
+
+LLAVA_RESOLUTIONS = ResolutionProfile(mean_pixels=420_000, cv=0.35)
+"""Photos around 750 x 560 px (COCO-like), a moderate spread."""
+
+
+def parse_llava_line(raw: bytes, where: str, line_number: int) -> dict[str, Any]:
+    """One line as ``{"id", "images", "messages"}``.
+
+    Raises:
+        BadRecordError: Invalid JSON, a bad ``id``, ``messages`` or ``images``.
+    """
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadRecordError(where, "<line>", f"invalid JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise BadRecordError(where, "<line>", f"must be a JSON object, got {type(value).__name__}")
+    if "conversations" in value and "messages" not in value:
+        value["messages"] = [
+            {"role": t.get("from"), "content": t.get("value")} if isinstance(t, dict) else t
+            for t in value["conversations"]
+        ]
+    if "messages" not in value:
+        raise BadRecordError(where, "messages", "missing")
+    images = value.get("images", [value["image"]] if "image" in value else [])
+    if not isinstance(images, list) or not all(isinstance(p, str) for p in images):
+        raise BadRecordError(where, "images", f"must be a list of paths, got {images!r}")
+    record_id = value.get("id", line_number)
+    if not isinstance(record_id, str | int) or isinstance(record_id, bool):
+        raise BadRecordError(where, "id", f"must be a string or integer, got {record_id!r}")
+    messages = _parse_messages(value["messages"], where)
+    return {"id": record_id, "images": images, "messages": messages}
+
+
+def llava_records(
+    path: str | Path,
+    *,
+    max_samples: int | None = None,
+    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+) -> SourceRecords:
+    """Read image-text records from a JSON Lines file (see the module docstring).
+
+    Returns:
+        Records, and counts ``read``, ``kept``, ``images`` (paths over the kept records),
+        ``text_only`` (kept records without an image) and ``dropped/bad_record``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
+    limit = checked_max_samples(max_samples)
+    skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
+    result = SourceRecords("llava", [])
+    records: list[Any] = []
+    with path.open("rb") as file:
+        for line_number, raw in enumerate(file, start=1):
+            if limit is not None and len(records) >= limit:
+                break
+            if not raw.strip():
+                continue
+            result.counts["read"] += 1
+            try:
+                record = parse_llava_line(raw, f"{path}:{line_number}", line_number)
+            except BadRecordError as error:
+                if not skip:
+                    raise
+                result.counts["dropped/bad_record"] += 1
+                result.rejected.append(str(error))
+                continue
+            result.counts["images"] += len(record["images"])
+            result.counts["text_only"] += not record["images"]
+            records.append(record)
+    result.records = records
+    result.counts["kept"] = len(records)
+    return result
+
+
+def easy_vqa_conversations(seed: int) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Every easy-VQA training image with its questions and answers (shuffled, seeded):
+    ``(image path, [(question, answer), ...])``."""
+    from easy_vqa import get_train_image_paths, get_train_questions
+
+    questions, answers, image_ids = get_train_questions()
+    paths = get_train_image_paths()
+    by_image: dict[int, list[tuple[str, str]]] = {}
+    for question, answer, image_id in zip(questions, answers, image_ids, strict=True):
+        by_image.setdefault(image_id, []).append((question, answer))
+    items = [(paths[i], qa) for i, qa in sorted(by_image.items())]
+    random.Random(seed).shuffle(items)
+    return items
+
+
+def image_conversation(qa: list[tuple[str, str]], turns: int) -> list[dict[str, str]]:
+    """``turns`` question/answer exchanges about one image; the first question opens with
+    the image placeholder."""
+    messages = []
+    for k, (question, answer) in enumerate(qa[:turns]):
+        prompt = f"{IMAGE_PLACEHOLDER}\n{question}" if k == 0 else question
+        messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    return messages
+
+
+def write_jsonl(records: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as file:
+        for record in records:
+            file.write(json.dumps(record) + "\n")
+    return path
+
+
+def build_llava_set(
+    out_dir: str | Path,
+    num_samples: int,
+    seed: int = 0,
+    resolutions: ResolutionProfile = LLAVA_RESOLUTIONS,
+) -> Path:
+    """Write a LLaVA-shaped set under ``out_dir``: ``llava.jsonl`` and its images.
+
+    Each record is one easy-VQA picture at a drawn resolution with 1 to 6 of its
+    question/answer exchanges. Returns the JSON Lines path (relative image paths, read
+    under ``out_dir``).
+    """
+    out_dir = Path(out_dir)
+    items = easy_vqa_conversations(seed)
+    if not 1 <= num_samples <= len(items):
+        raise ValueError(f"num_samples must be in [1, {len(items)}], got {num_samples}")
+    items = items[:num_samples]
+    sizes = resolutions.draw(num_samples, seed)
+    images = write_images([p for p, _ in items], sizes, out_dir / "images", f"llava_{seed}_")
+    rng = random.Random(seed + 1)
+    records = [
+        {
+            "id": f"llava-{k}",
+            "images": [str(image.relative_to(out_dir))],
+            "messages": image_conversation(qa, rng.randint(1, 6)),
+        }
+        for k, ((_, qa), image) in enumerate(zip(items, images, strict=True))
+    ]
+    return write_jsonl(records, out_dir / f"llava_{seed}_{num_samples}.jsonl")
