@@ -129,6 +129,17 @@ def test_four_ranks_skewed(join: bool) -> None:
             _check_join_coverage(outcome.ok, epoch)
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_window_sized_in_work_matches_simulation(world_size: int) -> None:
+    # A window of 5 budgets' worth of work, asked for in several requests a round.
+    loader = {"window_budgets": 5, "outstanding_depth": 96, "num_workers": 1}
+    job = _job(loader=loader, weights=(1, 2, 3, 6)[:world_size], epochs=1)
+    outcome = run_ranks(job, world_size=world_size, timeout_s=120)
+    assert outcome.errors == {}
+    _check_epoch(job, outcome.ok, 0)
+    _check_join_coverage(outcome.ok, 0)
+
+
 @pytest.mark.slow
 def test_four_ranks_spawn_persistent() -> None:
     job = _job(

@@ -8,6 +8,7 @@ from odb_lightning.core.alignment import (
     AlignmentError,
     PeerFailedError,
     aligned_steps,
+    cost_order,
     peel_order,
     plan_round,
 )
@@ -23,6 +24,9 @@ def report(
     finished: bool = False,
     round_index: int = 0,
     aborted: bool = False,
+    costs: list[int] | None = None,
+    peel_costs: list[int] | None = None,
+    peel_savings: list[int] | None = None,
 ) -> RankReport:
     buffered = sum(sizes)
     return RankReport(
@@ -36,6 +40,9 @@ def report(
         group_sizes=tuple(sizes),
         group_loss_tokens=tuple(losses or [10 * s for s in sizes]),
         peel_loss_tokens=tuple(peels or []),
+        group_costs=tuple(costs or []),
+        peel_costs=tuple(peel_costs or []),
+        peel_savings=tuple(peel_savings or []),
     )
 
 
@@ -110,7 +117,37 @@ def test_aligned_steps_refuses_missing_peel_data() -> None:
 @pytest.mark.parametrize("max_steps", [1, 4, 8])
 def test_wire_round_trip(max_steps: int) -> None:
     sizes = [3, 2, 1, 5][:max_steps]
-    original = report(sizes, peels=[1, 2, 3, 4][: max(0, min(sum(sizes), max_steps) - len(sizes))])
+    num_peels = max(0, min(sum(sizes), max_steps) - len(sizes))
+    original = report(
+        sizes,
+        peels=[1, 2, 3, 4][:num_peels],
+        costs=[90, 80, 70, 60][: len(sizes)],
+        peel_costs=[11, 12, 13, 14][:num_peels],
+        peel_savings=[30, 30, 20, 40][:num_peels],
+    )
     message = encode_report(original, max_steps)
-    assert len(message) == 8 + 3 * max_steps
+    assert len(message) == 8 + 6 * max_steps
     assert decode_report(message, max_steps) == original
+
+
+def test_steps_are_paired_costliest_first_on_every_rank() -> None:
+    # Rank 0 keeps its three groups; rank 1 splits its group of 5 twice (peels cost 9
+    # and 8, each lowering the group by 30).
+    plan = plan_round(
+        [
+            report([2, 4, 3], costs=[40, 100, 70]),
+            report([5], [50], peels=[7, 6], costs=[150], peel_costs=[9, 8], peel_savings=[30, 30]),
+        ],
+        join=True,
+    )
+    assert plan.target_steps == 3
+    assert plan.rank_orders == ((1, 2, 0), (0, 1, 2))
+    assert plan.rank_costs == ((100, 70, 40), (90, 9, 8))
+    assert plan.rank_sizes == ((4, 3, 2), (3, 1, 1))
+    assert plan.global_samples == (7, 4, 3)
+    assert plan.global_loss_tokens == (40 + 37, 30 + 7, 20 + 6)
+
+
+def test_cost_order_is_costliest_first_and_stable() -> None:
+    assert cost_order([5, 9, 5, 1]) == [1, 0, 2, 3]
+    assert cost_order([]) == []

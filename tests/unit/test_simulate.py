@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import make_rng
 from odb_lightning.core.simulate import simulate, simulate_epoch
+from odb_lightning.core.sync import group_cost
 
 
 @st.composite
@@ -29,6 +30,7 @@ def jobs(draw: st.DrawFn) -> dict:
         "loss_tokens": [[rng.randint(0, n) for n in lengths] for lengths in rank_lengths],
         "token_budget": draw(st.sampled_from([16, 100, 512, 2048])),
         "window": draw(st.integers(1, 40)),
+        "window_budgets": draw(st.one_of(st.none(), st.integers(1, 6))),
         "max_steps_per_round": draw(st.integers(1, 8)),
         "seed": seed,
     }
@@ -38,6 +40,7 @@ def run(job: dict, *, join: bool):
     settings_ = BatchingConfig(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
+        window_budgets=job.get("window_budgets"),
         max_steps_per_round=job["max_steps_per_round"],
         join=join,
         seed=job["seed"],
@@ -60,6 +63,25 @@ def check_steps_aligned(result, job: dict) -> None:
             if step.group is not None and step.group.size > 1:
                 longest = max(job["rank_lengths"][rank][s.sample_id] for s in step.group.samples)
                 assert step.group.size * longest <= job["token_budget"]
+    check_costs_paired(result, job["token_budget"])
+
+
+def check_costs_paired(result, token_budget: int) -> None:
+    """Within a round every rank's steps are in the same cost order: wherever one rank's
+    step at one position costs more than at another, no rank's costs less there."""
+    budget = BatchingConfig(token_budget=token_budget).budget
+    rounds: dict[int, list[list[float]]] = {}
+    for rank_steps in result.steps:
+        for step in rank_steps:
+            row = rounds.setdefault(step.round_index, [])
+            if step.index_in_round == 0:
+                row.append([])
+            row[-1].append(group_cost(step.group, budget))
+    for round_index, rows in rounds.items():
+        for p in range(len(rows[0])):
+            for q in range(len(rows[0])):
+                if any(row[p] > row[q] for row in rows):
+                    assert all(row[p] >= row[q] for row in rows), f"round {round_index}"
 
 
 @settings(max_examples=80, deadline=None)

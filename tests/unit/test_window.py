@@ -78,3 +78,52 @@ def test_empty_shard_is_finished_at_once() -> None:
     assert window.is_ready() and window.is_finished()
     outcome = exchange_round(window, lambda message: [message], free_slots=4)
     assert outcome.epoch_over and outcome.dropped == 0
+
+
+WORK = BatchingConfig(token_budget=32, outstanding_depth=8, window_budgets=2, max_steps_per_round=4)
+
+
+def fill(window: GroupingWindow, arrival_seed: int | None = None) -> list[int]:
+    """Deliver requests until the window is ready; returns how many each request asked."""
+    asked = []
+    while positions := list(window.request()):
+        asked.append(len(positions))
+        assert list(window.request()) == [], "asked again with samples in flight"
+        if arrival_seed is not None:
+            make_rng(arrival_seed, len(asked)).shuffle(positions)
+        for position in positions:
+            window.add(info(position))
+    assert window.is_ready()
+    return asked
+
+
+def test_window_sized_in_work_fills_to_its_budgets() -> None:
+    window = GroupingWindow(WORK, shard_size=len(LENGTHS))
+    # 2 samples first (9 + 30 = 39 of 64); then the missing 25 at their mean cost 19.5: 2
+    # more (2 + 17 = 19, 58 in all); then 6 at the mean 14.5: 1 more (5): 63; then 1 (40).
+    assert fill(window) == [2, 2, 1, 1]
+    assert sum(LENGTHS[:6]) >= 64 > sum(LENGTHS[:5])
+    assert window.num_buffered == 6
+
+
+def test_window_sized_in_work_stops_at_the_sample_cap() -> None:
+    capped = BatchingConfig(token_budget=32, outstanding_depth=3, window_budgets=8)
+    window = GroupingWindow(capped, shard_size=len(LENGTHS))
+    fill(window)
+    assert window.num_buffered == 3
+
+
+def test_window_sized_in_work_is_independent_of_arrival_order() -> None:
+    def drain_work(arrival_seed: int | None) -> list[list[int]]:
+        window = GroupingWindow(WORK, len(LENGTHS))
+        emitted = []
+        while not window.epoch_over:
+            fill(window, arrival_seed)
+            outcome = exchange_round(window, lambda message: [message], free_slots=4)
+            emitted += [[s.sample_id for s in step.group.samples] for step in outcome.steps]
+        return emitted
+
+    reference = drain_work(None)
+    assert sorted(i for step in reference for i in step) == list(range(len(LENGTHS)))
+    for seed in range(5):
+        assert drain_work(seed) == reference

@@ -19,6 +19,11 @@ Max-based, bidirectional alignment:
 * A rank with more than ``T`` groups overflows: it keeps its first ``T`` groups (in its
   own priority order) and returns the rest to its window.
 * Finished ranks fill all ``T`` positions with IDLE steps.
+* Cost-aligned steps: each rank's ``T`` steps are put in :func:`cost_order` (costliest
+  first), so step position ``t`` pairs the ``t``-th costliest step of every rank. A step
+  takes as long as its slowest rank; pairing steps by rank of cost makes the per-step
+  maxima as small as any pairing can (for sorted sequences the sum of position-wise maxima
+  is minimal). Costs come from the reports, so every rank computes every rank's order.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class RoundPlan:
         epoch_over: The epoch ends with this round; nothing is emitted.
         rank_sizes: Per rank, the samples of each of its ``T`` steps (0 = IDLE).
         rank_loss_tokens: Per rank, the supervised tokens of each of its ``T`` steps.
+        rank_costs: Per rank, the cost of each of its ``T`` steps (IDLE: 0).
+        rank_orders: Per rank, which of its aligned steps (kept groups, then the peeled
+            singletons) goes to each step position.
         global_samples: Per step position, samples over all ranks.
         global_loss_tokens: Per step position, supervised tokens over all ranks.
     """
@@ -55,6 +63,8 @@ class RoundPlan:
     epoch_over: bool = False
     rank_sizes: tuple[tuple[int, ...], ...] = ()
     rank_loss_tokens: tuple[tuple[int, ...], ...] = ()
+    rank_costs: tuple[tuple[int, ...], ...] = ()
+    rank_orders: tuple[tuple[int, ...], ...] = ()
     global_samples: tuple[int, ...] = ()
     global_loss_tokens: tuple[int, ...] = ()
 
@@ -77,24 +87,44 @@ def peel_order(sizes: list[int], num_peels: int) -> list[int]:
     return order
 
 
-def aligned_steps(report: RankReport, target: int) -> tuple[list[int], list[int]]:
-    """Sizes and supervised tokens of a rank's ``target`` steps after split/overflow."""
+def _column(values: tuple[int, ...], count: int) -> list[int]:
+    # A report may leave the costs out (all 0: the order stays the report's).
+    return list(values[:count]) if values else [0] * count
+
+
+def aligned_steps(report: RankReport, target: int) -> tuple[list[int], list[int], list[int]]:
+    """Sizes, supervised tokens and costs of a rank's ``target`` steps after
+    split/overflow: the kept groups in report order, then the peeled singletons."""
     if report.finished or report.buffered == 0:
-        return [0] * target, [0] * target
+        return [0] * target, [0] * target, [0] * target
     sizes = list(report.group_sizes[:target])
     losses = list(report.group_loss_tokens[:target])
+    costs = _column(report.group_costs, len(sizes))
     num_peels = target - len(sizes)
     if num_peels > len(report.peel_loss_tokens):
         raise AlignmentError(
             f"a rank needs {num_peels} peels but published {len(report.peel_loss_tokens)}"
         )
-    peels = zip(peel_order(sizes, num_peels), report.peel_loss_tokens, strict=False)
-    for group, peeled_loss in peels:
+    peels = zip(
+        peel_order(sizes, num_peels),
+        report.peel_loss_tokens,
+        _column(report.peel_costs, num_peels),
+        _column(report.peel_savings, num_peels),
+        strict=False,
+    )
+    for group, peeled_loss, peeled_cost, saving in peels:
         sizes[group] -= 1
         losses[group] -= peeled_loss
+        costs[group] -= saving
         sizes.append(1)
         losses.append(peeled_loss)
-    return sizes, losses
+        costs.append(peeled_cost)
+    return sizes, losses, costs
+
+
+def cost_order(costs: list[int]) -> list[int]:
+    """Step indices costliest first; ties keep the aligned order (deterministic)."""
+    return sorted(range(len(costs)), key=lambda i: (-costs[i], i))
 
 
 def _check_in_step(reports: list[RankReport]) -> None:
@@ -132,11 +162,20 @@ def plan_round(reports: list[RankReport], *, join: bool) -> RoundPlan:
     if any(r.free_slots <= 0 for r in reports):
         return RoundPlan(target_steps=0, skipped=True)
     target = target_steps(reports)
-    rows = [aligned_steps(report, target) for report in reports]
+    orders, sizes, losses, costs = [], [], [], []
+    for report in reports:
+        row_sizes, row_losses, row_costs = aligned_steps(report, target)
+        order = cost_order(row_costs)
+        orders.append(tuple(order))
+        sizes.append(tuple(row_sizes[i] for i in order))
+        losses.append(tuple(row_losses[i] for i in order))
+        costs.append(tuple(row_costs[i] for i in order))
     return RoundPlan(
         target_steps=target,
-        rank_sizes=tuple(tuple(sizes) for sizes, _ in rows),
-        rank_loss_tokens=tuple(tuple(losses) for _, losses in rows),
-        global_samples=tuple(sum(col) for col in zip(*(s for s, _ in rows), strict=True)),
-        global_loss_tokens=tuple(sum(col) for col in zip(*(lo for _, lo in rows), strict=True)),
+        rank_sizes=tuple(sizes),
+        rank_loss_tokens=tuple(losses),
+        rank_costs=tuple(costs),
+        rank_orders=tuple(orders),
+        global_samples=tuple(map(sum, zip(*sizes, strict=True))),
+        global_loss_tokens=tuple(map(sum, zip(*losses, strict=True))),
     )

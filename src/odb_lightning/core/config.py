@@ -98,7 +98,11 @@ class BatchingConfig:
     Attributes:
         mode: ``standard``, ``sorted``, ``bucketed``, ``oracle``, ``odb`` or ``odb_packed``.
         token_budget: ``L_max``: most padded tokens per step (real tokens when packed).
-        outstanding_depth: ODB grouping window ``D``: samples in flight per rank.
+        outstanding_depth: ODB window cap ``D``: most samples buffered or in flight per
+            rank (the whole window when ``window_budgets`` is ``None``).
+        window_budgets: ODB window sized in work: it fills until its samples' row costs
+            sum to this many ``token_budget``s (about as many full batches), within
+            ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
         max_steps_per_round: ``Q``: most steps one alignment round emits per rank.
         join: Every sample once per epoch (IDLE steps for finished ranks), or end the
             epoch at the first finished rank and count the rest as dropped.
@@ -120,6 +124,7 @@ class BatchingConfig:
     mode: BatchingMode = BatchingMode.ODB
     token_budget: int = 16384
     outstanding_depth: int = 256
+    window_budgets: int | None = None
     max_steps_per_round: int = 8
     join: bool = True
     seed: int = 0
@@ -144,6 +149,8 @@ class BatchingConfig:
         _positive_int("num_buckets", self.num_buckets)
         if self.max_batch_size is not None:
             _positive_int("max_batch_size", self.max_batch_size)
+        if self.window_budgets is not None:
+            _positive_int("window_budgets", self.window_budgets)
         if not _is_int(self.num_workers) or self.num_workers < 0:
             raise ValueError(
                 f"{_key('num_workers')} must be an integer >= 0, got {self.num_workers!r}"
@@ -200,6 +207,7 @@ class BatchingConfig:
 HANDSHAKE_FIELDS = (
     "token_budget",
     "outstanding_depth",
+    "window_budgets",
     "max_steps_per_round",
     "join",
     "seed",
@@ -210,6 +218,7 @@ HANDSHAKE_FIELDS = (
 _HANDSHAKE_ENCODE: dict[str, Any] = {
     "token_budget": int,
     "outstanding_depth": int,
+    "window_budgets": lambda budgets: budgets or 0,
     "max_steps_per_round": int,
     "join": int,
     "seed": int,

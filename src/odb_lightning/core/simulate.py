@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig, resolve_config
+from odb_lightning.core.sync import SyncFigures, sync_figures
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, Step
 from odb_lightning.core.wire import decode_report, encode_report
@@ -31,24 +32,29 @@ class SimulationResult:
         rounds: Alignment rounds run (including the final one that ends the epoch).
         dropped: Per rank, samples never emitted (non-join only).
         over_budget: Per rank, samples emitted alone because they exceed the budget.
+        sync: Sync efficiency and utilization of the steps under the budget's cost model
+            (:mod:`odb_lightning.core.sync`).
     """
 
     steps: list[list[Step]]
     rounds: int
     dropped: list[int]
     over_budget: list[int]
+    sync: SyncFigures
 
 
 def _fill(window: GroupingWindow, lengths: list[int], loss_tokens: list[int]) -> None:
-    for position in window.request():
-        window.add(
-            SampleInfo(
-                sample_id=position,
-                length=lengths[position],
-                num_loss_tokens=loss_tokens[position],
-                position=position,
+    # Requests arrive at once; a window sized in work may ask again once they have.
+    while positions := window.request():
+        for position in positions:
+            window.add(
+                SampleInfo(
+                    sample_id=position,
+                    length=lengths[position],
+                    num_loss_tokens=loss_tokens[position],
+                    position=position,
+                )
             )
-        )
 
 
 def simulate_epoch(
@@ -83,6 +89,9 @@ def simulate_epoch(
                 rounds=rounds,
                 dropped=[w.num_dropped for w in windows],
                 over_budget=[w.num_over_budget for w in windows],
+                sync=sync_figures(
+                    [[s.group for s in rank] for rank in steps], config.budget, packed=config.packed
+                ),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")
 

@@ -10,13 +10,16 @@ how fast workers were: the same seed gives the same steps, in production and in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
+from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import make_rng
+from odb_lightning.core.sync import group_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
 
@@ -56,6 +59,27 @@ class RoundOutcome:
     dropped: int = 0
 
 
+def peel_figures(
+    groups: list[Group], num_peels: int, budget: Budget, *, packed: bool
+) -> list[tuple[int, int, int]]:
+    """Per peel of :func:`split_groups`, in order: the peeled sample's supervised tokens,
+    the cost of its singleton and how much the cost of the group it leaves falls (costs
+    rounded up to integers, so the falls add up to the rounded cost of what is left)."""
+    members = [list(g.samples) for g in groups]
+    figures = []
+    for index in peel_order([len(m) for m in members], num_peels):
+        before = _step_cost(Group(tuple(members[index])), budget, packed)
+        peeled = members[index].pop()
+        after = _step_cost(Group(tuple(members[index])), budget, packed)
+        single = _step_cost(Group((peeled,)), budget, packed)
+        figures.append((peeled.num_loss_tokens, single, before - after))
+    return figures
+
+
+def _step_cost(group: Group, budget: Budget, packed: bool) -> int:
+    return math.ceil(group_cost(group, budget, packed=packed))
+
+
 def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
     """Apply ``num_peels`` peels (see :func:`alignment.peel_order`) to real groups:
     each peel moves the shortest member of the chosen group into a new singleton."""
@@ -86,6 +110,8 @@ class GroupingWindow:
         self.epoch = epoch
         self._budget = config.budget
         self._buffer: list[SampleInfo] = []
+        self._buffered_cost = 0.0  # sum of the buffered samples' row costs
+        self._received_cost = 0.0  # ... and of every sample received this epoch
         self._num_requested = 0
         self._num_received = 0
         self._groups: list[Group] | None = None
@@ -105,10 +131,34 @@ class GroupingWindow:
     def num_in_flight(self) -> int:
         return self._num_requested - self._num_received
 
+    @property
+    def target_cost(self) -> float | None:
+        """The work the window fills to: ``window_budgets`` token budgets (``None``: the
+        window is ``outstanding_depth`` samples)."""
+        budgets = self.config.window_budgets
+        return None if budgets is None else budgets * self._budget.token_budget
+
     def num_to_request(self) -> int:
-        """How many more samples the window has room for and the shard still holds."""
+        """How many more samples the window has room for and the shard still holds.
+
+        A window sized in work decides only when nothing is in flight, from the samples it
+        holds: it asks for the missing work divided by the mean row cost of the samples
+        seen this epoch (``window_budgets`` samples before any arrived). Each decision is
+        a function of samples that arrived, never of how fast they did, so the window a
+        round sees is the same in production and in the simulator.
+        """
         room = self.config.outstanding_depth - self.num_buffered - self.num_in_flight
-        return max(0, min(room, self.shard_size - self._num_requested))
+        room = max(0, min(room, self.shard_size - self._num_requested))
+        target = self.target_cost
+        if target is None or room == 0:
+            return room
+        if self.num_in_flight or self._buffered_cost >= target:
+            return 0
+        seen = self._num_received - self.num_skipped
+        if seen == 0:
+            return min(room, self.config.window_budgets)
+        missing = target - self._buffered_cost
+        return min(room, max(1, math.ceil(missing * seen / self._received_cost)))
 
     def request(self) -> range:
         """Mark the next samples as requested; returns their shard positions."""
@@ -122,6 +172,9 @@ class GroupingWindow:
         self._check_requested(sample.position)
         self._buffer.append(sample)
         self._num_received += 1
+        cost = self._budget.row_cost(sample.length)
+        self._buffered_cost += cost
+        self._received_cost += cost
 
     def skip(self, position: int) -> None:
         """A requested sample will never arrive (the runtime skipped it as bad input).
@@ -159,7 +212,8 @@ class GroupingWindow:
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups))
-        peeled = split_groups(groups, num_peels)[len(groups) :]
+        packed = self.config.packed
+        peels = peel_figures(groups, num_peels, self._budget, packed=packed)
         return RankReport(
             epoch=self.epoch,
             round_index=self.round_index,
@@ -170,7 +224,10 @@ class GroupingWindow:
             num_groups=min(len(groups), max_steps),
             group_sizes=tuple(g.size for g in shown),
             group_loss_tokens=tuple(g.num_loss_tokens for g in shown),
-            peel_loss_tokens=tuple(g.num_loss_tokens for g in peeled),
+            peel_loss_tokens=tuple(loss for loss, _, _ in peels),
+            group_costs=tuple(_step_cost(g, self._budget, packed) for g in shown),
+            peel_costs=tuple(cost for _, cost, _ in peels),
+            peel_savings=tuple(saving for _, _, saving in peels),
         )
 
     def make_abort_report(self) -> RankReport:
@@ -220,7 +277,7 @@ class GroupingWindow:
                 if len(groups) >= target
                 else split_groups(groups, target - len(groups))
             )
-            local = list(kept)
+            local = [kept[i] for i in plan.rank_orders[self.rank]]
             self._take(kept)
         sizes = tuple(0 if g is None else g.size for g in local)
         if sizes != plan.rank_sizes[self.rank]:
@@ -233,6 +290,7 @@ class GroupingWindow:
     def _take(self, kept: list[Group]) -> None:
         emitted = {s.position for g in kept for s in g.samples}
         self._buffer = [s for s in self._buffer if s.position not in emitted]
+        self._buffered_cost = sum(self._budget.row_cost(s.length) for s in self._buffer)
         self.num_emitted += len(emitted)
         self.num_over_budget += sum(
             1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
@@ -242,6 +300,7 @@ class GroupingWindow:
         self.epoch_over = True
         self.num_dropped = self.shard_size - self.num_emitted - self.num_skipped
         self._buffer = []
+        self._buffered_cost = 0.0
         return RoundOutcome(epoch_over=True, dropped=self.num_dropped)
 
 

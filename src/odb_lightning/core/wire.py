@@ -4,17 +4,20 @@ Each rank publishes one :class:`RankReport` per round. Its length depends only o
 ``max_steps_per_round`` (``Q``), so one ``all_gather`` of equal-sized tensors carries it.
 ``Q`` bounds everything a round can need: the target ``T`` never exceeds the free output
 slots, which never exceed ``Q``, so at most ``Q`` groups are kept and at most ``Q - 1``
-samples are peeled off by a split. Per group the report carries its size and supervised
-token count, and the supervised tokens of the samples a split would peel, in peel order:
-with that, every rank replays every other rank's alignment and knows the global sample and
-loss-token count of each step after this single exchange.
+samples are peeled off by a split. Per group the report carries its size, supervised
+token count and cost (the budget's cost model, rounded up to an integer), and per sample a
+split would peel, in peel order, its supervised tokens, the cost of its new singleton and
+how much the cost of the group it leaves falls: with that, every rank replays every other
+rank's alignment, knows the global sample and loss-token count of each step and every
+rank's cost of each step (which orders the steps, :func:`alignment.cost_order`) after this
+single exchange.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 _HEADER = (
     "version",
     "epoch",
@@ -46,6 +49,9 @@ class RankReport:
         group_sizes: Samples per group, in emission-priority order (at most ``Q``).
         group_loss_tokens: Supervised tokens per group, same order.
         peel_loss_tokens: Supervised tokens of the samples a split would peel, in order.
+        group_costs: Cost of each group (integer, rounded up), same order as the sizes.
+        peel_costs: Cost of the singleton each peel makes, in peel order.
+        peel_savings: How much each peel lowers the cost of the group it leaves.
     """
 
     epoch: int
@@ -58,11 +64,24 @@ class RankReport:
     group_sizes: tuple[int, ...] = ()
     group_loss_tokens: tuple[int, ...] = ()
     peel_loss_tokens: tuple[int, ...] = ()
+    group_costs: tuple[int, ...] = ()
+    peel_costs: tuple[int, ...] = ()
+    peel_savings: tuple[int, ...] = ()
+
+
+_BODY = (
+    "group_sizes",
+    "group_loss_tokens",
+    "peel_loss_tokens",
+    "group_costs",
+    "peel_costs",
+    "peel_savings",
+)
 
 
 def message_length(max_steps: int) -> int:
     """Length of every encoded report for ``Q = max_steps``."""
-    return len(_HEADER) + 3 * max_steps
+    return len(_HEADER) + len(_BODY) * max_steps
 
 
 def _padded(values: tuple[int, ...], size: int, what: str) -> list[int]:
@@ -83,20 +102,16 @@ def encode_report(report: RankReport, max_steps: int) -> list[int]:
         report.buffered,
         report.num_groups,
     ]
-    return (
-        header
-        + _padded(report.group_sizes, max_steps, "group_sizes")
-        + _padded(report.group_loss_tokens, max_steps, "group_loss_tokens")
-        + _padded(report.peel_loss_tokens, max_steps, "peel_loss_tokens")
-    )
+    body = [value for name in _BODY for value in _padded(getattr(report, name), max_steps, name)]
+    return header + body
 
 
 def report_max_steps(message: list[int]) -> int | None:
     """The ``Q`` of ``message`` if its length and version are those of a report, else ``None``."""
     extra = len(message) - len(_HEADER)
-    if extra < 3 or extra % 3 or message[0] != WIRE_VERSION:
+    if extra < len(_BODY) or extra % len(_BODY) or message[0] != WIRE_VERSION:
         return None
-    return extra // 3
+    return extra // len(_BODY)
 
 
 def check_message(message: list[int], max_steps: int) -> None:
@@ -123,9 +138,8 @@ def check_message(message: list[int], max_steps: int) -> None:
     body = message[len(_HEADER) :]
     negative = next((i for i, value in enumerate(body) if value < 0), None)
     if negative is not None:
-        names = ("group_sizes", "group_loss_tokens", "peel_loss_tokens")
         raise WireFormatError(
-            f"{names[negative // max_steps]}[{negative % max_steps}] is {body[negative]}, "
+            f"{_BODY[negative // max_steps]}[{negative % max_steps}] is {body[negative]}, "
             "expected >= 0"
         )
 
@@ -139,6 +153,10 @@ def decode_report(message: list[int], max_steps: int) -> RankReport:
     body = message[len(_HEADER) :]
     shown = min(num_groups, max_steps)
     peels = max(0, min(buffered, max_steps) - num_groups)
+    columns = {
+        name: tuple(body[i * max_steps : i * max_steps + (peels if "peel" in name else shown)])
+        for i, name in enumerate(_BODY)
+    }
     return RankReport(
         epoch=epoch,
         round_index=round_index,
@@ -147,7 +165,5 @@ def decode_report(message: list[int], max_steps: int) -> RankReport:
         free_slots=free_slots,
         buffered=buffered,
         num_groups=num_groups,
-        group_sizes=tuple(body[:shown]),
-        group_loss_tokens=tuple(body[max_steps : max_steps + shown]),
-        peel_loss_tokens=tuple(body[2 * max_steps : 2 * max_steps + peels]),
+        **columns,
     )
