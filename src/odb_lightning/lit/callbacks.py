@@ -26,6 +26,7 @@ from rich.table import Table
 from typing_extensions import override
 
 from odb_lightning.lit.run_report import (
+    AddsToSummary,
     CountsParameters,
     LoaderCounters,
     NoSupervisedTokensError,
@@ -227,6 +228,9 @@ class ODBMetricsCallback(pl.Callback):
             self.summary["skipped_sample_ids"] = sorted(i for row in rows for i in row)
             self.summary.update(_gather_first_epoch_records(trainer, pl_module, report))
         self.summary["not_trained_samples"] = _not_trained_samples(trainer, self.summary)
+        for callback in trainer.callbacks:  # on every rank: the entries may gather
+            if isinstance(callback, AddsToSummary):
+                self.summary.update(callback.summary_entries(trainer, pl_module))
         if trainer.is_global_zero:
             (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             for logger in trainer.loggers:
@@ -378,6 +382,13 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("idle_steps", "IDLE steps", "{}"),
     ("rank_imbalance", "rank imbalance (max/mean padded)", "{:.3f}"),
     ("loader_wait_share", "loader wait share", "{:.3f}"),
+    ("tokens_per_s_per_device", "real tokens/s per device", "{:,.0f}"),
+    ("model_tflops_per_s_per_device", "model TFLOP/s per device", "{:.3g}"),
+    ("mfu", "MFU (dense bf16 peak)", "{:.1%}"),
+    ("step_time_mean_s", "step time s (mean over ranks)", "{:.4f}"),
+    ("step_time_max_s", "step time s (max over ranks)", "{:.4f}"),
+    ("forward_time_mean_s", "forward time s (mean over ranks)", "{:.4f}"),
+    ("forward_time_max_s", "forward time s (max over ranks)", "{:.4f}"),
     ("alignment_round_ms_median", "alignment round ms (median)", "{:.2f}"),
     ("alignment_round_ms_p99", "alignment round ms (p99)", "{:.2f}"),
     ("over_budget_samples", "over-budget samples", "{}"),

@@ -100,6 +100,15 @@ class ReportsRun(Protocol):
     def run_report(self) -> RunReport: ...
 
 
+@runtime_checkable
+class AddsToSummary(Protocol):
+    """A callback with entries of its own for the run summary (``StepMetricsCallback``:
+    MFU, per-device rates, step times). Every rank calls it at the end of training, so
+    it may run a collective."""
+
+    def summary_entries(self, trainer: Any, pl_module: Any) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class ParameterCounts:
     """The model of the run, for the summary's ``model`` block.

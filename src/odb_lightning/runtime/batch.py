@@ -36,6 +36,8 @@ class StepMeta(NamedTuple):
         round_index: Alignment round that emitted the step.
         step: Index of the step within the epoch (equal on every rank).
         epoch: Epoch number.
+        sample_lengths: Each sample's length, in ``sample_ids`` order (the step's
+            model FLOPs: attention grows with each sample's own length).
     """
 
     sample_ids: tuple[int, ...]
@@ -49,6 +51,7 @@ class StepMeta(NamedTuple):
     round_index: int
     step: int
     epoch: int
+    sample_lengths: tuple[int, ...] = ()
 
 
 class ODBBatch(NamedTuple):
@@ -90,6 +93,7 @@ def build_step_meta(
         round_index=round_index,
         step=step,
         epoch=epoch,
+        sample_lengths=tuple(lengths),
     )
 
 
