@@ -34,6 +34,10 @@ def test_single_process_run_writes_an_exact_summary(experiment: str, tmp_path: P
     assert summary["real_tokens"] <= summary["padded_tokens"]
     assert summary["mode"] == experiment.removeprefix("sharegpt_")
     assert summary["val_loss"] > 0 and summary["train_loss"] > 0
+    # Step metrics: model FLOPs and per-device rates; a CPU has no known peak, so no MFU.
+    assert summary["model_flops"] > 0 and summary["tokens_per_s_per_device"] > 0
+    assert summary["step_time_s_per_rank"] == [summary["step_time_max_s"]]
+    assert summary["mfu"] is None and summary["peak_tflops_per_device"] is None
     if experiment == "sharegpt_standard":
         assert all(len(step) == 8 for step in steps)
 
@@ -82,6 +86,10 @@ def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path)
     assert summary["emitted_samples"] == 48 and summary["world_size"] == 2
     assert summary["train_loss"] is not None and summary["train_loss"] > 0
     assert [r["steps"] for r in summary["per_rank"]] == [summary["steps_per_rank"]] * 2
+    # Step metrics over both ranks: each rank's mean step time, their max and mean.
+    step_s = summary["step_time_s_per_rank"]
+    assert len(step_s) == 2 and summary["step_time_max_s"] == max(step_s)
+    assert summary["step_time_mean_s"] == pytest.approx(sum(step_s) / 2)
     (checkpoint,) = (run_dir / "checkpoints").glob("epoch=*.ckpt")
     if trainer == "fsdp_cpu":  # sharded for real: each rank saved its own shard
         shards = sorted(p.name for p in checkpoint.glob("*.distcp"))
