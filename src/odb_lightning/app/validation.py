@@ -12,6 +12,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from odb_lightning.app.run_dir import srun_tasks
+from odb_lightning.data.sizes import check_size
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import gloo_binding, job_store_address
 
@@ -62,18 +63,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-# Data knobs that would otherwise fail late (inside DDP setup or the first loader build).
-_DATA_MINIMUMS = {"max_seq_len": 1, "val_samples": 0}
-
-
 def _validate_data(data: DictConfig) -> None:
-    for name, least in _DATA_MINIMUMS.items():
-        value = data.get(name)
-        if value is not None and not (_is_int(value) and value >= least):
-            raise ConfigError(f"data.{name} must be an integer >= {least}, got {value!r}")
-    max_samples = data.get("max_samples")
-    if max_samples is not None and not (_is_int(max_samples) and max_samples >= 1):
-        raise ConfigError(f"data.max_samples must be null or an integer >= 1, got {max_samples!r}")
+    """Data knobs that would otherwise fail late (inside DDP setup or the first loader
+    build); the sizes by the data layer's own rule."""
+    max_seq_len = data.get("max_seq_len")
+    if max_seq_len is not None and not (_is_int(max_seq_len) and max_seq_len >= 1):
+        raise ConfigError(f"data.max_seq_len must be an integer >= 1, got {max_seq_len!r}")
+    for name, least in (("max_samples", 1), ("val_samples", 0)):
+        try:
+            check_size(name, data.get(name), least=least)
+        except ValueError as error:
+            raise ConfigError(f"data.{error}") from None
 
 
 def validate_config(cfg: DictConfig) -> None:

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
 from odb_lightning.data.conversation import ChatRecord, has_assistant
-from odb_lightning.data.template import ChatMLTemplate
+from odb_lightning.data.template import build_chat_template, template_fingerprint
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.sample import TRUNCATED_FROM, BadSampleError, Sample
 
@@ -33,7 +33,7 @@ def as_sample(input_ids: Sequence[int], labels: Sequence[int]) -> Sample:
 
 
 class ChatDataset(Dataset[Sample]):
-    """Conversations tokenized with the ChatML template when they are read.
+    """Conversations tokenized with the chat template when they are read.
 
     Tokenization happens in ``__getitem__``, i.e. inside the loader workers, which is where
     online batching observes lengths.
@@ -43,6 +43,9 @@ class ChatDataset(Dataset[Sample]):
         max_seq_len: Samples are right-truncated to this many tokens.
         system_prompt: Default system prompt for conversations that have none (after
             augmentation, which may already have given one).
+        template: The chat template (``data.template``): ``auto``, ``chatml``, ``qwen3``,
+            ``llama3``, ``mistral``, ``gemma`` or ``hf``, chosen and checked here, before
+            any sample is read (:func:`~odb_lightning.data.template.build_chat_template`).
         augmentation: Seeded per-epoch augmentation, applied before the template; it
             depends on :meth:`set_epoch`, so workers must see the current epoch.
     """
@@ -54,12 +57,13 @@ class ChatDataset(Dataset[Sample]):
         max_seq_len: int,
         system_prompt: str | None = None,
         augmentation: Augmentation | None = None,
+        template: str = "auto",
     ) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         self.records = records
         self.max_seq_len = max_seq_len
-        self.template = ChatMLTemplate(tokenizer, system_prompt)
+        self.template = build_chat_template(tokenizer, template, system_prompt)
         self.augmentation = augmentation
         self.epoch = 0
 
@@ -74,7 +78,7 @@ class ChatDataset(Dataset[Sample]):
         return {
             "num_records": len(self.records),
             "tokenizer": self.template.tokenizer.fingerprint,
-            "template": "chatml",
+            "template": template_fingerprint(self.template),
             "system_prompt": self.template.system_prompt,
             "max_seq_len": self.max_seq_len,
             "augmentation": self.augmentation.fingerprint if augmented else None,

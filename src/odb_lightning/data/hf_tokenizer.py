@@ -51,8 +51,15 @@ def _load_auto_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from error
 
 
+@functools.cache
+def _control_token_ids(name_or_path: str) -> frozenset[int]:
+    decoder = _load_auto_tokenizer(name_or_path).added_tokens_decoder
+    return frozenset(i for i, token in decoder.items() if token.special)
+
+
 class HFTokenizer:
-    """Any Hugging Face tokenizer that knows the ChatML tokens ``<|im_start|>``/``<|im_end|>``.
+    """Any Hugging Face tokenizer; which chat template it takes is
+    :func:`~odb_lightning.data.template.build_chat_template`'s choice.
 
     Args:
         name_or_path: A local tokenizer directory, or a hub name (needs network).
@@ -96,6 +103,24 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.backend)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's own Jinja chat template (the default one of several), if any."""
+        template = getattr(self.backend, "chat_template", None)
+        if isinstance(template, dict):
+            template = template.get("default", next(iter(template.values()), None))
+        return template if isinstance(template, str) and template else None
+
+    def has_token(self, token: str) -> bool:
+        """Whether ``token`` is one token of the vocabulary (not split, not unknown)."""
+        token_id = self.backend.convert_tokens_to_ids(token)
+        return isinstance(token_id, int) and token_id != self.backend.unk_token_id
+
+    @property
+    def control_token_ids(self) -> frozenset[int]:
+        """Ids of the added tokens marked special: the template's control tokens."""
+        return _control_token_ids(self.name_or_path)
 
     @property
     def fingerprint(self) -> str:

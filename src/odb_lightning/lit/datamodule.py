@@ -20,6 +20,8 @@ from odb_lightning.data import (
     load_source,
 )
 from odb_lightning.data.length_pass import exact_lengths
+from odb_lightning.data.sizes import check_size, kept_records, records_to_read, validation_count
+from odb_lightning.data.template import resolve_template_name
 from odb_lightning.lit.idle_steps import check_weights_idle_steps
 from odb_lightning.lit.loaders import LightningLoader, TrainShard
 from odb_lightning.lit.planned_mode import epoch_plan, in_order_plan
@@ -61,9 +63,16 @@ class ODBDataModule(pl.LightningDataModule):
         regime: ShareGPT ``whole``, ``first_exchange`` or ``mix``; for ``synthetic`` a
             length profile (``sharegpt_whole``, ``_first_exchange``, ``_mix``).
         max_seq_len: Samples are right-truncated to this many tokens.
-        max_samples: Cap on the records read from the source (train + validation).
-        val_samples: Records held out for validation (a seeded choice); 0 = no validation.
+        max_samples: Records read from the source (train + validation): a count, a
+            fraction in (0, 1) of the source's records, or ``None`` for all of them.
+        val_samples: Records held out for validation (a seeded choice): a count, a
+            fraction in (0, 1) of the records read, or 0/``None`` for no validation
+            (:mod:`odb_lightning.data.sizes`).
         system_prompt: Default system prompt for conversations without one.
+        template: The chat template: ``auto`` (the tokenizer's own where its ``{%
+            generation %}`` blocks mark assistant tokens, else the layout it shows),
+            ``chatml``, ``qwen3``, ``llama3``, ``mistral``, ``gemma`` or ``hf``; chosen
+            and checked against the tokenizer here, at construction.
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
@@ -78,15 +87,19 @@ class ODBDataModule(pl.LightningDataModule):
         path: str | None = None,
         regime: str = "whole",
         max_seq_len: int = 4096,
-        max_samples: int | None = None,
-        val_samples: int = 64,
+        max_samples: int | float | None = None,
+        val_samples: int | float | None = 64,
         system_prompt: str | None = None,
+        template: str = "auto",
         augmentation: Augmentation | None = None,
         length_cache_dir: str | None = None,
     ) -> None:
         super().__init__()
-        if val_samples < 0:
-            raise ValueError(f"val_samples must be >= 0, got {val_samples}")
+        if source != "synthetic":  # a wrong template fails now, naming data.template
+            template = resolve_template_name(tokenizer, template).value
+        self.template = template
+        check_size("max_samples", max_samples, least=1)
+        check_size("val_samples", val_samples, least=0)
         self.source, self.tokenizer, self.batching = source, tokenizer, batching
         self.path, self.regime, self.max_seq_len = path, regime, max_seq_len
         self.max_samples, self.val_samples = max_samples, val_samples
@@ -98,6 +111,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.loss_tokens: list[int] | None = None  # by dataset index, from the length pass
         self.length_cache_s: float | None = None
         self.val_set: Subset | None = None
+        self.num_val_samples = 0  # val_samples as a count (known after setup)
         self._loaders: list[LightningLoader] = []
         self._train_loader: LightningLoader | None = None
         self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
@@ -110,7 +124,7 @@ class ODBDataModule(pl.LightningDataModule):
     def _source_arguments(self) -> dict[str, Any]:
         seed = self.batching.seed
         return {"name": self.source, "path": self.path, "regime": self.regime} | {
-            "max_samples": self.max_samples,
+            "max_samples": records_to_read(self.max_samples),
             "seed": seed,
         }
 
@@ -118,7 +132,7 @@ class ODBDataModule(pl.LightningDataModule):
         if self.source == "synthetic":
             return SyntheticDataset.from_profile(
                 self.regime,
-                self.max_samples or 1024,
+                records_to_read(self.max_samples) or 1024,
                 max_seq_len=self.max_seq_len,
                 seed=self.batching.seed,
             )
@@ -127,12 +141,16 @@ class ODBDataModule(pl.LightningDataModule):
             arguments.pop("name"), **arguments, on_bad_record=self.batching.on_bad_sample.value
         )
         self.source_counts = dict(records.counts)
+        kept = records.records[: kept_records(self.max_samples, len(records.records))]
+        if len(kept) < len(records.records):  # data.max_samples as a fraction
+            self.source_counts["kept"] = len(kept)
         return ChatDataset(
-            records.records,
+            kept,
             self.tokenizer,
             self.max_seq_len,
             self.system_prompt,
             augmentation=self.augmentation,
+            template=self.template,
         )
 
     @override
@@ -140,15 +158,18 @@ class ODBDataModule(pl.LightningDataModule):
         if self.dataset is not None:
             return
         dataset = self._load_dataset()
-        if self.val_samples and self.val_samples >= len(dataset):
+        num_val = validation_count(self.val_samples, len(dataset))
+        if num_val and num_val >= len(dataset):
             raise ValueError(
                 f"val_samples ({self.val_samples}) leaves no training data: the source has "
-                f"{len(dataset)} records"
+                f"{len(dataset)} records; hold out a fraction (data.val_samples=0.1) or "
+                "fewer records"
             )
+        self.num_val_samples = num_val
         order = epoch_permutation(len(dataset), self.batching.seed, epoch=-1)
         self.dataset = dataset
-        self.val_set = Subset(_without_augmentation(dataset), sorted(order[: self.val_samples]))
-        self.train_indices = sorted(order[self.val_samples :])
+        self.val_set = Subset(_without_augmentation(dataset), sorted(order[:num_val]))
+        self.train_indices = sorted(order[num_val:])
         if self.batching.mode in LENGTH_PASS_MODES:
             world_size, rank = self._world()
             method = self.batching.multiprocessing_context
@@ -301,7 +322,7 @@ class ODBDataModule(pl.LightningDataModule):
 
     @override
     def val_dataloader(self) -> LightningLoader | list:
-        if not self.val_samples:
+        if not self.num_val_samples:
             return []  # Lightning runs no validation for an empty list
         plan = in_order_plan(len(self.val_set), self.batching.batch_size)
         return self._keep(self._planned_loader(self.val_set, plan))

@@ -81,7 +81,8 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         token_id_fold: CPU benchmark stand-in: token ids are taken modulo this and the
             vocabulary shrinks to it, so the LM head stops dominating the cost (as it does
             not in a real LLM) while the real tokenizer and lengths are kept. Random init
-            only.
+            only: ignored with ``pretrained_path``, like the architecture arguments (so
+            ``debug=smoke`` also runs a pretrained model).
         model_dtype: Parameter dtype: ``float32`` (the default: float32 master weights
             under ``bf16-mixed``), ``bfloat16`` (refused with a mixed trainer precision)
             or ``float64``.
@@ -152,7 +153,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             if fsdp_param_dtype is None
             else enum_choice(ModelDType, fsdp_param_dtype, "fsdp_param_dtype")
         )
-        self.token_id_fold = token_id_fold
+        self.token_id_fold = token_id_fold if pretrained_path is None else None
         self.loss_chunk_tokens = loss_chunk_tokens
         self.lr, self.weight_decay = lr, weight_decay
         self.betas = (float(betas[0]), float(betas[1]))
@@ -201,6 +202,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             self.hparams.attn_implementation,
             on_meta=mesh is not None,
         )
+        # from_pretrained returns the model in eval mode, and Lightning keeps the modes it
+        # finds (with a warning): dropout of a checkpoint that has it must train.
+        model.train()
         if self.gradient_checkpointing:
             enable_activation_checkpointing(model)
         if self.lora is not None:
@@ -373,8 +377,6 @@ def _check_arguments(
 ) -> None:
     if token_id_fold is not None and token_id_fold < 1:
         raise ValueError(f"token_id_fold must be >= 1 or null, got {token_id_fold}")
-    if token_id_fold is not None and pretrained_path is not None:
-        raise ValueError("token_id_fold is a random-init benchmark stand-in; unset pretrained_path")
     if loss_chunk_tokens < 1:
         raise ValueError(f"loss_chunk_tokens must be >= 1, got {loss_chunk_tokens}")
     if lr <= 0:
