@@ -121,6 +121,17 @@ MROPE_POSITIONS = "position_ids"
 then Qwen2-VL's temporal, height and width rows; see :mod:`odb_lightning.runtime.vlm_batch`)."""
 
 
+IMAGE_TOKENS = "num_image_tokens"
+"""Key an image-text dataset sets on a sample: how many of its tokens stand for images
+(an ``int``; the collates ignore it, the loader's epoch statistics sum it)."""
+
+
+def count_image_tokens(sample: Mapping[str, Any]) -> int:
+    """The tokens of a sample that stand for images (0 where the dataset does not say)."""
+    count = sample.get(IMAGE_TOKENS, 0)
+    return count if isinstance(count, int) else 0
+
+
 def count_image_patches(sample: Mapping[str, Any]) -> int:
     """ViT patches of a sample's images (``sum(t * h * w)``; 0 for a text-only sample):
     the vision tower's share of the sample's cost, observed with its length."""

@@ -15,12 +15,18 @@ class SampleInfo:
         num_loss_tokens: Supervised tokens (shifted ``labels != -100``).
         position: Arrival order in this rank's shard for this epoch; breaks length ties
             deterministically and gives groups their age for the overflow rule.
+        num_patches: ViT patches of the sample's images (0 for text-only samples): the
+            vision tower's share of its cost, for the patch budget
+            (:mod:`~odb_lightning.core.patch_budget`).
+        num_image_tokens: Of ``length``, the tokens that stand for images.
     """
 
     sample_id: int
     length: int
     num_loss_tokens: int = 0
     position: int = 0
+    num_patches: int = 0
+    num_image_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ files as it would in production.
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,7 +67,10 @@ def write_resized(source: str | Path, target: Path, size: tuple[int, int]) -> Pa
     with Image.open(source) as image:
         resized = image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
     target.parent.mkdir(parents=True, exist_ok=True)
-    resized.save(target, format="JPEG", quality=85)
+    # Written whole, then renamed: every rank of a job may write the same set at once.
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    resized.save(partial, format="JPEG", quality=85)
+    os.replace(partial, target)
     return target
 
 

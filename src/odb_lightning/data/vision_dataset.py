@@ -36,6 +36,7 @@ from odb_lightning.data.vision import (
 from odb_lightning.sample import (
     IGNORE_INDEX,
     IMAGE_GRID_THW,
+    IMAGE_TOKENS,
     MROPE_POSITIONS,
     PIXEL_VALUES,
     TRUNCATED_FROM,
@@ -133,6 +134,7 @@ class VisionChatDataset(ChatDataset):
         except BadSampleError as error:
             raise error.at_index(index) from error
         sample = as_sample(chat.input_ids, chat.labels)
+        sample[IMAGE_TOKENS] = sum(counts)  # type: ignore[assignment]
         sample[PIXEL_VALUES] = pixel_values
         sample[IMAGE_GRID_THW] = grid_thw
         sample[MROPE_POSITIONS] = mrope_positions(

@@ -26,6 +26,8 @@ class LoaderCounters:
     over_budget_samples: int = 0
     skipped_bad_samples: int = 0
     alignment_rounds: int = 0
+    image_tokens: int = 0  # tokens standing for images in the emitted samples
+    image_patches: int = 0  # ViT patches of the emitted samples' images
 
     @classmethod
     def of(cls, stats: list[EpochStats]) -> LoaderCounters:
@@ -34,6 +36,8 @@ class LoaderCounters:
             over_budget_samples=sum(s.over_budget for s in stats),
             skipped_bad_samples=sum(len(s.skipped_ids) for s in stats),
             alignment_rounds=sum(s.rounds for s in stats),
+            image_tokens=sum(s.image_tokens for s in stats),
+            image_patches=sum(s.image_patches for s in stats),
         )
 
 

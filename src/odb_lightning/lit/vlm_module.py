@@ -161,8 +161,9 @@ class VisionLanguageModule(CausalLMModule):
         return features.sum() * 0.0
 
     @override
-    def forward(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, int]:
-        """Summed token cross-entropy of an image-text batch and its supervised tokens."""
+    def forward(self, inputs: Mapping[str, Tensor], meta: Any = None) -> tuple[Tensor, int]:
+        """Summed token cross-entropy of an image-text batch and its supervised tokens
+        (``meta``, the step's metadata, is not needed: the labels are counted here)."""
         if "labels" not in inputs:
             raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")
         if self.model is None:

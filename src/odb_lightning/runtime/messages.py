@@ -38,6 +38,8 @@ class FetchedSample:
     num_loss_tokens: int
     payload: bytes
     truncated: bool = False  # its dataset cut it to max_seq_len
+    num_patches: int = 0  # ViT patches of its images (count_image_patches)
+    num_image_tokens: int = 0  # of length, the tokens that stand for images
 
 
 @dataclass(frozen=True, slots=True)

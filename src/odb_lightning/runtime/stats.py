@@ -30,6 +30,8 @@ class EpochStats:
             (``num_loss_tokens == 0``); ``None`` where the loader does not count them.
         truncated: Samples fetched this epoch that their dataset cut to ``max_seq_len``
             (:func:`is_truncated`); ``None`` where the loader does not count them.
+        image_tokens: Tokens standing for images in the emitted samples.
+        image_patches: ViT patches of the emitted samples' images.
     """
 
     epoch: int
@@ -45,3 +47,5 @@ class EpochStats:
     loader_wait_s: float = 0.0
     unsupervised: int | None = None
     truncated: int | None = None
+    image_tokens: int = 0
+    image_patches: int = 0

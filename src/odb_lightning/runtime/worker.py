@@ -17,7 +17,14 @@ from odb_lightning.runtime.messages import (
     StopWorker,
 )
 from odb_lightning.runtime.transport import dump_sample
-from odb_lightning.sample import BadSampleError, SampleLimits, is_truncated, normalize_sample
+from odb_lightning.sample import (
+    BadSampleError,
+    SampleLimits,
+    count_image_patches,
+    count_image_tokens,
+    is_truncated,
+    normalize_sample,
+)
 
 
 class MapDataset(Protocol):
@@ -103,7 +110,16 @@ def fetch_sample(
         wrapped = RuntimeError(f"{where} could not be serialized: {error}")
         return _failure(request, wrapped)
     truncated = is_truncated(sample, length)
-    return FetchedSample(request.position, index, length, num_loss_tokens, payload, truncated)
+    return FetchedSample(
+        request.position,
+        index,
+        length,
+        num_loss_tokens,
+        payload,
+        truncated,
+        num_patches=count_image_patches(sample),
+        num_image_tokens=count_image_tokens(sample),
+    )
 
 
 def worker_main(

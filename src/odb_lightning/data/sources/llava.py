@@ -16,6 +16,7 @@ as in LLaVA-Instruct), each picture written at a resolution drawn from a
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -127,10 +128,14 @@ def image_conversation(qa: list[tuple[str, str]], turns: int) -> list[dict[str, 
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> Path:
+    """``records`` as JSON Lines at ``path``, written whole, then renamed (ranks may write
+    the same set at once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as file:
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with partial.open("w", encoding="utf-8") as file:
         for record in records:
             file.write(json.dumps(record) + "\n")
+    os.replace(partial, path)
     return path
 
 

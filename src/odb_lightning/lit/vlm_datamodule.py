@@ -1,0 +1,111 @@
+"""``VisionDataModule``: image-text conversations, processed in the loader workers.
+
+Everything but the source is :class:`~odb_lightning.lit.datamodule.ODBDataModule`'s
+(batching modes, sharding, resume, reporting); the samples carry their images
+(:class:`~odb_lightning.data.vision_dataset.VisionChatDataset`) and every collate of the
+runtime batches them (:mod:`odb_lightning.runtime.vlm_batch`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+from typing_extensions import override
+
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data.sources.llava import build_llava_set, llava_records
+from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
+from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.data.vision_dataset import VisionChatDataset
+from odb_lightning.lit.datamodule import ODBDataModule
+
+
+class VisionSource(StrEnum):
+    """Image-text sources: your LLaVA-style JSON Lines file, or a set written offline."""
+
+    LLAVA_JSONL = "llava_jsonl"
+    LLAVA = "llava"
+    SHAREGPT4O = "sharegpt4o"
+
+
+DEFAULT_SET_SAMPLES = 512
+"""Records of a written set when ``max_samples`` is unset."""
+
+
+class VisionDataModule(ODBDataModule):
+    """Image-text data for a Qwen2-VL-family model.
+
+    Args:
+        source: ``llava_jsonl`` (``path``: your file, images under ``image_root`` or
+            its directory), ``llava`` or ``sharegpt4o`` (a LLaVA- or ShareGPT4o-shaped
+            set written once under ``set_dir``, ``max_samples`` records).
+        images: Resize and patch settings (:class:`~odb_lightning.data.vision.ImageSettings`
+            fields); they must match the model's vision tower.
+        vision_tokens: The ids framing an image
+            (:class:`~odb_lightning.data.vision.VisionTokens` fields).
+        image_root: Directory of relative image paths (``llava_jsonl``).
+        set_dir: Where ``llava`` and ``sharegpt4o`` are written.
+        **kwargs: :class:`ODBDataModule` arguments (``max_seq_len``, ``max_samples``,
+            ``val_samples``, ``system_prompt``, ``length_cache_dir``, ...).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        tokenizer: ChatTokenizer,
+        batching: BatchingConfig,
+        *,
+        images: ImageSettings | dict[str, Any] | None = None,
+        vision_tokens: VisionTokens | dict[str, Any] | None = None,
+        image_root: str | None = None,
+        set_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            self.vision_source = VisionSource(source)
+        except ValueError:
+            choices = ", ".join(s.value for s in VisionSource)
+            raise ValueError(f"data.source must be one of {choices}, got {source!r}") from None
+        if kwargs.get("augmentation") is not None:
+            raise ValueError("data.augmentation is not supported for image-text sources")
+        super().__init__(source, tokenizer, batching, **kwargs)
+        self.images = images if isinstance(images, ImageSettings) else ImageSettings(**(images or {}))
+        self.vision_tokens = (
+            vision_tokens
+            if isinstance(vision_tokens, VisionTokens)
+            else VisionTokens(**(vision_tokens or {}))
+        )
+        self.image_root, self.set_dir = image_root, set_dir
+        if self.vision_source is VisionSource.LLAVA_JSONL and self.path is None:
+            raise ValueError("data.source=llava_jsonl needs data.path: a JSON Lines file")
+        if self.vision_source is not VisionSource.LLAVA_JSONL and set_dir is None:
+            raise ValueError(f"data.source={source} needs data.set_dir: where it is written")
+
+    def records_path(self) -> Path:
+        """The JSON Lines file of the source (a written set is written first)."""
+        if self.vision_source is VisionSource.LLAVA_JSONL:
+            return Path(self.path)
+        count = self.max_samples or DEFAULT_SET_SAMPLES
+        build = build_llava_set if self.vision_source is VisionSource.LLAVA else build_sharegpt4o_set
+        return build(self.set_dir, count, seed=self.batching.seed)
+
+    @override
+    def _load_dataset(self) -> Dataset:
+        path = self.records_path()
+        records = llava_records(
+            path, max_samples=self.max_samples, on_bad_record=self.batching.on_bad_sample.value
+        )
+        self.source_counts = dict(records.counts)
+        return VisionChatDataset(
+            records.records,
+            self.tokenizer,
+            self.max_seq_len,
+            images=self.images,
+            vision_tokens=self.vision_tokens,
+            image_root=self.image_root or path.parent,
+            system_prompt=self.system_prompt,
+        )
