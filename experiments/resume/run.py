@@ -29,7 +29,7 @@ def emitted(run_dir: Path) -> Counter[int]:
     counts: Counter[int] = Counter()
     for audit in run_dir.glob("emitted_ids_rank*.jsonl"):
         for line in audit.open():
-            counts.update(json.loads(line))
+            counts.update(json.loads(line)["indices"])
     return counts
 
 

@@ -66,7 +66,10 @@ def test_multirun_sweep_with_ddp_children(tmp_path: Path) -> None:
         assert summary["emitted_samples"] == TRAIN_SAMPLES == summary["train_samples"]
         assert summary["dropped_samples"] == 0
         ranks = [
-            [json.loads(line) for line in (job_dir / f"emitted_ids_rank{r}.jsonl").open()]
+            [
+                json.loads(line)["indices"]
+                for line in (job_dir / f"emitted_ids_rank{r}.jsonl").open()
+            ]
             for r in range(2)
         ]
         # Both ranks ran this job (rank 1 in its own process, with the same sweep value):

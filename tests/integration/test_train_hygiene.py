@@ -98,7 +98,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
     assert summary["emitted_samples"] == NUM_RECORDS - len(RAISING)
     audit = [
         i for r in range(2) for line in (run_dir / f"emitted_ids_rank{r}.jsonl").open()
-        for i in json.loads(line)
+        for i in json.loads(line)["indices"]
     ]  # fmt: skip
     assert sorted(audit) == sorted(set(range(NUM_RECORDS)) - set(RAISING))  # once each
     assert file_tree(cwd) == []

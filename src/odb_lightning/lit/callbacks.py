@@ -74,8 +74,9 @@ class ODBMetricsCallback(pl.Callback):
 
     Args:
         output_dir: Directory of the run (``summary.json`` and audit files go here).
-        audit_ids: Write ``emitted_ids_rank{r}.jsonl``: one line per step with its sample
-            ids (``[]`` for IDLE).
+        audit_ids: Write ``emitted_ids_rank{r}.jsonl``: one line per step,
+            ``{"ids": [...], "indices": [...]}``: the records' own ids (as the source has
+            them) and their dataset indices, both ``[]`` for IDLE.
         log_every_n_steps: How often throughput is logged (a cross-rank reduction).
     """
 
@@ -164,7 +165,7 @@ class ODBMetricsCallback(pl.Callback):
         self.totals.add(meta, self._wait_s)
         self._last_batch_end = time.perf_counter()
         if self._audit_file is not None:
-            self._audit_file.write(json.dumps(list(meta.sample_ids)) + "\n")
+            self._audit_file.write(json.dumps(_audit_line(trainer, meta.sample_ids)) + "\n")
             self._audit_file.flush()  # a killed run keeps every completed step's line
         if self.totals.steps % self.log_every_n_steps == 0:
             self._log_rates(trainer, pl_module)
@@ -302,6 +303,14 @@ class ODBMetricsCallback(pl.Callback):
         }
 
 
+def _audit_line(trainer: pl.Trainer, sample_ids: Any) -> dict[str, list]:
+    """One step of the id audit: the records' ids (where the data module knows them,
+    ``ODBDataModule.record_ids``) and the dataset indices."""
+    indices = [int(i) for i in sample_ids]
+    record_ids = getattr(getattr(trainer, "datamodule", None), "record_ids", None)
+    return {"ids": record_ids(indices) if callable(record_ids) else indices, "indices": indices}
+
+
 def _metric(trainer: pl.Trainer, name: str) -> float | None:
     value = trainer.callback_metrics.get(name)
     return None if value is None else float(value)
@@ -393,7 +402,8 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("alignment_round_ms_p99", "alignment round ms (p99)", "{:.2f}"),
     ("over_budget_samples", "over-budget samples", "{}"),
     ("dropped_samples", "dropped samples", "{}"),
-    ("skipped_bad_samples", "skipped bad samples", "{}"),
+    ("skipped_bad_records", "skipped bad records (source lines)", "{:,}"),
+    ("skipped_bad_samples", "skipped bad samples (loader)", "{}"),
     ("not_trained_samples", "not-trained samples", "{:,}"),
     ("unsupervised_samples", "unsupervised records", "{:,}"),
     ("truncated_samples", "truncated records", "{:,}"),

@@ -342,6 +342,14 @@ class ODBDataModule(pl.LightningDataModule):
             train.take(self.trainer.global_step)
         return batch
 
+    def record_ids(self, indices: list[int]) -> list[str | int]:
+        """The source's own ids of the records at dataset ``indices`` (the indices
+        themselves for synthetic data, which has no records)."""
+        dataset = self.dataset
+        if not isinstance(dataset, ChatDataset):
+            return list(indices)
+        return [dataset.record_id(i) for i in indices]
+
     def data_identity(self) -> dict[str, Any]:
         """What makes a dataset index name the same record (known after ``setup``)."""
         settings = {
@@ -395,6 +403,9 @@ class ODBDataModule(pl.LightningDataModule):
             "train_samples": self.num_train_samples,
             "length_cache_s": self.length_cache_s,
             "source_records": self.source_counts,
+            # Source lines skipped as bad records (jsonl, batching.on_bad_sample=skip);
+            # the loader's own skips are skipped_bad_samples.
+            "skipped_bad_records": self.source_counts.get("dropped/bad_record", 0),
             **self.train_record_counts,
         }
         if getattr(self, "resume_changed_settings", None):  # set by load_state_dict
