@@ -125,8 +125,11 @@ def test_metadata_disagreeing_with_labels_raises() -> None:
     module.trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1)
     batch = pad([make_sample(6, 2, 8)])
     wrong = StepMeta((), False, 1, 6, 6, loss_tokens(batch) + 1, 1, 9, 0, 3, 0)
-    with pytest.raises(ValueError, match="local loss tokens"):
-        module.training_step(ODBBatch(batch, wrong), 0)
+    # The forward gathers rows by the metadata's count (no host sync) and the count is
+    # checked once per optimizer step: the step's check names the disagreement.
+    module.training_step(ODBBatch(batch, wrong), 0)
+    with pytest.raises(ValueError, match="differs from their step metadata"):
+        module.check_loss_token_counts()
 
 
 class GradientCapture(CausalLMModule):

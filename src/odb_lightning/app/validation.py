@@ -12,6 +12,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from odb_lightning.app.run_dir import srun_tasks
+from odb_lightning.core.config import packed_attention_of
 from odb_lightning.data.sizes import check_size
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import gloo_binding, job_store_address
@@ -87,6 +88,25 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(
             f"data.max_seq_len ({max_seq_len}) must not exceed batching.token_budget "
             f"({budget}): a sample of max_seq_len tokens must fit one step"
+        )
+    _validate_packed_attention(cfg)
+
+
+def _validate_packed_attention(cfg: DictConfig) -> None:
+    """With ``attention_weight > 0`` a packed row's attention cost depends on the kernel:
+    the budget's ``packed_attention`` must be the one ``model.attn_implementation`` runs."""
+    batching, model = cfg.batching, cfg.get("model") or {}
+    backend = model.get("attn_implementation")
+    weight = batching.get("attention_weight") or 0
+    if batching.get("mode") != "odb_packed" or not backend or not weight:
+        return
+    expected = packed_attention_of(str(backend)).value
+    if str(batching.get("packed_attention", "varlen")) != expected:
+        raise ConfigError(
+            f"batching.packed_attention must be {expected} with "
+            f"model.attn_implementation={backend} and batching.attention_weight={weight}: "
+            "sdpa and eager attend over a dense block mask (N^2 per packed row), flash and "
+            "flex attention skip the blocks across samples (sum of L_i^2)"
         )
 
 

@@ -4,6 +4,15 @@ A group of ``g`` samples whose longest has ``L`` tokens is padded to ``g x L`` t
 an attention weight ``w`` the cost adds the quadratic attention term per row:
 ``g * (L + w * L**2)``. A group must cost at most ``token_budget``; a sample that alone
 exceeds the budget is still emitted, as a group of one, and is counted as over budget.
+
+With ``pad_to_multiple_of = m`` the collate pads each row to a multiple of ``m`` (tensor
+cores and compiled kernels like round shapes), so the cost is taken of the rounded length
+``ceil(L / m) * m``: rounding after grouping would push ``g x L`` over the budget.
+
+A packed row (``odb_packed``) of ``N = sum L_i`` tokens costs ``N`` (rounded up to the
+multiple) plus the attention term: ``w * sum L_i**2`` where the kernel skips the blocks
+across samples (flash-attention varlen, flex attention), ``w * N**2`` where it computes the
+dense block mask's whole square (sdpa, eager: ``dense_packed_attention``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ class Budget:
 
     token_budget: int
     attention_weight: float = 0.0
+    pad_to_multiple_of: int = 1
+    dense_packed_attention: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_budget, int) or self.token_budget < 1:
@@ -32,9 +43,25 @@ class Budget:
             raise ValueError(
                 f"attention_weight must be finite and >= 0, got {self.attention_weight!r}"
             )
+        multiple = self.pad_to_multiple_of
+        if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {multiple!r}")
+
+    def padded_length(self, length: int) -> int:
+        """``length`` rounded up to a multiple of ``pad_to_multiple_of``."""
+        multiple = self.pad_to_multiple_of
+        return -(-length // multiple) * multiple
 
     def row_cost(self, longest: int) -> float:
+        longest = self.padded_length(longest)
         return longest + self.attention_weight * longest * longest
+
+    def packed_cost(self, total: int, sum_of_squares: int) -> float:
+        """Cost of one packed row of ``total`` real tokens whose samples' squared lengths
+        sum to ``sum_of_squares`` (see the module docstring)."""
+        row = self.padded_length(total)
+        square = row * row if self.dense_packed_attention else sum_of_squares
+        return row + self.attention_weight * square
 
     def cost(self, group_size: int, longest: int) -> float:
         return group_size * self.row_cost(longest)

@@ -18,6 +18,7 @@ from enum import Enum, StrEnum
 from typing import Any, TypeVar
 
 from odb_lightning.core.budget import Budget
+from odb_lightning.core.patch_budget import PatchBudget
 
 GROUP = "batching"
 """The Hydra config group of :class:`BatchingConfig`: every message names ``batching.<field>``."""
@@ -38,6 +39,8 @@ ONLINE_MODES = frozenset({BatchingMode.ODB, BatchingMode.ODB_PACKED})
 """Modes the online runtime forms (no epoch plan up front)."""
 LENGTH_PASS_MODES = frozenset({BatchingMode.SORTED, BatchingMode.BUCKETED, BatchingMode.ORACLE})
 """Modes that need every sample's exact length before the epoch (a length cache)."""
+FIXED_SIZE_MODES = frozenset({BatchingMode.STANDARD, BatchingMode.SORTED})
+"""Modes that cut batches of ``batch_size`` samples and ignore ``token_budget``."""
 
 
 class OnBadSample(StrEnum):
@@ -53,6 +56,32 @@ class StartMethod(StrEnum):
     FORK = "fork"
     SPAWN = "spawn"
     FORKSERVER = "forkserver"
+
+
+class PackedAttention(StrEnum):
+    """How the model attends inside a packed row, which sets the row's attention cost."""
+
+    VARLEN = "varlen"
+    """Blocks across samples are skipped (flash-attention varlen, flex attention)."""
+    DENSE = "dense"
+    """A dense block mask computes the whole ``N x N`` square (sdpa, eager)."""
+
+
+def packed_attention_of(attn_implementation: str) -> PackedAttention:
+    """The packed-row attention cost of a ``transformers`` attention backend: ``sdpa`` and
+    ``eager`` get a dense block mask, every other backend (flash, flex, hub kernels) skips
+    the blocks across samples."""
+    dense = attn_implementation in ("sdpa", "eager")
+    return PackedAttention.DENSE if dense else PackedAttention.VARLEN
+
+
+class ShardDealing(StrEnum):
+    """How an epoch's samples reach the ranks' windows."""
+
+    FIXED = "fixed"
+    """Each rank owns a fixed shard (every ``W``-th index of the seeded order, or ``shard=``)."""
+    BY_NEED = "by_need"
+    """One seeded global order, dealt in every round to the ranks whose windows need work."""
 
 
 class SettingsMismatchError(RuntimeError):
@@ -80,6 +109,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _positive_int(name: str, value: object) -> None:
     if not _is_int(value) or value < 1:  # type: ignore[operator]
         raise ValueError(f"{_key(name)} must be a positive integer, got {value!r}")
@@ -103,11 +136,23 @@ class BatchingConfig:
         window_budgets: ODB window sized in work: it fills until its samples' row costs
             sum to this many ``token_budget``s (about as many full batches), within
             ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
+        shard_dealing: ``fixed`` shards per rank, or ``by_need``: one seeded global order
+            dealt each round to the windows that lack work, so ranks finish together on
+            heavy-tailed data (a loader given ``shard=`` always uses its fixed shards).
         max_steps_per_round: ``Q``: most steps one alignment round emits per rank.
         join: Every sample once per epoch (IDLE steps for finished ranks), or end the
             epoch at the first finished rank and count the rest as dropped.
         seed: Seed of the shard order, the step order in a round and the planned shuffles.
         attention_weight: Weight ``w`` of the quadratic attention term of the budget.
+        pad_to_multiple_of: Pad every row (every packed row) to a multiple of this many
+            tokens; the budget charges the rounded length (1: no rounding).
+        packed_attention: ``varlen`` or ``dense``: the attention cost of a packed row
+            (``w * sum L_i**2`` or ``w * N**2``); the presets derive it from
+            ``model.attn_implementation``.
+        max_patches: Most ViT patch cost of one group of image-text samples (the vision
+            tower's work, :mod:`~odb_lightning.core.patch_budget`); ``None``: no bound.
+        patch_attention_weight: Weight ``w_p`` of the per-image quadratic term of the
+            patch cost (``p + w_p * p**2`` per image of ``p`` patches).
         batch_size: Samples per batch of ``standard`` and ``sorted`` (and of validation).
         max_batch_size: Cap on samples per batch (``bucketed``, ``oracle``).
         boundaries: Bucket edges of ``bucketed``; empty: optimized on the cached lengths.
@@ -118,6 +163,8 @@ class BatchingConfig:
         alignment_timeout_s: Most seconds for connecting the metadata channel and for one
             round's all-gather (keep it >= ``timeout_s``: peers wait while a rank waits).
         persistent_workers: Keep the loader processes (and the channel) across epochs.
+        pin_memory: Put every batch in page-locked host memory when CUDA is available
+            (asynchronous host-to-device copies); ignored without CUDA.
         multiprocessing_context: ``fork``, ``spawn``, ``forkserver`` or ``None`` (default).
     """
 
@@ -125,10 +172,15 @@ class BatchingConfig:
     token_budget: int = 16384
     outstanding_depth: int = 256
     window_budgets: int | None = None
+    shard_dealing: ShardDealing = ShardDealing.FIXED
     max_steps_per_round: int = 8
     join: bool = True
     seed: int = 0
     attention_weight: float = 0.0
+    pad_to_multiple_of: int = 1
+    packed_attention: PackedAttention = PackedAttention.VARLEN
+    max_patches: int | None = None
+    patch_attention_weight: float = 0.0
     batch_size: int = 8
     max_batch_size: int | None = None
     boundaries: tuple[int, ...] = ()
@@ -138,26 +190,46 @@ class BatchingConfig:
     timeout_s: float = 60.0
     alignment_timeout_s: float = 60.0
     persistent_workers: bool = False
+    pin_memory: bool = True
     multiprocessing_context: StartMethod | None = None
 
     def __post_init__(self) -> None:
         set_field = object.__setattr__
         set_field(self, "mode", _enum(BatchingMode, "mode", self.mode))
         set_field(self, "on_bad_sample", _enum(OnBadSample, "on_bad_sample", self.on_bad_sample))
-        for name in ("token_budget", "outstanding_depth", "max_steps_per_round", "batch_size"):
+        set_field(self, "shard_dealing", _enum(ShardDealing, "shard_dealing", self.shard_dealing))
+        set_field(
+            self,
+            "packed_attention",
+            _enum(PackedAttention, "packed_attention", self.packed_attention),
+        )
+        for name in (
+            "token_budget",
+            "outstanding_depth",
+            "max_steps_per_round",
+            "batch_size",
+            "pad_to_multiple_of",
+        ):
             _positive_int(name, getattr(self, name))
         _positive_int("num_buckets", self.num_buckets)
         if self.max_batch_size is not None:
             _positive_int("max_batch_size", self.max_batch_size)
         if self.window_budgets is not None:
             _positive_int("window_budgets", self.window_budgets)
+        if self.max_patches is not None:
+            _positive_int("max_patches", self.max_patches)
+        patch_weight = self.patch_attention_weight
+        if not (_is_number(patch_weight) and math.isfinite(patch_weight) and patch_weight >= 0):
+            raise ValueError(
+                f"{_key('patch_attention_weight')} must be finite and >= 0, got {patch_weight!r}"
+            )
         if not _is_int(self.num_workers) or self.num_workers < 0:
             raise ValueError(
                 f"{_key('num_workers')} must be an integer >= 0, got {self.num_workers!r}"
             )
         if not _is_int(self.seed):
             raise ValueError(f"{_key('seed')} must be an integer, got {self.seed!r}")
-        for name in ("join", "persistent_workers"):
+        for name in ("join", "persistent_workers", "pin_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_key(name)} must be a bool, got {getattr(self, name)!r}")
         weight = self.attention_weight
@@ -197,7 +269,20 @@ class BatchingConfig:
 
     @property
     def budget(self) -> Budget:
-        return Budget(self.token_budget, self.attention_weight)
+        return Budget(
+            self.token_budget,
+            self.attention_weight,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            dense_packed_attention=self.packed
+            and self.packed_attention is PackedAttention.DENSE,
+        )
+
+    @property
+    def patch_budget(self) -> PatchBudget | None:
+        """The vision-tower bound of a group, or ``None`` without ``max_patches``."""
+        if self.max_patches is None:
+            return None
+        return PatchBudget(self.max_patches, self.patch_attention_weight)
 
     def handshake(self) -> list[int]:
         """The knobs every rank must share, as integers (``attention_weight`` in 1e-9)."""
@@ -208,22 +293,28 @@ HANDSHAKE_FIELDS = (
     "token_budget",
     "outstanding_depth",
     "window_budgets",
+    "shard_dealing",
     "max_steps_per_round",
     "join",
     "seed",
     "attention_weight",
     "mode",
+    "pad_to_multiple_of",
+    "packed_attention",
 )
 """Fields that change what a round plans: ranks that differ in one of them would diverge."""
 _HANDSHAKE_ENCODE: dict[str, Any] = {
     "token_budget": int,
     "outstanding_depth": int,
     "window_budgets": lambda budgets: budgets or 0,
+    "shard_dealing": lambda dealing: list(ShardDealing).index(dealing),
     "max_steps_per_round": int,
     "join": int,
     "seed": int,
     "attention_weight": lambda weight: round(weight * 1e9),
     "mode": lambda mode: list(BatchingMode).index(mode),
+    "pad_to_multiple_of": int,
+    "packed_attention": lambda kind: list(PackedAttention).index(kind),
 }
 
 

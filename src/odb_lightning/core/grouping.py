@@ -82,15 +82,17 @@ def _best_ends(
 
 def packed_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = None) -> list[int]:
     """Group start positions of the packed partition: each group takes adjacent samples
-    while the sum of their row costs fits (packed rows carry no padding, so there is no
-    padding to balance and the greedy cut is final)."""
+    while the row's :meth:`~odb_lightning.core.budget.Budget.packed_cost` fits (packed rows
+    carry no padding, so there is no padding to balance and the greedy cut is final)."""
     cuts, start = [], 0
     while start < len(ordered):
         cuts.append(start)
-        cost, size = budget.row_cost(ordered[start].length), 1
+        first = ordered[start].length
+        total, squares, size = first, first * first, 1
         while start + size < len(ordered) and (cap is None or size < cap):
-            cost += budget.row_cost(ordered[start + size].length)
-            if cost > budget.token_budget:
+            length = ordered[start + size].length
+            total, squares = total + length, squares + length * length
+            if budget.packed_cost(total, squares) > budget.token_budget:
                 break
             size += 1
         start += size

@@ -235,7 +235,7 @@ def summarize_plan(
         padded += sum(batch_lengths) if packed else len(batch) * longest
         over_samples += sum(budget.is_over_budget(n) for n in batch_lengths)
         cost = (
-            sum(budget.row_cost(n) for n in batch_lengths)
+            budget.packed_cost(sum(batch_lengths), sum(n * n for n in batch_lengths))
             if packed
             else budget.cost(len(batch), longest)
         )

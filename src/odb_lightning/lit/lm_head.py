@@ -16,11 +16,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from odb_lightning.sample import supervised_targets
+from odb_lightning.sample import IGNORE_INDEX, supervised_targets
 
 
 def chunked_lm_loss(
-    hidden: Tensor, labels: Tensor, lm_head: nn.Module, chunk_tokens: int
+    hidden: Tensor,
+    labels: Tensor,
+    lm_head: nn.Module,
+    chunk_tokens: int,
+    num_loss_tokens: int | None = None,
 ) -> tuple[Tensor, int]:
     """Summed token cross-entropy of a causal LM.
 
@@ -30,6 +34,11 @@ def chunked_lm_loss(
             position ``t`` is scored against ``labels[..., t + 1]``.
         lm_head: Maps ``[n, H]`` to logits ``[n, V]``.
         chunk_tokens: Most rows sent through the head at once.
+        num_loss_tokens: The supervised-token count when the caller knows it (the step
+            metadata counts it on the host): the rows are then gathered with a
+            fixed-size index, without the device-to-host copy that a boolean index costs
+            (the host would wait for the whole forward before queueing the head and the
+            backward). It must be right; :func:`loss_token_mismatch` checks it lazily.
 
     Returns:
         ``(loss_sum, num_loss_tokens)``: the sum (not the mean) of the token losses, in at
@@ -42,9 +51,18 @@ def chunked_lm_loss(
     targets = labels[..., 1:]
     supervised = supervised_targets(labels)
     # Gather the rows that reach the head: [n, H] instead of [..., L, H].
-    rows = hidden[..., :-1, :][supervised]
-    targets = targets[supervised]
-    num_loss_tokens = targets.numel()
+    if num_loss_tokens is None:
+        rows = hidden[..., :-1, :][supervised]
+        targets = targets[supervised]
+        num_loss_tokens = targets.numel()
+    else:
+        # Indices into the flattened [..., L] positions (the last one never supervised),
+        # so that hidden is read as the view it is, not copied without its last position.
+        where = F.pad(supervised, (0, 1), value=False).reshape(-1)
+        # fill_value 0 keeps a wrong count in range; loss_token_mismatch reports it.
+        index = torch.nonzero_static(where, size=num_loss_tokens, fill_value=0).squeeze(1)
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+        targets = F.pad(targets, (0, 1), value=IGNORE_INDEX).reshape(-1).index_select(0, index)
     if num_loss_tokens == 0:
         return _upcast(lm_head(hidden[..., :1, :])).sum() * 0.0, 0
     loss_sum = None
@@ -55,6 +73,12 @@ def chunked_lm_loss(
         )
         loss_sum = chunk if loss_sum is None else loss_sum + chunk
     return loss_sum, num_loss_tokens
+
+
+def loss_token_mismatch(labels: Tensor, num_loss_tokens: int) -> Tensor:
+    """A device-side 0/1: whether ``labels`` supervise other than ``num_loss_tokens`` tokens.
+    Summed over micro-batches and read once per optimizer step, not once per batch."""
+    return (supervised_targets(labels).sum() != num_loss_tokens).to(torch.int32)
 
 
 def _chunk_loss(lm_head: nn.Module, rows: Tensor, targets: Tensor) -> Tensor:

@@ -24,7 +24,13 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 
 class ModelDType(StrEnum):
@@ -158,6 +164,15 @@ def data_parallel_mesh(strategy: Any) -> Any | None:
     return mesh["data_parallel"]
 
 
+def model_class(config: PretrainedConfig | str) -> Any:
+    """The ``transformers`` auto class of a config (or of a checkpoint directory): image-text
+    models (a config with a ``vision_config``, e.g. Qwen2-VL) are not causal-LM classes."""
+    if isinstance(config, str):
+        config = AutoConfig.from_pretrained(config)
+    vision = getattr(config, "vision_config", None) is not None
+    return AutoModelForImageTextToText if vision else AutoModelForCausalLM
+
+
 def build_causal_lm(
     pretrained_path: str | None,
     config: PretrainedConfig,
@@ -175,14 +190,14 @@ def build_causal_lm(
         if pretrained_path is not None:
             config = AutoConfig.from_pretrained(pretrained_path)
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(
+            return model_class(config).from_config(
                 config, dtype=dtype, attn_implementation=attn_implementation
             )
     if pretrained_path is not None:
-        return AutoModelForCausalLM.from_pretrained(
+        return model_class(pretrained_path).from_pretrained(
             pretrained_path, dtype=dtype, attn_implementation=attn_implementation
         )
-    return AutoModelForCausalLM.from_config(
+    return model_class(config).from_config(
         config, dtype=dtype, attn_implementation=attn_implementation
     )
 
@@ -196,6 +211,51 @@ def enable_activation_checkpointing(model: PreTrainedModel) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+COMPILE_RECOMPILE_LIMIT = 16
+"""Most graphs Dynamo keeps per compiled frame before it falls back to eager. With dynamic
+shapes a decoder layer needs one graph for batches of one row (a size-1 dimension is
+always specialized) and one for the rest; the margin covers a user's extra cases."""
+
+
+def compile_decoder_layers(model: nn.Module) -> int:
+    """Compile every decoder layer of ``model`` in place (``nn.Module.compile``), with
+    dynamic shapes: ODB batch shapes change every step, and a static compile would
+    recompile per shape until Dynamo gives up. Compiling ``model.model`` instead would do
+    nothing: ``get_decoder()`` hands back the uncompiled inner module, and that is what the
+    forward calls. Call before sharding (``fully_shard`` wraps the compiled layers).
+
+    Returns:
+        The number of layers compiled.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(
+        torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT
+    )
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
+def compile_counts(compiled_frames: int = 1) -> dict[str, float]:
+    """What Dynamo compiled in this process so far: ``compile_graphs`` (distinct graphs),
+    ``compile_recompiles`` (frame compilations beyond the first of each of the
+    ``compiled_frames`` compiled functions: one for the layers of one decoder class) and
+    ``compile_s`` (seconds in Dynamo's frame compilation, the forward graphs and their
+    lowering; the backward graphs compile lazily, at the first backward, and are not in it).
+    """
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    frames = int(counters["frames"]["ok"])
+    seconds = sum(compilation_time_metrics.get("_compile.compile_inner", ()))
+    return {
+        "compile_graphs": int(counters["stats"]["unique_graphs"]),
+        "compile_recompiles": max(0, frames - compiled_frames),
+        "compile_s": round(float(seconds), 3),
+    }
 
 
 def add_lora(model: PreTrainedModel, settings: LoraSettings) -> nn.Module:
@@ -288,7 +348,7 @@ def materialize(
     problem = None
     if is_rank_zero:
         try:
-            loaded, info = AutoModelForCausalLM.from_pretrained(
+            loaded, info = model_class(pretrained_path).from_pretrained(
                 pretrained_path, dtype=dtype, output_loading_info=True
             )
             weights = loaded.state_dict()

@@ -15,7 +15,7 @@ from torchmetrics import MeanMetric
 from transformers import PreTrainedModel, Qwen2Config
 from typing_extensions import override
 
-from odb_lightning.lit.lm_head import chunked_lm_loss
+from odb_lightning.lit.lm_head import chunked_lm_loss, loss_token_mismatch
 from odb_lightning.lit.loss import TokenWeightedLossMixin
 from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
 from odb_lightning.lit.model_setup import (
@@ -25,6 +25,8 @@ from odb_lightning.lit.model_setup import (
     add_lora,
     build_causal_lm,
     check_master_weights,
+    compile_counts,
+    compile_decoder_layers,
     count_parameters,
     data_parallel_mesh,
     enable_activation_checkpointing,
@@ -109,6 +111,9 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         fsdp_param_dtype: Under FSDP2 only: gather the float32 shards as this dtype for
             compute (``bfloat16``), reducing gradients in float32; ``None``: compute in
             the parameter dtype (with autocast under ``bf16-mixed``).
+        compile: ``torch.compile`` each decoder layer in place, with dynamic shapes
+            (:func:`~odb_lightning.lit.model_setup.compile_decoder_layers`); the summary
+            reports the graphs, recompiles and compile seconds.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         lora: LoraSettings | dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
         fsdp_param_dtype: ModelDType | str | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__(tokens_per_step=tokens_per_step)
         # Plain defaults (strings, not enum members): checkpoints load with weights_only.
@@ -148,6 +154,12 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         self.lora = lora_settings if self.finetuning is Finetuning.LORA else None
         self.model_dtype = enum_choice(ModelDType, model_dtype, "model_dtype")
         self.gradient_checkpointing = bool(gradient_checkpointing)
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be true or false, got {compile!r}")
+        self.compile_layers = compile
+        # Device-side count of batches whose labels disagree with their metadata's
+        # supervised-token count; read once per optimizer step (forward avoids host syncs).
+        self._token_mismatches: Tensor | None = None
         self.fsdp_param_dtype = (
             None
             if fsdp_param_dtype is None
@@ -209,6 +221,8 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             enable_activation_checkpointing(model)
         if self.lora is not None:
             model = add_lora(model, self.lora)
+        if self.compile_layers:
+            compile_decoder_layers(model)
         self.model = model
         self._parameter_counts = count_parameters(model, self.finetuning)
         if mesh is not None:
@@ -231,9 +245,23 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             raise RuntimeError("the model is built by configure_model()")
         return dict(self._parameter_counts)
 
+    def compile_report(self) -> dict[str, float] | None:
+        """Graphs, recompiles and compile seconds so far with ``compile``, else ``None``."""
+        return compile_counts() if self.compile_layers else None
+
     @override
-    def forward(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, int]:
-        """Summed token cross-entropy of a batch and its supervised-token count."""
+    def forward(
+        self, inputs: Mapping[str, Tensor], meta: StepMeta | None = None
+    ) -> tuple[Tensor, int]:
+        """Summed token cross-entropy of a batch and its supervised-token count.
+
+        With the step's ``meta`` (an :class:`ODBBatch`: right padded or packed by this
+        package's collates), the padded batch runs without its attention mask and the LM
+        head gathers the supervised rows by the metadata's count, both without a host
+        sync (:func:`~odb_lightning.lit.packed_inputs.body_inputs`,
+        :func:`~odb_lightning.lit.lm_head.chunked_lm_loss`); the count is checked lazily,
+        once per optimizer step.
+        """
         if "labels" not in inputs:
             raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")
         if self.model is None:
@@ -244,11 +272,41 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         if self.token_id_fold is not None:
             inputs = fold_token_ids(inputs, self.token_id_fold)
         body = self.model.get_decoder()
-        kwargs = body_inputs(inputs, self.model, self.hparams.attn_implementation)
-        hidden = body(**kwargs, use_cache=False).last_hidden_state
-        return chunked_lm_loss(
-            hidden, inputs["labels"], self.model.get_output_embeddings(), self.loss_chunk_tokens
+        kwargs = body_inputs(
+            inputs, self.hparams.attn_implementation, right_padded=meta is not None
         )
+        hidden = body(**kwargs, use_cache=False).last_hidden_state
+        labels = inputs["labels"]
+        known = None if meta is None else meta.local_loss_tokens
+        if known is not None and not meta.is_idle:  # an IDLE dummy's labels do not count
+            mismatch = loss_token_mismatch(labels, known)
+            pending = self._token_mismatches
+            self._token_mismatches = mismatch if pending is None else pending + mismatch
+        return chunked_lm_loss(
+            hidden, labels, self.model.get_output_embeddings(), self.loss_chunk_tokens, known
+        )
+
+    def check_loss_token_counts(self) -> None:
+        """Raise if a batch since the last check had labels that disagree with its step
+        metadata's supervised-token count (one host sync)."""
+        pending, self._token_mismatches = self._token_mismatches, None
+        if pending is not None and int(pending):
+            raise ValueError(
+                f"{int(pending)} batch(es) since the last optimizer step had labels whose "
+                "supervised-token count (shifted labels != -100) differs from their step "
+                "metadata's local_loss_tokens: a collate_fn changed the labels after the "
+                "metadata was counted"
+            )
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.check_loss_token_counts()
+        super().on_before_optimizer_step(optimizer)
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        self.check_loss_token_counts()
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -256,7 +314,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         if meta is not None:
             # The same on every rank: global_samples is this step position's total.
             self._samples_seen += meta.global_samples
-        loss_sum, num_loss_tokens = self(inputs)
+        loss_sum, num_loss_tokens = self(inputs, meta)
         # An IDLE batch is a dummy: the mixin weights it 0 and counts none of its tokens.
         return self.token_weighted_loss(loss_sum, num_loss_tokens, meta)
 
@@ -265,7 +323,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         inputs, meta = split_batch(batch)
         # IDLE batches run the forward too: under a sharded strategy it issues the
         # all-gathers the other ranks' forwards wait for. Their loss is not counted.
-        loss_sum, num_loss_tokens = self(inputs)
+        loss_sum, num_loss_tokens = self(inputs, meta)
         if num_loss_tokens and (meta is None or not meta.is_idle):
             # A mean weighted by token counts, summed over ranks when computed:
             # sum(loss_sum) / sum(count) over every rank, not a mean of rank means.

@@ -1,76 +1,65 @@
-"""Model inputs of a packed row (``odb_packed``): samples packed in one row must not
-attend to each other, and each backend takes that boundary in its own form."""
+"""Attention inputs of the decoder body: what each ``transformers`` backend needs so that a
+padded batch runs its fastest kernel and the samples of a packed row (``odb_packed``) do
+not attend to each other."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers.utils.generic import is_flash_attention_requested
 
-FLASH_VARLEN_BACKENDS = frozenset({"flash_attention_2", "flash_attention_3"})
-"""``transformers`` attention backends that take packed-row boundaries as varlen kwargs."""
+NOT_BODY_INPUTS = ("labels", "cu_seqlens", "max_seqlen")
+"""Batch keys the decoder body does not take (the loss's, and the packed row's bounds)."""
+
+
+def uses_flash_varlen(attn_implementation: str) -> bool:
+    """A flash-attention backend (``flash_attention_2/3/4`` or a hub flash kernel such as
+    ``kernels-community/flash-attn3``): it takes a packed row's bounds as varlen kwargs."""
+    return is_flash_attention_requested(requested_attention_implementation=attn_implementation)
 
 
 def body_inputs(
-    inputs: Mapping[str, Tensor | int], model: PreTrainedModel, attn_implementation: str
+    inputs: Mapping[str, Tensor | int], attn_implementation: str, *, right_padded: bool = False
 ) -> dict[str, Any]:
-    """Keyword arguments of the decoder body: every input but ``labels``, with the
-    boundaries of a packed row (``cu_seqlens``, ``max_seqlen``) in the backend's form.
+    """Keyword arguments of the decoder body: every input but ``labels`` and the packed
+    bounds, in the form the attention backend runs fastest.
 
-    ``flash_attention_2/3`` get them as ``cu_seq_lens_q/k`` and ``max_length_q/k`` (the
-    varlen kernel; covered only where flash-attn is installed); ``sdpa`` gets
-    :func:`block_causal_mask`, ``eager`` the same mask as an additive one (0 or the
-    dtype's min). How ``transformers`` takes each form: ``docs/design.md``, "Packed rows
-    and the attention backends".
+    * **Padded batch, right padded** (``right_padded``: what
+      :func:`~odb_lightning.runtime.batch.pad_collate` makes): no ``attention_mask``. Padding
+      sits after every real token, so causal attention alone gives the real tokens the
+      states they would get with the mask, and without a mask ``sdpa`` keeps its flash and
+      memory-efficient kernels (a 4-D mask would push it to the masked path). Padding
+      positions are never scored.
+    * **Packed row** (``cu_seqlens`` present): ``position_ids`` restart at 0 for every
+      sample and there is no ``attention_mask``; ``transformers`` derives the sample
+      boundaries from the positions. Flash backends also get ``cu_seq_lens_q/k`` and
+      ``max_length_q/k`` (the varlen kernel, without a device-to-host copy to find them);
+      ``flex_attention`` builds a block-sparse mask; ``sdpa`` and ``eager`` build a dense
+      ``N x N`` block mask, the last resort, which the budget charges as ``N**2``
+      (``batching.packed_attention=dense``).
 
     Raises:
-        ValueError: For another backend, or a model with sliding-window layers without
-            flash attention.
+        ValueError: A packed row with an ``attention_mask`` (``transformers`` then takes the
+            mask as given and ignores the boundaries in ``position_ids``: the samples would
+            attend to each other), or without ``position_ids``.
     """
-    body = {k: v for k, v in inputs.items() if k not in ("labels", "cu_seqlens", "max_seqlen")}
+    body = {k: v for k, v in inputs.items() if k not in NOT_BODY_INPUTS}
     if "cu_seqlens" not in inputs:
+        if right_padded:
+            body.pop("attention_mask", None)
         return body
-    cu_seqlens, max_seqlen = inputs["cu_seqlens"], int(inputs["max_seqlen"])
-    if attn_implementation in FLASH_VARLEN_BACKENDS:
+    if "attention_mask" in body:
+        raise ValueError(
+            "a packed row (cu_seqlens) must not carry an attention_mask: with one, "
+            "transformers ignores the sample boundaries in position_ids and the packed "
+            "samples attend to each other"
+        )
+    if "position_ids" not in body:
+        raise ValueError("a packed row (cu_seqlens) needs position_ids restarting per sample")
+    if uses_flash_varlen(attn_implementation):
+        cu_seqlens, max_seqlen = inputs["cu_seqlens"], int(inputs["max_seqlen"])
         varlen = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
         return body | varlen | {"max_length_q": max_seqlen, "max_length_k": max_seqlen}
-    if attn_implementation not in ("sdpa", "eager"):
-        raise ValueError(
-            f"packed rows need sdpa, eager or flash attention, not {attn_implementation}"
-        )
-    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
-        raise ValueError("the packed-row mask has no sliding window: use flash attention")
-    allowed = block_causal_mask(cu_seqlens)
-    if attn_implementation == "sdpa":
-        return body | {"attention_mask": allowed}
-    # eager adds the mask to the scores: the dtype's min makes a blocked weight exp(.) = 0.
-    additive = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device)
-    additive.masked_fill_(~allowed, torch.finfo(model.dtype).min)
-    return body | {"attention_mask": additive}
-
-
-def block_causal_mask(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Boolean attention mask of a packed row: causal inside each sample, nothing across.
-
-    Query ``q`` may attend to key ``k`` iff both lie in the same sample and ``k <= q``:
-    the mask is block-diagonal, one lower-triangular block per sample, so a packed row
-    computes exactly what the same samples compute as separate rows. It is dense,
-    ``N x N`` bytes (``N = cu_seqlens[-1]``): beyond a few thousand tokens per row use a
-    varlen kernel (``flash_attention_2``), which takes ``cu_seqlens`` instead.
-
-    Args:
-        cu_seqlens: int ``[B + 1]`` sample boundaries, as ``pack_collate`` makes them.
-
-    Returns:
-        bool ``[1, 1, N, N]``, ``True`` where attention is allowed.
-    """
-    lengths = cu_seqlens.diff().long()
-    num_tokens = int(cu_seqlens[-1])
-    sample_of = torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=cu_seqlens.device), lengths, output_size=num_tokens
-    )
-    mask = sample_of[:, None] == sample_of[None, :]
-    return mask.tril_()[None, None]
+    return body

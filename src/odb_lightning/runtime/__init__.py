@@ -3,7 +3,13 @@
 Imports only :mod:`odb_lightning.core`, the sample contract, torch and the standard library.
 """
 
-from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
+from odb_lightning.runtime.batch import (
+    ODBBatch,
+    StepMeta,
+    idle_sample,
+    idle_samples,
+    pad_collate,
+)
 from odb_lightning.runtime.errors import (
     LoaderProcessError,
     MetadataChannelError,
@@ -27,5 +33,6 @@ __all__ = [
     "SampleTimeoutError",
     "StepMeta",
     "idle_sample",
+    "idle_samples",
     "pad_collate",
 ]

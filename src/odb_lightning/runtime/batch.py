@@ -11,8 +11,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.window import Step
-from odb_lightning.sample import IGNORE_INDEX
+from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW
 
 CollateFn = Callable[[list[Any]], Any]
 """Turns the list of sample dicts of one step into model inputs."""
@@ -67,26 +68,51 @@ class ODBBatch(NamedTuple):
     meta: StepMeta
 
 
+def pin_batch(inputs: dict[str, torch.Tensor | int]) -> dict[str, torch.Tensor | int]:
+    """``inputs`` with every tensor in page-locked host memory, so that the transfer to the
+    GPU (Lightning's, ``non_blocking``) runs asynchronously with the step before it."""
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def pins_memory(config: BatchingConfig) -> bool:
+    """Batches are pinned: ``batching.pin_memory`` is set and CUDA is available."""
+    return config.pin_memory and torch.cuda.is_available()
+
+
+def round_up(length: int, multiple: int) -> int:
+    """``length`` rounded up to a multiple of ``multiple``."""
+    return -(-length // multiple) * multiple
+
+
 def build_step_meta(
     sample_ids: Sequence[int],
     lengths: Sequence[int],
     num_loss_tokens: int,
     *,
     packed: bool,
+    pad_to_multiple_of: int = 1,
     global_samples: int,
     global_loss_tokens: int | None,
     round_index: int,
     step: int,
     epoch: int,
 ) -> StepMeta:
-    """The metadata of one step from its samples' ids, lengths and supervised tokens."""
+    """The metadata of one step from its samples' ids, lengths and supervised tokens
+    (padded tokens as the collate pads them: each row, or the packed row, rounded up to a
+    multiple of ``pad_to_multiple_of``)."""
     real = sum(lengths)
+    if not lengths:
+        padded = 0
+    elif packed:
+        padded = round_up(real, pad_to_multiple_of)
+    else:
+        padded = len(lengths) * round_up(max(lengths), pad_to_multiple_of)
     return StepMeta(
         sample_ids=tuple(sample_ids),
         is_idle=not sample_ids,
         local_samples=len(sample_ids),
         local_real_tokens=real,
-        local_padded_tokens=real if packed else len(lengths) * max(lengths, default=0),
+        local_padded_tokens=padded,
         local_loss_tokens=num_loss_tokens,
         global_samples=global_samples,
         global_loss_tokens=global_loss_tokens,
@@ -97,7 +123,9 @@ def build_step_meta(
     )
 
 
-def make_step_meta(step: Step, *, step_index: int, epoch: int, packed: bool) -> StepMeta:
+def make_step_meta(
+    step: Step, *, step_index: int, epoch: int, packed: bool, pad_to_multiple_of: int = 1
+) -> StepMeta:
     """The metadata of an aligned core :class:`~odb_lightning.core.window.Step`."""
     members = () if step.group is None else step.group.samples
     return build_step_meta(
@@ -105,6 +133,7 @@ def make_step_meta(step: Step, *, step_index: int, epoch: int, packed: bool) -> 
         [s.length for s in members],
         sum(s.num_loss_tokens for s in members),
         packed=packed,
+        pad_to_multiple_of=pad_to_multiple_of,
         global_samples=step.global_samples,
         global_loss_tokens=step.global_loss_tokens,
         round_index=step.round_index,
@@ -113,25 +142,44 @@ def make_step_meta(step: Step, *, step_index: int, epoch: int, packed: bool) -> 
     )
 
 
-def idle_sample(pad_id: int) -> dict[str, torch.Tensor]:
-    """The one-token sample an IDLE batch is collated from: nothing is supervised."""
+IDLE_ROWS = 2
+IDLE_TOKENS = 2
+"""Shape of an IDLE batch: ``IDLE_ROWS`` samples of ``IDLE_TOKENS`` pad tokens. Not 1 x 1:
+``torch.compile`` specializes a dimension of size 1, and a dummy of that shape would cost
+a recompile (and a graph) of its own."""
+
+
+def idle_sample(pad_id: int, length: int = 1) -> dict[str, torch.Tensor]:
+    """A sample of ``length`` pad tokens of which nothing is supervised."""
     return {
-        "input_ids": torch.tensor([pad_id], dtype=torch.long),
-        "labels": torch.tensor([IGNORE_INDEX], dtype=torch.long),
+        "input_ids": torch.full((length,), pad_id, dtype=torch.long),
+        "labels": torch.full((length,), IGNORE_INDEX, dtype=torch.long),
     }
 
 
+def idle_samples(pad_id: int) -> list[dict[str, torch.Tensor]]:
+    """The samples an IDLE batch is collated from (:data:`IDLE_ROWS` x :data:`IDLE_TOKENS`)."""
+    return [idle_sample(pad_id, IDLE_TOKENS) for _ in range(IDLE_ROWS)]
+
+
 def pad_collate(
-    samples: Sequence[Mapping[str, torch.Tensor]], pad_id: int = 0
+    samples: Sequence[Mapping[str, torch.Tensor]], pad_id: int = 0, pad_to_multiple_of: int = 1
 ) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest sample of the batch.
+    """Right-pad to the longest sample of the batch (rounded up to a multiple of
+    ``pad_to_multiple_of``).
 
     Returns:
         ``input_ids`` (padded with ``pad_id``), ``attention_mask`` (1 on real tokens)
         and ``labels`` (``-100`` on padding; ``input_ids`` where a sample has none),
-        each a long ``[batch, longest]``.
+        each a long ``[batch, longest]``. Padding is on the right only, so a causal
+        model computes the real tokens' states without the mask
+        (:class:`~odb_lightning.lit.module.CausalLMModule` leaves it out).
     """
-    longest = max(s["input_ids"].numel() for s in samples)
+    if any(IMAGE_GRID_THW in s for s in samples):  # image-text samples
+        from odb_lightning.runtime.vlm_batch import vlm_pad_collate
+
+        return vlm_pad_collate(samples, pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
+    longest = round_up(max(s["input_ids"].numel() for s in samples), pad_to_multiple_of)
     # int64 whatever the samples hold: a narrower first sample would wrap the others' ids.
     input_ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
     labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
@@ -145,11 +193,17 @@ def pad_collate(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def pack_collate(samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor | int]:
+def pack_collate(
+    samples: Sequence[Mapping[str, torch.Tensor]], pad_to_multiple_of: int = 1, pad_id: int = 0
+) -> dict[str, torch.Tensor | int]:
     """Concatenate samples into one padding-free row, for block-diagonal attention.
 
     Args:
         samples: Non-empty list of samples (1-D ``input_ids``, optional ``labels``).
+        pad_to_multiple_of: Round the row up to a multiple of this many tokens with one
+            trailing segment of ``pad_id`` tokens: its own sample to the attention (its
+            positions restart at 0), supervised nowhere.
+        pad_id: The id of that segment's tokens.
 
     Returns:
         ``input_ids``, ``labels``, ``position_ids``: long ``[1, N]``, ``N`` = the total
@@ -161,6 +215,13 @@ def pack_collate(samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, tor
     """
     if not samples:
         raise ValueError("pack_collate needs at least one sample")
+    if any(IMAGE_GRID_THW in s for s in samples):  # image-text samples
+        from odb_lightning.runtime.vlm_batch import vlm_pack_collate
+
+        return vlm_pack_collate(samples, pad_to_multiple_of=pad_to_multiple_of, pad_id=pad_id)
+    total = sum(s["input_ids"].numel() for s in samples)
+    if round_up(total, pad_to_multiple_of) > total:
+        samples = [*samples, idle_sample(pad_id, round_up(total, pad_to_multiple_of) - total)]
     lengths = torch.tensor([s["input_ids"].numel() for s in samples])
     input_ids = torch.cat([s["input_ids"].long() for s in samples])
     labels = torch.cat([s.get("labels", s["input_ids"]).long() for s in samples])

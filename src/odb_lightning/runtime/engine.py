@@ -22,7 +22,7 @@ from odb_lightning.core.config import BatchingConfig, SettingsMismatchError
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, RoundOutcome, Step, exchange_round
 from odb_lightning.core.wire import encode_report
-from odb_lightning.runtime.batch import CollateFn, ODBBatch, idle_sample, make_step_meta
+from odb_lightning.runtime.batch import CollateFn, ODBBatch, idle_samples, make_step_meta
 from odb_lightning.runtime.errors import (
     MetadataChannelError,
     RemoteTraceback,
@@ -105,6 +105,8 @@ class _EpochLog:
     idle_steps: int = 0
     unsupervised: int = 0  # fetched samples without a supervised token
     truncated: int = 0  # fetched samples their dataset cut to max_seq_len
+    image_tokens: int = 0  # emitted samples' tokens that stand for images
+    image_patches: int = 0  # emitted samples' ViT patches
 
     def finish(self, window: GroupingWindow) -> EpochStats:
         return EpochStats(
@@ -120,6 +122,8 @@ class _EpochLog:
             window_fill_s=self.window_fill_s or 0.0,
             unsupervised=self.unsupervised,
             truncated=self.truncated,
+            image_tokens=self.image_tokens,
+            image_patches=self.image_patches,
         )
 
 
@@ -196,7 +200,12 @@ class EpochRunner:
             result = self._source.receive()
             if isinstance(result, FetchedSample):
                 info = SampleInfo(
-                    result.dataset_index, result.length, result.num_loss_tokens, result.position
+                    result.dataset_index,
+                    result.length,
+                    result.num_loss_tokens,
+                    result.position,
+                    num_patches=result.num_patches,
+                    num_image_tokens=result.num_image_tokens,
                 )
                 window.add(info)
                 log.payloads[result.position] = result.payload
@@ -236,11 +245,17 @@ class EpochRunner:
 
     def _collate(self, step: Step, log: _EpochLog) -> ODBBatch:
         if step.group is None:
-            samples = [idle_sample(self._pad_id)]
+            samples = idle_samples(self._pad_id)
         else:
             samples = [load_sample(log.payloads.pop(s.position)) for s in step.group.samples]
+            log.image_tokens += sum(s.num_image_tokens for s in step.group.samples)
+            log.image_patches += sum(s.num_patches for s in step.group.samples)
         meta = make_step_meta(
-            step, step_index=log.steps, epoch=log.epoch, packed=self._config.packed
+            step,
+            step_index=log.steps,
+            epoch=log.epoch,
+            packed=self._config.packed,
+            pad_to_multiple_of=self._config.pad_to_multiple_of,
         )
         log.steps += 1
         log.idle_steps += int(step.is_idle)

@@ -15,7 +15,14 @@ from odb_lightning.core.config import (
     resolve_config,
 )
 from odb_lightning.core.order import shard_indices
-from odb_lightning.runtime.batch import CollateFn, ODBBatch, pack_collate, pad_collate
+from odb_lightning.runtime.batch import (
+    CollateFn,
+    ODBBatch,
+    pack_collate,
+    pad_collate,
+    pin_batch,
+    pins_memory,
+)
 from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
@@ -110,13 +117,12 @@ class ODBLoader:
         self.pad_id, self.max_seq_len, self.vocab_size = pad_id, max_seq_len, vocab_size
         self._limits = SampleLimits(max_seq_len, vocab_size)  # what every sample is checked on
         if collate_fn is None:
-            collate_fn = (
-                pack_collate
-                if self.config.packed
-                else functools.partial(pad_collate, pad_id=pad_id)
-            )
+            collate = pack_collate if self.config.packed else pad_collate
+            multiple = self.config.pad_to_multiple_of
+            collate_fn = functools.partial(collate, pad_id=pad_id, pad_to_multiple_of=multiple)
         self.dataset = dataset
         self.collate_fn = collate_fn
+        self._pin = pins_memory(self.config)
         self._shard = shard
         self._store = metadata_store
         if rendezvous is None:
@@ -203,6 +209,11 @@ class ODBLoader:
         self.close()
 
     # -- internals --------------------------------------------------------------------
+    def _pinned(self, batch: ODBBatch) -> ODBBatch:
+        if not self._pin:
+            return batch
+        return batch._replace(inputs=pin_batch(batch.inputs))
+
     def _indices(self, epoch: int) -> list[int]:
         if self._shard is not None:
             return list(self._shard(epoch))
@@ -280,7 +291,7 @@ class ODBLoader:
                 if isinstance(message, EpochEnd):
                     break
                 record.yielded.append(message.meta.sample_ids)
-                yield message
+                yield self._pinned(message)
         except Exception:
             self._close_pipeline(graceful=False)  # peers then fail fast, not by timeout
             self._epoch_active = False
@@ -323,7 +334,7 @@ class ODBLoader:
                 finally:
                     waited_s += time.perf_counter() - started
                 record.yielded.append(batch.meta.sample_ids)
-                yield batch
+                yield self._pinned(batch)
         except Exception:
             self._close_channel()
             self._epoch_active = False

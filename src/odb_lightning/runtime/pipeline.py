@@ -12,6 +12,8 @@ import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
+import torch
+
 from odb_lightning.core.config import BatchingConfig, DataHandshake
 from odb_lightning.runtime.batch import CollateFn, ODBBatch
 from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
@@ -35,6 +37,18 @@ EXIT_WAIT_S = 2.0
 STALL_GRACE_S = 5.0
 """Slack for scheduling delays on top of ``timeout_s + alignment_timeout_s`` (the collate
 process's bounded waits) before one that makes no progress counts as stuck."""
+
+
+def start_method(config: BatchingConfig) -> str | None:
+    """The start method of the loader's processes: ``batching.multiprocessing_context``,
+    else ``forkserver`` once CUDA is initialized in this process (a forked child would
+    inherit a CUDA context it cannot use), else the platform's default."""
+    method = config.multiprocessing_context
+    if method is not None:
+        return method.value
+    if torch.cuda.is_initialized() and "forkserver" in multiprocessing.get_all_start_methods():
+        return "forkserver"
+    return None
 
 
 def output_slots(config: BatchingConfig) -> int:
@@ -76,8 +90,7 @@ class Pipeline:
         pad_id: int,
         data: DataHandshake | None = None,
     ) -> None:
-        method = config.multiprocessing_context
-        context = multiprocessing.get_context(None if method is None else method.value)
+        context = multiprocessing.get_context(start_method(config))
         self._rank = rank
         self._requests = [context.Queue() for _ in range(config.num_workers)]
         self._results = context.Queue()

@@ -25,9 +25,12 @@ from odb_lightning.runtime.batch import (
     CollateFn,
     ODBBatch,
     build_step_meta,
-    idle_sample,
+    idle_samples,
     pad_collate,
+    pin_batch,
+    pins_memory,
 )
+from odb_lightning.runtime.pipeline import start_method
 from odb_lightning.runtime.resume import EpochRecord, EpochResume
 from odb_lightning.sample import SampleLimits, normalize_sample
 
@@ -136,20 +139,22 @@ class _PlannedCollate:
         pad_id: int,
         limits: SampleLimits,
         packed: bool,
+        pad_to_multiple_of: int = 1,
     ) -> None:
         self.batches, self.collate_fn, self.pad_id = batches, collate_fn, pad_id
-        self.limits, self.packed = limits, packed
+        self.limits, self.packed, self.pad_to_multiple_of = limits, packed, pad_to_multiple_of
 
     def __call__(self, items: Sequence[tuple[int, Mapping[str, Any]]]) -> ODBBatch:
         ids = tuple(index for index, _ in items)
         checked = [normalize_sample(sample, index, self.limits) for index, sample in items]
         counts = [stats for _, stats in checked]
-        samples = [sample for sample, _ in checked] or [idle_sample(self.pad_id)]
+        samples = [sample for sample, _ in checked] or idle_samples(self.pad_id)
         meta = build_step_meta(
             ids,
             [length for length, _ in counts],
             sum(loss for _, loss in counts),
             packed=self.packed,
+            pad_to_multiple_of=self.pad_to_multiple_of,
             global_samples=0,  # the global counts and the step: PlannedLoader.__iter__
             global_loss_tokens=None,
             round_index=0,
@@ -203,19 +208,24 @@ class PlannedLoader:
         self._shares: list[list[list[int]]] = []  # every rank's batches of the recorded epoch
         collate = _PlannedCollate(
             self.batches,
-            collate_fn or functools.partial(pad_collate, pad_id=pad_id),
+            collate_fn
+            or functools.partial(
+                pad_collate, pad_id=pad_id, pad_to_multiple_of=config.pad_to_multiple_of
+            ),
             pad_id,
             SampleLimits(max_seq_len, vocab_size),
             config.packed,
+            config.pad_to_multiple_of,
         )
+        self._pin = pins_memory(config)
         workers = config.num_workers
-        method = config.multiprocessing_context
+        method = start_method(config)
         self._loader = DataLoader(
             _IndexedDataset(dataset),
             batch_sampler=self.batches,
             collate_fn=collate,
             num_workers=workers,
-            multiprocessing_context=method.value if workers and method else None,
+            multiprocessing_context=method if workers else None,
             persistent_workers=config.persistent_workers and workers > 0,
             timeout=config.timeout_s if workers else 0,
         )
@@ -253,7 +263,8 @@ class PlannedLoader:
                 global_loss_tokens=totals[step].loss_tokens,
             )
             record.yielded.append(meta.sample_ids)
-            yield batch._replace(meta=meta)
+            inputs = pin_batch(batch.inputs) if self._pin else batch.inputs
+            yield batch._replace(inputs=inputs, meta=meta)
         record.finished = True
 
     def _everywhere(self, record: EpochRecord, steps: int) -> tuple[list[int], bool]:
