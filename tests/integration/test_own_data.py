@@ -8,28 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.own_data import write_own_jsonl
 from helpers.train_run import ROOT, read_audit, read_audit_ids
-
-LONG = " ".join(f"word{k}" for k in range(200))  # far more than max_seq_len=64 tokens
-
-
-def write_own_jsonl(path: Path, num_short: int, num_long: int) -> list[str]:
-    """``num_short`` short and ``num_long`` over-long conversations with string ids, and one
-    line that is not JSON (third line); returns the good records' ids."""
-    ids = []
-    with path.open("w", encoding="utf-8") as out:
-        for k in range(num_short + num_long):
-            record_id = f"long-{k}" if k >= num_short else f"conv-{k}"
-            answer = LONG if k >= num_short else f"answer number {k}"
-            messages = [
-                {"role": "user", "content": f"question {k}?"},
-                {"role": "assistant", "content": answer},
-            ]
-            out.write(json.dumps({"id": record_id, "messages": messages}) + "\n")
-            ids.append(record_id)
-            if k == 1:
-                out.write('{"id": "broken", "messages": [\n')
-    return ids
 
 
 def test_small_own_jsonl_counts_bad_lines_truncation_and_audits_record_ids(
@@ -67,6 +47,4 @@ def test_small_own_jsonl_counts_bad_lines_truncation_and_audits_record_ids(
     assert [by_index[i] for i in flat] == emitted
     # Every over-long record that trained was cut to max_seq_len and counted.
     assert summary["truncated_samples"] == sum(i.startswith("long-") for i in emitted) > 0
-    assert f"truncated records │ {summary['truncated_samples']} │" in " ".join(
-        done.stdout.split()
-    )
+    assert f"truncated records │ {summary['truncated_samples']} │" in " ".join(done.stdout.split())

@@ -327,6 +327,20 @@ class ODBDataModule(pl.LightningDataModule):
         plan = in_order_plan(len(self.val_set), self.batching.batch_size)
         return self._keep(self._planned_loader(self.val_set, plan))
 
+    def evaluation_loader(self, split: str) -> LightningLoader:
+        """Fixed in-order batches of ``batching.batch_size`` over a split (after
+        ``setup``): ``val`` (the held-out records, as validation sees them), ``train``
+        (the training records, unaugmented) or ``all``; closed in :meth:`teardown`."""
+        splits = {"val": self.val_set.indices if self.val_set is not None else []}
+        splits |= {"train": self.train_indices, "all": range(len(self.dataset or ()))}
+        if split not in splits:
+            raise ValueError(f"split must be one of {', '.join(splits)}, got {split!r}")
+        subset = Subset(_without_augmentation(self.dataset), sorted(splits[split]))
+        if not len(subset):
+            raise ValueError(f"split={split!r} holds no records (data.val_samples=0?)")
+        plan = in_order_plan(len(subset), self.batching.batch_size)
+        return self._keep(self._planned_loader(subset, plan))
+
     @override
     def teardown(self, stage: str) -> None:
         loaders, self._loaders, self._train_loader = self._loaders, [], None
@@ -399,6 +413,7 @@ class ODBDataModule(pl.LightningDataModule):
         facts = {
             "source": self.source,
             "regime": self.regime,
+            "template": self.template,
             "max_seq_len": self.max_seq_len,
             "train_samples": self.num_train_samples,
             "length_cache_s": self.length_cache_s,
