@@ -24,6 +24,10 @@ GROUP = "batching"
 """The Hydra config group of :class:`BatchingConfig`: every message names ``batching.<field>``."""
 
 
+TOKEN_BUDGET_AUTO = "auto"
+"""``batching.token_budget=auto``: found at fit start on the GPU (``lit/memory.py``)."""
+
+
 class BatchingMode(StrEnum):
     """How an epoch is cut into batches (see the README's table of modes)."""
 
@@ -130,7 +134,9 @@ class BatchingConfig:
 
     Attributes:
         mode: ``standard``, ``sorted``, ``bucketed``, ``oracle``, ``odb`` or ``odb_packed``.
-        token_budget: ``L_max``: most padded tokens per step (real tokens when packed).
+        token_budget: ``L_max``: most padded tokens per step (real tokens when packed);
+            ``auto``: the largest budget whose worst-case step fits the GPU, measured at
+            fit start (:class:`~odb_lightning.lit.memory.MemoryWarmup`).
         outstanding_depth: ODB window cap ``D``: most samples buffered or in flight per
             rank (the whole window when ``window_budgets`` is ``None``).
         window_budgets: ODB window sized in work: it fills until its samples' row costs
@@ -138,7 +144,7 @@ class BatchingConfig:
             ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
         shard_dealing: ``fixed`` shards per rank, or ``by_need``: one seeded global order
             dealt each round to the windows that lack work, so ranks finish together on
-            heavy-tailed data (a loader given ``shard=`` always uses its fixed shards).
+            heavy-tailed data (a loader given ``shard=`` needs ``fixed``).
         max_steps_per_round: ``Q``: most steps one alignment round emits per rank.
         join: Every sample once per epoch (IDLE steps for finished ranks), or end the
             epoch at the first finished rank and count the rest as dropped.
@@ -169,7 +175,7 @@ class BatchingConfig:
     """
 
     mode: BatchingMode = BatchingMode.ODB
-    token_budget: int = 16384
+    token_budget: int | str = 16384
     outstanding_depth: int = 256
     window_budgets: int | None = None
     shard_dealing: ShardDealing = ShardDealing.FIXED
@@ -203,8 +209,12 @@ class BatchingConfig:
             "packed_attention",
             _enum(PackedAttention, "packed_attention", self.packed_attention),
         )
+        budget = self.token_budget
+        if budget != TOKEN_BUDGET_AUTO and (not _is_int(budget) or budget < 1):
+            raise ValueError(
+                f"{_key('token_budget')} must be a positive integer or auto, got {budget!r}"
+            )
         for name in (
-            "token_budget",
             "outstanding_depth",
             "max_steps_per_round",
             "batch_size",
@@ -269,6 +279,12 @@ class BatchingConfig:
 
     @property
     def budget(self) -> Budget:
+        if self.token_budget == TOKEN_BUDGET_AUTO:
+            raise ValueError(
+                f"{_key('token_budget')}=auto is resolved at fit start on a CUDA device "
+                "(odb_lightning.lit.memory.MemoryWarmup, in the default callbacks); "
+                "without it, set an integer"
+            )
         return Budget(
             self.token_budget,
             self.attention_weight,

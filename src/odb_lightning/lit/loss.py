@@ -166,8 +166,9 @@ class TokenWeightedLossMixin(pl.LightningModule):
                 "token-weighted loss cannot be applied (a strategy that keeps gradients in "
                 "its own buffers needs GradientScaling.LOSS)"
             )
-        for grad in grads:
-            grad.mul_(scale)
+        if grads:
+            # One fused kernel launch per dtype and device, not one per parameter.
+            torch._foreach_mul_(grads, scale)
 
     @override
     def configure_gradient_clipping(

@@ -1,0 +1,127 @@
+"""Memory safety: the worst-case warm-up shapes, a budget that does not fit failing at step 0
+with a budget that does, ``token_budget=auto``, and the allocator setting."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers.tiny_lm import tiny_module
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.lit.memory import (
+    ALLOCATOR_ENV,
+    GIB,
+    MemoryBudgetError,
+    MemoryWarmup,
+    SavedTensorsProbe,
+    StepShape,
+    enable_expandable_segments,
+    format_bytes,
+    run_shape,
+    worst_case_shapes,
+)
+
+MAX_SEQ_LEN = 64
+
+
+def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
+    padded = BatchingConfig(token_budget=1024, pad_to_multiple_of=8, max_batch_size=None)
+    shapes = {s.name: (s.rows, s.tokens) for s in worst_case_shapes(padded, MAX_SEQ_LEN)}
+    assert shapes == {
+        "one sample of max_seq_len=64": (1, 64),
+        "a full group of max_seq_len samples": (16, 64),
+        # The shortest sample with a target has 2 tokens, padded to 8: 1024 // 8 rows.
+        "the largest group of the shortest samples": (128, 8),
+    }
+    capped = replace(padded, max_batch_size=32)
+    assert worst_case_shapes(capped, MAX_SEQ_LEN)[-1].rows == 32
+    packed = BatchingConfig(mode="odb_packed", token_budget=1000, pad_to_multiple_of=64)
+    (row,) = worst_case_shapes(packed, MAX_SEQ_LEN)
+    assert (row.rows, row.tokens, row.packed) == (1, 1024, True)
+
+
+def fake_trainer(module: torch.nn.Module, config: BatchingConfig) -> SimpleNamespace:
+    """What the callback reads from a trainer: the data module, the strategy, optimizers."""
+    datamodule = SimpleNamespace(batching=config, max_seq_len=MAX_SEQ_LEN)
+    strategy = SimpleNamespace(model=module, reduce=lambda tensor, reduce_op: tensor)
+    return SimpleNamespace(datamodule=datamodule, strategy=strategy, optimizers=[])
+
+
+def peak_gib(module: torch.nn.Module, config: BatchingConfig) -> float:
+    """The worst measured shape of ``config`` with the CPU probe (no capacity check)."""
+    probe = SavedTensorsProbe(module, capacity_bytes=1 << 62)
+    vocab = module.model.config.vocab_size
+    peaks = [run_shape(module, s, probe, vocab) for s in worst_case_shapes(config, MAX_SEQ_LEN)]
+    return max(peaks) / GIB
+
+
+def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() -> None:
+    module = tiny_module(model_dtype="float32")
+    config = BatchingConfig(token_budget=2048, num_workers=0)
+    capacity = peak_gib(module, config) * 0.6  # 60 % of what the budget needs
+    warmup = MemoryWarmup(margin=0.1, capacity_gib=capacity)
+    with pytest.raises(MemoryBudgetError) as raised:
+        warmup.on_fit_start(fake_trainer(module, config), module)
+    message = str(raised.value)
+    assert "batching.token_budget=2048 does not fit" in message
+    assert f"of {format_bytes(capacity * GIB)} (10% kept free)" in message
+    suggested = int(message.split("batching.token_budget=")[2].split(" ")[0])
+    assert 0 < suggested < 2048
+    # The suggestion is honest: its own worst case fits the same capacity.
+    fitting = replace(config, token_budget=suggested)
+    assert peak_gib(module, fitting) <= capacity * 0.9
+    warmup.on_fit_start(fake_trainer(module, fitting), module)
+    assert warmup.report is not None and warmup.report.token_budget == suggested
+    assert all(p.grad is None for p in module.parameters())  # training starts unchanged
+
+
+def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
+    module = tiny_module(model_dtype="float32")
+    capacity = peak_gib(module, BatchingConfig(token_budget=1024)) / 0.9
+    auto = BatchingConfig(token_budget="auto", num_workers=0)
+    trainer = fake_trainer(module, auto)
+    warmup = MemoryWarmup(margin=0.1, capacity_gib=capacity)
+    warmup.on_fit_start(trainer, module)
+    resolved = trainer.datamodule.batching.token_budget
+    assert isinstance(resolved, int) and resolved % 256 == 0
+    assert peak_gib(module, replace(auto, token_budget=resolved)) <= capacity * 0.9
+    # Within a quantum and the 10 % back-off of the largest: 1024 fits by construction.
+    assert resolved >= 1024 * 0.9 - 256
+    assert peak_gib(module, replace(auto, token_budget=resolved + 512)) > capacity * 0.9
+    assert warmup.report.resolved_auto and warmup.report.token_budget == resolved
+
+
+def test_auto_without_a_gpu_or_capacity_is_refused() -> None:
+    module = tiny_module(model_dtype="float32")
+    trainer = fake_trainer(module, BatchingConfig(token_budget="auto", num_workers=0))
+    with pytest.raises(MemoryBudgetError, match="needs a CUDA device"):
+        MemoryWarmup().on_fit_start(trainer, module)
+    with pytest.raises(ValueError, match="resolved at fit start"):
+        BatchingConfig(token_budget="auto").budget
+    with pytest.raises(ValueError, match="positive integer or auto"):
+        BatchingConfig(token_budget="big")
+    # Off on a CPU by default: nothing is measured.
+    warmup = MemoryWarmup()
+    warmup.on_fit_start(fake_trainer(module, BatchingConfig(num_workers=0)), module)
+    assert warmup.report is None
+
+
+def test_the_probe_grows_with_the_step() -> None:
+    module = tiny_module(model_dtype="float32")
+    probe = SavedTensorsProbe(module, capacity_bytes=1 << 62)
+    vocab = module.model.config.vocab_size
+    small = run_shape(module, StepShape("s", 2, 32), probe, vocab)
+    large = run_shape(module, StepShape("l", 8, 32), probe, vocab)
+    assert large > small > sum(p.numel() * 4 for p in module.parameters())
+
+
+def test_expandable_segments_unless_the_allocator_is_configured() -> None:
+    environ: dict[str, str] = {}
+    assert enable_expandable_segments(environ)
+    assert environ[ALLOCATOR_ENV] == "expandable_segments:True"
+    mine = {ALLOCATOR_ENV: "max_split_size_mb:128"}
+    assert not enable_expandable_segments(mine)
+    assert mine[ALLOCATOR_ENV] == "max_split_size_mb:128"
