@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from odb_lightning.testing.datasets import SyntheticChatDataset
-from odb_lightning.testing.ranks import RankJob, expected_steps, run_ranks
+from odb_lightning.testing.ranks import RankJob, expected_dealt_steps, expected_steps, run_ranks
 
 N_SAMPLES = 240
 # Ranks are forked from a forkserver, whose children default to forkserver too: name the
@@ -138,6 +138,24 @@ def test_window_sized_in_work_matches_simulation(world_size: int) -> None:
     assert outcome.errors == {}
     _check_epoch(job, outcome.ok, 0)
     _check_join_coverage(outcome.ok, 0)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_dealt_by_need_matches_simulation(world_size: int) -> None:
+    # One global order dealt to windows of 4 budgets' worth of work: several deals a
+    # round, rounds that only deal, and ranks topped up by need.
+    loader = {"window_budgets": 4, "shard_dealing": "by_need", "num_workers": 1}
+    job = _job(loader=loader, weights=None, epochs=2)
+    outcome = run_ranks(job, world_size=world_size, timeout_s=120)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        runs = [outcome.ok[rank][epoch] for rank in range(world_size)]
+        emitted = [[list(s["meta"].sample_ids) for s in run["steps"]] for run in runs]
+        assert emitted == expected_dealt_steps(job, world_size, epoch)
+        assert len({len(steps) for steps in emitted}) == 1
+        _check_join_coverage(outcome.ok, epoch)
+        for run in runs:
+            assert run["stats"].emitted_samples == sum(map(len, emitted[runs.index(run)]))
 
 
 @pytest.mark.slow

@@ -126,7 +126,7 @@ def test_wire_round_trip(max_steps: int) -> None:
         peel_savings=[30, 30, 20, 40][:num_peels],
     )
     message = encode_report(original, max_steps)
-    assert len(message) == 8 + 6 * max_steps
+    assert len(message) == 11 + 6 * max_steps
     assert decode_report(message, max_steps) == original
 
 

@@ -162,8 +162,10 @@ def test_user_shards_that_overlap_are_detected_from_sizes_and_digests() -> None:
         (3, 7, "aborted is 7, expected 0 or 1"),
         (6, -5, "buffered is -5"),
         (7, 1 << 40, "num_groups is 1099511627776, more than max_steps_per_round 4"),
-        (9, -1, r"group_sizes\[1\] is -1"),
-        (16, -3, r"peel_loss_tokens\[0\] is -3"),
+        (12, -1, r"group_sizes\[1\] is -1"),
+        (19, -3, r"peel_loss_tokens\[0\] is -3"),
+        (10, 2, "full is 2, expected 0 or 1"),
+        (8, -4, "undealt is -4"),
     ],
 )
 def test_garbage_reports_fail_naming_the_field(field: int, value: int, expected: str) -> None:

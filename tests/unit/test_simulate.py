@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import make_rng
-from odb_lightning.core.simulate import simulate, simulate_epoch
+from odb_lightning.core.simulate import simulate, simulate_dealt_epoch, simulate_epoch
 from odb_lightning.core.sync import group_cost
 
 
@@ -171,3 +171,71 @@ def test_packed_groups_fit_a_real_token_budget_and_cover_every_sample(job: dict)
         assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
         for group in groups:
             assert len(group) == 1 or sum(lengths[i] for i in group) <= job["token_budget"]
+
+
+def run_dealt(job: dict, *, join: bool):
+    """The job's samples as one global order dealt by need over its ranks."""
+    settings_ = BatchingConfig(
+        token_budget=job["token_budget"],
+        outstanding_depth=job["window"],
+        window_budgets=job.get("window_budgets"),
+        max_steps_per_round=job["max_steps_per_round"],
+        join=join,
+        seed=job["seed"],
+        shard_dealing="by_need",
+    )
+    lengths = [n for rank in job["rank_lengths"] for n in rank]
+    losses = [n for rank in job["loss_tokens"] for n in rank]
+    world = len(job["rank_lengths"])
+    result = simulate_dealt_epoch(lengths, world, settings_, loss_tokens=losses)
+    return result, lengths
+
+
+@settings(max_examples=80, deadline=None)
+@given(jobs())
+def test_dealt_by_need_emits_every_sample_exactly_once_with_equal_steps(job: dict) -> None:
+    result, lengths = run_dealt(job, join=True)
+    dealt_job = {"rank_lengths": [lengths] * len(result.steps), "token_budget": job["token_budget"]}
+    check_steps_aligned(result, dealt_job)
+    ids = sorted(
+        s.sample_id for rank in result.steps for st_ in rank if st_.group for s in st_.group.samples
+    )
+    assert ids == list(range(len(lengths)))
+    assert result.dropped == [0] * len(result.steps)
+    assert result.rounds <= 2 * len(lengths) + 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs())
+def test_dealt_by_need_non_join_accounts_for_every_sample(job: dict) -> None:
+    result, lengths = run_dealt(job, join=False)
+    ids = [
+        s.sample_id for rank in result.steps for st_ in rank if st_.group for s in st_.group.samples
+    ]
+    assert len(ids) == len(set(ids))
+    assert len(ids) + sum(result.dropped) == len(lengths)
+    assert len({len(rank) for rank in result.steps}) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(jobs())
+def test_dealt_by_need_same_seed_same_plan(job: dict) -> None:
+    first, _ = run_dealt(job, join=True)
+    again, _ = run_dealt(job, join=True)
+    assert [[s.group for s in rank] for rank in first.steps] == [
+        [s.group for s in rank] for rank in again.steps
+    ]
+
+
+def test_dealt_by_need_balances_heavy_shards() -> None:
+    # Every 8th sample is 40x longer: fixed shards give one rank all of them.
+    lengths = [400 if i % 8 == 0 else 10 for i in range(800)]
+    fixed = simulate_epoch(
+        [lengths[r::8] for r in range(8)], BatchingConfig(token_budget=800, window_budgets=4)
+    )
+    dealt = simulate_dealt_epoch(
+        lengths, 8, BatchingConfig(token_budget=800, window_budgets=4, shard_dealing="by_need")
+    )
+    assert fixed.sync.idle_fraction > 0.5
+    assert dealt.sync.idle_fraction < 0.1
+    assert len(dealt.steps[0]) < 0.6 * len(fixed.steps[0])

@@ -19,6 +19,11 @@ Max-based, bidirectional alignment:
 * A rank with more than ``T`` groups overflows: it keeps its first ``T`` groups (in its
   own priority order) and returns the rest to its window.
 * Finished ranks fill all ``T`` positions with IDLE steps.
+* Dealing by need (``shard_dealing=by_need``): the epoch has one seeded global order and
+  no fixed shards. Every round deals the next undealt samples of it, in rank order, each
+  rank as many as it asked for (:func:`deal_counts`), so every sample goes to exactly one
+  rank, and a rank that emitted heavy samples is topped up with more. A round in which an
+  unfinished rank's window is not yet full only deals (``T = 0``).
 * Cost-aligned steps: each rank's ``T`` steps are put in :func:`cost_order` (costliest
   first), so step position ``t`` pairs the ``t``-th costliest step of every rank. A step
   takes as long as its slowest rank; pairing steps by rank of cost makes the per-step
@@ -54,6 +59,8 @@ class RoundPlan:
         rank_costs: Per rank, the cost of each of its ``T`` steps (IDLE: 0).
         rank_orders: Per rank, which of its aligned steps (kept groups, then the peeled
             singletons) goes to each step position.
+        deals: Per rank, how many samples of the global order it is dealt this round
+            (after those dealt to the ranks before it).
         global_samples: Per step position, samples over all ranks.
         global_loss_tokens: Per step position, supervised tokens over all ranks.
     """
@@ -65,6 +72,7 @@ class RoundPlan:
     rank_loss_tokens: tuple[tuple[int, ...], ...] = ()
     rank_costs: tuple[tuple[int, ...], ...] = ()
     rank_orders: tuple[tuple[int, ...], ...] = ()
+    deals: tuple[int, ...] = ()
     global_samples: tuple[int, ...] = ()
     global_loss_tokens: tuple[int, ...] = ()
 
@@ -135,6 +143,24 @@ def _check_in_step(reports: list[RankReport]) -> None:
                 f"rank {rank} is at epoch {report.epoch} round {report.round_index}, "
                 f"rank 0 at epoch {first.epoch} round {first.round_index}"
             )
+        if report.undealt != first.undealt:
+            raise AlignmentError(
+                f"rank {rank} sees {report.undealt} undealt samples, rank 0 {first.undealt}"
+            )
+
+
+def deal_counts(reports: list[RankReport]) -> tuple[int, ...]:
+    """Samples each rank is dealt: what it wanted, but at most an equal share
+    ``ceil(undealt / W)`` of what is left (so a window bigger than the data cannot starve
+    the ranks after it), in rank order while any are left."""
+    left = reports[0].undealt
+    share = -(-left // len(reports))
+    deals = []
+    for report in reports:
+        deal = min(report.wanted, share, left)
+        deals.append(deal)
+        left -= deal
+    return tuple(deals)
 
 
 def target_steps(reports: list[RankReport]) -> int:
@@ -161,6 +187,9 @@ def plan_round(reports: list[RankReport], *, join: bool) -> RoundPlan:
         return RoundPlan(target_steps=0, epoch_over=True)
     if any(r.free_slots <= 0 for r in reports):
         return RoundPlan(target_steps=0, skipped=True)
+    deals = deal_counts(reports)
+    if not all(r.full for r in reports if not r.finished):
+        return RoundPlan(target_steps=0, deals=deals)
     target = target_steps(reports)
     orders, sizes, losses, costs = [], [], [], []
     for report in reports:
@@ -176,6 +205,7 @@ def plan_round(reports: list[RankReport], *, join: bool) -> RoundPlan:
         rank_loss_tokens=tuple(losses),
         rank_costs=tuple(costs),
         rank_orders=tuple(orders),
+        deals=deals,
         global_samples=tuple(map(sum, zip(*sizes, strict=True))),
         global_loss_tokens=tuple(map(sum, zip(*losses, strict=True))),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import plan_round
-from odb_lightning.core.config import BatchingConfig, resolve_config
+from odb_lightning.core.config import BatchingConfig, ShardDealing, resolve_config
 from odb_lightning.core.sync import SyncFigures, sync_figures
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, Step
@@ -64,7 +64,9 @@ def simulate_epoch(
     loss_tokens: list[list[int]] | None = None,
     epoch: int = 0,
 ) -> SimulationResult:
-    """Simulate one epoch; sample ids are positions in each rank's list."""
+    """Simulate one epoch of fixed shards; sample ids are positions in each rank's list."""
+    if config.shard_dealing is ShardDealing.BY_NEED:
+        raise ValueError("shard_dealing=by_need has no fixed shards: use simulate_dealt_epoch")
     losses = loss_tokens if loss_tokens is not None else rank_lengths
     if len(losses) != len(rank_lengths):
         raise ValueError("loss_tokens must have one list per rank")
@@ -72,10 +74,42 @@ def simulate_epoch(
         GroupingWindow(config, len(lengths), rank=rank, epoch=epoch)
         for rank, lengths in enumerate(rank_lengths)
     ]
+    return _run(windows, rank_lengths, losses, config, sum(map(len, rank_lengths)))
+
+
+def simulate_dealt_epoch(
+    lengths: list[int],
+    world_size: int,
+    config: BatchingConfig,
+    *,
+    loss_tokens: list[int] | None = None,
+    epoch: int = 0,
+) -> SimulationResult:
+    """Simulate one epoch dealt by need from one global order (``lengths`` in that
+    order, as the loader's seeded epoch order gives them); sample ids are positions in it."""
+    if config.shard_dealing is not ShardDealing.BY_NEED:
+        raise ValueError("simulate_dealt_epoch needs shard_dealing=by_need")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    losses = loss_tokens if loss_tokens is not None else lengths
+    if len(losses) != len(lengths):
+        raise ValueError("loss_tokens must have one entry per sample")
+    windows = [GroupingWindow(config, len(lengths), rank=r, epoch=epoch) for r in range(world_size)]
+    return _run(windows, [lengths] * world_size, [losses] * world_size, config, len(lengths))
+
+
+def _run(
+    windows: list[GroupingWindow],
+    rank_lengths: list[list[int]],
+    losses: list[list[int]],
+    config: BatchingConfig,
+    num_samples: int,
+) -> SimulationResult:
     steps: list[list[Step]] = [[] for _ in windows]
     max_steps = config.max_steps_per_round
-    # Every emitting round takes >= 1 sample from some rank; one more round ends it.
-    bound = sum(len(lengths) for lengths in rank_lengths) + 2
+    # Every emitting round takes >= 1 sample from some rank, every round that only deals
+    # deals >= 1 sample; one more round ends the epoch.
+    bound = 2 * num_samples + 2
     for rounds in range(1, bound + 1):
         for window, lengths, loss in zip(windows, rank_lengths, losses, strict=True):
             _fill(window, lengths, loss)

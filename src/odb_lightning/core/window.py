@@ -11,12 +11,13 @@ how fast workers were: the same seed gives the same steps, in production and in
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
 from odb_lightning.core.budget import Budget
-from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.config import BatchingConfig, ShardDealing
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import make_rng
 from odb_lightning.core.sync import group_cost
@@ -92,9 +93,14 @@ def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
 class GroupingWindow:
     """One rank's window for one epoch.
 
+    With fixed shards (``shard_dealing=fixed``) the window owns positions
+    ``0..shard_size - 1`` of its shard. Dealt by need, ``shard_size`` is the length of the
+    epoch's global order and the window owns the positions the rounds deal to it
+    (:func:`~odb_lightning.core.alignment.deal_counts`).
+
     Args:
         config: Job-wide batching settings (identical on every rank).
-        shard_size: Samples in this rank's shard this epoch.
+        shard_size: Samples in this rank's shard (dealt by need: in the global order).
         rank: This rank's index in the reports (to check its row of the plan).
         epoch: Epoch number (part of every report and of the step-order seed).
     """
@@ -108,11 +114,15 @@ class GroupingWindow:
         self.shard_size = shard_size
         self.rank = rank
         self.epoch = epoch
+        self.by_need = config.shard_dealing is ShardDealing.BY_NEED
         self._budget = config.budget
         self._buffer: list[SampleInfo] = []
         self._buffered_cost = 0.0  # sum of the buffered samples' row costs
         self._received_cost = 0.0  # ... and of every sample received this epoch
-        self._num_requested = 0
+        self._undealt = shard_size if self.by_need else 0
+        self._dealt: deque[range] = deque([] if self.by_need else [range(shard_size)])
+        self.num_dealt = 0 if self.by_need else shard_size
+        self._pending: set[int] = set()  # requested, not arrived
         self._num_received = 0
         self._groups: list[Group] | None = None
         self.round_index = 0
@@ -129,7 +139,12 @@ class GroupingWindow:
 
     @property
     def num_in_flight(self) -> int:
-        return self._num_requested - self._num_received
+        return len(self._pending)
+
+    @property
+    def num_available(self) -> int:
+        """Positions this rank owns and has not requested yet."""
+        return sum(len(block) for block in self._dealt)
 
     @property
     def target_cost(self) -> float | None:
@@ -138,20 +153,19 @@ class GroupingWindow:
         budgets = self.config.window_budgets
         return None if budgets is None else budgets * self._budget.token_budget
 
-    def num_to_request(self) -> int:
-        """How many more samples the window has room for and the shard still holds.
+    def shortfall(self) -> int:
+        """How many more samples the window lacks (whether or not any are left).
 
         A window sized in work decides only when nothing is in flight, from the samples it
-        holds: it asks for the missing work divided by the mean row cost of the samples
-        seen this epoch (``window_budgets`` samples before any arrived). Each decision is
-        a function of samples that arrived, never of how fast they did, so the window a
+        holds: it lacks the missing work divided by the mean row cost of the samples seen
+        this epoch (``window_budgets`` samples before any arrived). Each decision is a
+        function of samples that arrived, never of how fast they did, so the window a
         round sees is the same in production and in the simulator.
         """
         room = self.config.outstanding_depth - self.num_buffered - self.num_in_flight
-        room = max(0, min(room, self.shard_size - self._num_requested))
         target = self.target_cost
-        if target is None or room == 0:
-            return room
+        if target is None or room <= 0:
+            return max(0, room)
         if self.num_in_flight or self._buffered_cost >= target:
             return 0
         seen = self._num_received - self.num_skipped
@@ -160,11 +174,24 @@ class GroupingWindow:
         missing = target - self._buffered_cost
         return min(room, max(1, math.ceil(missing * seen / self._received_cost)))
 
-    def request(self) -> range:
-        """Mark the next samples as requested; returns their shard positions."""
+    def num_to_request(self) -> int:
+        """How many samples to request now: dealt ones at once, else up to the
+        :meth:`shortfall` from the shard."""
+        if self.by_need:
+            return self.num_available
+        return min(self.shortfall(), self.num_available)
+
+    def request(self) -> list[int]:
+        """Mark the next samples as requested; returns their positions."""
         count = self.num_to_request()
-        positions = range(self._num_requested, self._num_requested + count)
-        self._num_requested += count
+        positions: list[int] = []
+        while len(positions) < count:
+            block = self._dealt.popleft()
+            take = min(len(block), count - len(positions))
+            positions.extend(block[:take])
+            if take < len(block):
+                self._dealt.appendleft(block[take:])
+        self._pending.update(positions)
         return positions
 
     def add(self, sample: SampleInfo) -> None:
@@ -187,8 +214,9 @@ class GroupingWindow:
         self.num_skipped += 1
 
     def _check_requested(self, position: int) -> None:
-        if not 0 <= position < self._num_requested or self.num_in_flight == 0:
+        if position not in self._pending:
             raise ValueError(f"sample at shard position {position} was not requested")
+        self._pending.remove(position)
 
     def is_ready(self) -> bool:
         """Every requested sample arrived and the window cannot take more."""
@@ -196,10 +224,15 @@ class GroupingWindow:
 
     def is_finished(self) -> bool:
         return (
-            self._num_requested == self.shard_size
+            self._undealt == 0
+            and self.num_available == 0
             and self.num_in_flight == 0
             and (not self._buffer)
         )
+
+    def wanted(self) -> int:
+        """Samples to ask the round to deal (dealt by need, while any are undealt)."""
+        return self.shortfall() if self.by_need and self._undealt else 0
 
     # -- one round -------------------------------------------------------------------
     def make_report(self, free_slots: int) -> RankReport:
@@ -207,11 +240,14 @@ class GroupingWindow:
         if not self.is_ready():
             raise RuntimeError("the window is not ready: samples are still in flight")
         max_steps = self.config.max_steps_per_round
-        groups = group_window(self._buffer, self._budget, packed=self.config.packed)
+        wanted = self.wanted()
+        full = wanted == 0
+        # A window that is not full only asks for samples: the round emits nothing.
+        groups = group_window(self._buffer, self._budget, packed=self.config.packed) if full else []
         groups.sort(key=lambda g: g.age)
         self._groups = groups
         shown = groups[:max_steps]
-        num_peels = max(0, min(len(self._buffer), max_steps) - len(groups))
+        num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
         packed = self.config.packed
         peels = peel_figures(groups, num_peels, self._budget, packed=packed)
         return RankReport(
@@ -228,6 +264,9 @@ class GroupingWindow:
             group_costs=tuple(_step_cost(g, self._budget, packed) for g in shown),
             peel_costs=tuple(cost for _, cost, _ in peels),
             peel_savings=tuple(saving for _, _, saving in peels),
+            undealt=self._undealt,
+            wanted=wanted,
+            full=full,
         )
 
     def make_abort_report(self) -> RankReport:
@@ -252,6 +291,9 @@ class GroupingWindow:
         self.round_index += 1
         if plan.skipped:
             return RoundOutcome(skipped=True)
+        self._receive_deal(plan.deals)
+        if plan.target_steps == 0:
+            return RoundOutcome()
         local = self._local_steps(groups, plan)
         order = list(range(plan.target_steps))
         make_rng(self.config.seed, "round", self.epoch, self.round_index - 1).shuffle(order)
@@ -266,6 +308,16 @@ class GroupingWindow:
             for k, i in enumerate(order)
         )
         return RoundOutcome(steps=steps)
+
+    def _receive_deal(self, deals: tuple[int, ...]) -> None:
+        # The global order is dealt in rank order from its first undealt position.
+        if not deals:
+            return
+        start = self.shard_size - self._undealt + sum(deals[: self.rank])
+        if deals[self.rank]:
+            self._dealt.append(range(start, start + deals[self.rank]))
+        self.num_dealt += deals[self.rank]
+        self._undealt -= sum(deals)
 
     def _local_steps(self, groups: list[Group], plan: RoundPlan) -> list[Group | None]:
         target = plan.target_steps
@@ -298,7 +350,7 @@ class GroupingWindow:
 
     def _end_epoch(self) -> RoundOutcome:
         self.epoch_over = True
-        self.num_dropped = self.shard_size - self.num_emitted - self.num_skipped
+        self.num_dropped = self.num_dealt - self.num_emitted - self.num_skipped
         self._buffer = []
         self._buffered_cost = 0.0
         return RoundOutcome(epoch_over=True, dropped=self.num_dropped)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 _HEADER = (
     "version",
     "epoch",
@@ -27,6 +27,9 @@ _HEADER = (
     "free_slots",
     "buffered",
     "num_groups",
+    "undealt",
+    "wanted",
+    "full",
 )
 
 
@@ -52,6 +55,10 @@ class RankReport:
         group_costs: Cost of each group (integer, rounded up), same order as the sizes.
         peel_costs: Cost of the singleton each peel makes, in peel order.
         peel_savings: How much each peel lowers the cost of the group it leaves.
+        undealt: Samples of the epoch's global order not dealt to any rank yet (0 with
+            fixed shards); equal on every rank.
+        wanted: Samples this rank asks to be dealt (``shard_dealing=by_need``).
+        full: The window holds its work (or cannot get more): it may emit.
     """
 
     epoch: int
@@ -67,6 +74,9 @@ class RankReport:
     group_costs: tuple[int, ...] = ()
     peel_costs: tuple[int, ...] = ()
     peel_savings: tuple[int, ...] = ()
+    undealt: int = 0
+    wanted: int = 0
+    full: bool = True
 
 
 _BODY = (
@@ -101,6 +111,9 @@ def encode_report(report: RankReport, max_steps: int) -> list[int]:
         report.free_slots,
         report.buffered,
         report.num_groups,
+        report.undealt,
+        report.wanted,
+        int(report.full),
     ]
     body = [value for name in _BODY for value in _padded(getattr(report, name), max_steps, name)]
     return header + body
@@ -125,10 +138,18 @@ def check_message(message: list[int], max_steps: int) -> None:
     if message[0] != WIRE_VERSION:
         raise WireFormatError(f"wire version {message[0]}, expected {WIRE_VERSION}")
     header = dict(zip(_HEADER, message, strict=False))
-    for name in ("aborted", "finished"):
+    for name in ("aborted", "finished", "full"):
         if header[name] not in (0, 1):
             raise WireFormatError(f"{name} is {header[name]}, expected 0 or 1")
-    for name in ("epoch", "round_index", "free_slots", "buffered", "num_groups"):
+    for name in (
+        "epoch",
+        "round_index",
+        "free_slots",
+        "buffered",
+        "num_groups",
+        "undealt",
+        "wanted",
+    ):
         if header[name] < 0:
             raise WireFormatError(f"{name} is {header[name]}, expected >= 0")
     if header["num_groups"] > max_steps:
@@ -147,9 +168,8 @@ def check_message(message: list[int], max_steps: int) -> None:
 def decode_report(message: list[int], max_steps: int) -> RankReport:
     """Inverse of :func:`encode_report`; a malformed message raises :class:`WireFormatError`."""
     check_message(message, max_steps)
-    _, epoch, round_index, aborted, finished, free_slots, buffered, num_groups = message[
-        : len(_HEADER)
-    ]
+    header = dict(zip(_HEADER, message, strict=False))
+    num_groups, buffered = header["num_groups"], header["buffered"]
     body = message[len(_HEADER) :]
     shown = min(num_groups, max_steps)
     peels = max(0, min(buffered, max_steps) - num_groups)
@@ -158,12 +178,15 @@ def decode_report(message: list[int], max_steps: int) -> RankReport:
         for i, name in enumerate(_BODY)
     }
     return RankReport(
-        epoch=epoch,
-        round_index=round_index,
-        aborted=bool(aborted),
-        finished=bool(finished),
-        free_slots=free_slots,
+        epoch=header["epoch"],
+        round_index=header["round_index"],
+        aborted=bool(header["aborted"]),
+        finished=bool(header["finished"]),
+        free_slots=header["free_slots"],
         buffered=buffered,
         num_groups=num_groups,
+        undealt=header["undealt"],
+        wanted=header["wanted"],
+        full=bool(header["full"]),
         **columns,
     )

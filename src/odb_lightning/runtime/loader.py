@@ -12,9 +12,10 @@ from odb_lightning.core.config import (
     ONLINE_MODES,
     BatchingConfig,
     DataHandshake,
+    ShardDealing,
     resolve_config,
 )
-from odb_lightning.core.order import shard_indices
+from odb_lightning.core.order import epoch_permutation, shard_indices
 from odb_lightning.runtime.batch import (
     CollateFn,
     ODBBatch,
@@ -123,6 +124,11 @@ class ODBLoader:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._pin = pins_memory(self.config)
+        if shard is not None and self.config.shard_dealing is ShardDealing.BY_NEED:
+            raise ValueError(
+                "shard= gives every rank fixed indices, batching.shard_dealing=by_need deals "
+                "one global order: use shard_dealing=fixed with shard="
+            )
         self._shard = shard
         self._store = metadata_store
         if rendezvous is None:
@@ -215,8 +221,11 @@ class ODBLoader:
         return batch._replace(inputs=pin_batch(batch.inputs))
 
     def _indices(self, epoch: int) -> list[int]:
+        """This rank's shard for ``epoch``; dealt by need, the epoch's global order."""
         if self._shard is not None:
             return list(self._shard(epoch))
+        if self.config.shard_dealing is ShardDealing.BY_NEED:
+            return epoch_permutation(len(self.dataset), self.config.seed, epoch)
         return shard_indices(len(self.dataset), self.world_size, self.rank, self.config.seed, epoch)
 
     def _data_handshake(self) -> DataHandshake:

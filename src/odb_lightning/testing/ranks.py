@@ -23,7 +23,8 @@ from typing import Any
 import torch.distributed as dist
 
 from odb_lightning.core.config import FIELD_NAMES, BatchingConfig
-from odb_lightning.core.simulate import simulate
+from odb_lightning.core.order import epoch_permutation
+from odb_lightning.core.simulate import simulate, simulate_dealt_epoch
 from odb_lightning.runtime import MetadataChannelError, ODBLoader, Rendezvous
 from odb_lightning.runtime.exchange import open_channel
 from odb_lightning.testing.datasets import IGNORE, SkewedShard, SyntheticChatDataset
@@ -277,4 +278,23 @@ def expected_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[
     return [
         [[shard[p] for p in step] for step in rank_steps]
         for shard, rank_steps in zip(shards, steps, strict=True)
+    ]
+
+
+def expected_dealt_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[int]]]:
+    """``core.simulate_dealt_epoch`` on the loader's seeded epoch order
+    (``shard_dealing=by_need``, default sharding), mapped to dataset indices."""
+    dataset = job.dataset
+    config = BatchingConfig(**{k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES})
+    order = epoch_permutation(len(dataset), config.seed, epoch)
+    result = simulate_dealt_epoch(
+        [dataset.lengths[i] for i in order],
+        world_size,
+        config,
+        loss_tokens=[dataset.num_loss_tokens(i) for i in order],
+        epoch=epoch,
+    )
+    return [
+        [[] if s.group is None else [order[m.sample_id] for m in s.group.samples] for s in steps]
+        for steps in result.steps
     ]
