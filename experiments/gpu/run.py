@@ -1,13 +1,16 @@
-"""One GPU, bf16, a Qwen2.5-0.5B-sized model: standard vs odb vs odb_packed on ShareGPT.
+"""One GPU, bf16 over float32 master weights: standard vs odb vs odb_packed vs odb+compile
+at the Qwen2.5-0.5B shape on ShareGPT, and FSDP2 steps of the 1.5B shape.
 
 Each arm is one ``train.py``-equivalent run (``odb_lightning.app.train.run``, the code
-path of ``python train.py trainer=gpu8 trainer.devices=1``: DDP on NCCL,
-``bf16-mixed``, ``model=qwen2_0_5b`` initialised from config) over the same ShareGPT
-records, so every arm trains on the same real tokens. Each arm runs in its own process,
-which reports the run summary, the peak GPU memory and the device; this script prints
-tokens/s, samples/s, peak memory and MFU, and writes ``results.json`` next to itself.
+path of ``python train.py trainer=gpu8 trainer.devices=1``: DDP on NCCL, ``bf16-mixed``,
+a model initialised from config) in its own process, which reports the run summary (with
+the step metrics: MFU from each step's own sample lengths, per-device rates, step times,
+compile counts), the peak GPU memory and the device. The 0.5B arms train on the same
+ShareGPT records, so on the same real tokens. This script prints the table and writes
+``results.json`` next to itself.
 
-    .venv/bin/python -m experiments.gpu.run             # a CUDA machine; < 8 min on one H200
+    python -m experiments.gpu.run --prepare   # where PyPI is reachable: wheels/ (~30 MiB)
+    python3 -m experiments.gpu.run            # the GPU machine, offline; < 8 min on an H200
     .venv/bin/python -m experiments.gpu.run --dry-run   # CPU, tiny model, same code path
 
 ``--dry-run`` swaps only what a CPU cannot run (accelerator, NCCL -> gloo, model width)
@@ -18,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -27,21 +33,21 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import ROOT, results_meta
+from experiments.gpu.packages import WHEELS, arm_environment, prepare_wheels
 
 HERE = Path(__file__).resolve().parent
-ARMS = ("standard", "odb", "odb_packed")
 CHILD_FLAG = "--child"
 ARM_FILE = "gpu_arm.json"
-# Dense bf16 tensor-core peak (no sparsity), FLOP/s, by a substring of the device name.
-PEAK_BF16_FLOPS = {
-    "H200": 989.4e12,
-    "H100 SXM": 989.4e12,
-    "H100 80GB HBM3": 989.4e12,
-    "H100 PCIe": 756.0e12,
-    "H100": 989.4e12,
-    "A100": 312.0e12,
-    "L40S": 362.05e12,
+# Per arm: its trainer and model presets and its own overrides (after the shared ones).
+ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "standard": ("gpu8", "qwen2_0_5b", ("batching=standard",)),
+    "odb": ("gpu8", "qwen2_0_5b", ("batching=odb",)),
+    "odb_packed": ("gpu8", "qwen2_0_5b", ("batching=odb_packed",)),
+    "fsdp2_1_5b": ("gpu8_fsdp", "qwen2_5_1_5b", ("batching=odb",)),
+    # Last: its compile time is the least certain, and the time budget cuts from the end.
+    "odb_compile": ("gpu8", "qwen2_0_5b", ("batching=odb", "model.compile=true")),
 }
+COMPILE_KNOB = ROOT / "conf" / "model" / "tiny_qwen2.yaml"
 # What --dry-run changes so that the same path runs on a CPU in seconds.
 DRY_RUN_OVERRIDES = [
     "trainer.accelerator=cpu",
@@ -58,25 +64,34 @@ DRY_RUN_OVERRIDES = [
 
 
 def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str]:
-    """Hydra overrides of one arm (the same data, budget and model for every arm)."""
+    """Hydra overrides of one arm (the same data, budget and settings for every arm)."""
+    trainer, model, own = ARMS[arm]
+    fsdp = trainer == "gpu8_fsdp"
     overrides = [
         "experiment=sharegpt_odb",
-        f"batching={arm}",
-        "trainer=gpu8",
+        f"trainer={trainer}",
         "trainer.devices=1",
-        "model=qwen2_0_5b",
+        f"model={model}",
         f"model.attn_implementation={args.attn}",
         "logger=csv",
         f"data.regime={args.regime}",
         f"data.max_seq_len={args.max_seq_len}",
-        f"data.max_samples={args.samples}",
+        f"data.max_samples={args.fsdp_samples if fsdp else args.samples}",
         "data.val_samples=0",
         f"batching.num_workers={args.num_workers}",
         f"data.length_cache_dir={out_dir.parent / 'length_cache'}",
         f"batching.token_budget={args.token_budget}",
         f"batching.outstanding_depth={args.outstanding_depth}",
+        # No checkpoint (GBs of optimizer state for a 0.5B model) in the arms' time.
+        "~callbacks.checkpoint",
+        "trainer.enable_checkpointing=false",
         f"hydra.run.dir={out_dir}",
+        *own,
     ]
+    if fsdp:
+        overrides.append(f"trainer.max_steps={args.fsdp_steps}")
+    if args.peak_tflops is not None:
+        overrides.append(f"callbacks.step_metrics.peak_tflops={args.peak_tflops}")
     return overrides + (DRY_RUN_OVERRIDES if args.dry_run else [])
 
 
@@ -85,29 +100,15 @@ def run_child(overrides: list[str]) -> None:
     import hydra
     import torch
     from omegaconf import DictConfig
-    from transformers import Qwen2Config
 
     from odb_lightning.app.train import run
-    from odb_lightning.lit.flops import flops_per_token
 
     @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="train")
     def train_arm(cfg: DictConfig) -> None:
         summary = run(cfg)
-        m = cfg.model
-        config = Qwen2Config(
-            vocab_size=m.token_id_fold or m.vocab_size,
-            hidden_size=m.hidden_size,
-            num_hidden_layers=m.num_hidden_layers,
-            num_attention_heads=m.num_attention_heads,
-            num_key_value_heads=m.num_key_value_heads,
-            intermediate_size=m.intermediate_size,
-        )
         cuda = torch.cuda.is_available()
         facts = {
             "summary": summary,
-            "flops_per_token_no_attention": flops_per_token(config),
-            "attention_flops_per_key": flops_per_token(config, 1.0)["body"]
-            - flops_per_token(config)["body"],
             "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
@@ -121,114 +122,143 @@ def run_child(overrides: list[str]) -> None:
     train_arm()
 
 
-def peak_flops(device: str, override_tflops: float | None) -> float | None:
-    if override_tflops is not None:
-        return override_tflops * 1e12
-    for name, flops in PEAK_BF16_FLOPS.items():
-        if name in device:
-            return flops
-    return None
-
-
-def arm_row(facts: dict[str, Any], peak: float | None, mean_context: float) -> dict[str, Any]:
-    """Throughput, memory and MFU of one arm. MFU counts the model FLOPs of the real
-    tokens (body at each sample's mean causal context, head on supervised tokens):
-    padding and cross-sample attention in a packed row are work, not model FLOPs."""
+def arm_row(facts: dict[str, Any]) -> dict[str, Any]:
+    """Throughput, memory, MFU and compile counts of one arm, from its run summary. MFU
+    and model TFLOP/s are the step metrics': model FLOPs of each step's real samples at
+    their own lengths over the training wall time (padding, attention across a packed
+    row's samples and IDLE batches are the device's work, not model FLOPs)."""
     s = facts["summary"]
-    body = facts["flops_per_token_no_attention"]["body"]
-    body += facts["attention_flops_per_key"] * mean_context
-    model_flops = (
-        body * s["real_tokens"] + facts["flops_per_token_no_attention"]["head"] * s["loss_tokens"]
-    )
-    achieved = model_flops / s["wall_s"]
-    return {
-        "real_tokens_per_s": s["real_tokens_per_s"],
-        "padded_tokens_per_s": s["padded_tokens_per_s"],
-        "samples_per_s": s["emitted_samples_per_s"],
-        "padding_efficiency": s["padding_efficiency"],
-        "steps": s["optimizer_steps"],
-        "wall_s": s["wall_s"],
-        "real_tokens": s["real_tokens"],
-        "padded_tokens": s["padded_tokens"],
-        "loss_tokens": s["loss_tokens"],
-        "emitted_samples": s["emitted_samples"],
-        "loader_wait_share": s.get("loader_wait_share"),
-        "peak_memory_gib": facts["peak_memory_gib"],
-        "peak_reserved_gib": facts["peak_reserved_gib"],
-        "model_tflops_per_s": achieved / 1e12,
-        "mfu": achieved / peak if peak else None,
-    }
+    keys = (
+        "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency", "wall_s",
+        "real_tokens", "padded_tokens", "loss_tokens", "emitted_samples", "loader_wait_share",
+        "mfu", "model_tflops_per_s_per_device", "step_time_mean_s", "step_time_max_s",
+        "compile_graphs", "compile_recompiles", "compile_s",
+    )  # fmt: skip
+    row = {key: s.get(key) for key in keys}
+    row["samples_per_s"] = s["emitted_samples_per_s"]
+    row["steps"] = s["optimizer_steps"]
+    row["model_tflops_per_s"] = s.get("model_tflops_per_s_per_device")
+    for key in ("peak_memory_gib", "peak_reserved_gib", "peak_host_rss_gib"):
+        row[key] = facts[key]
+    return row
+
+
+def run_arm(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str]:
+    """Run one arm in its own process group; on timeout, kill the group (its loader
+    workers too). The exit status (``None``: timed out) and the output's tail."""
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as child:
+        try:
+            output, _ = child.communicate(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            output, _ = child.communicate()
+            return None, output[-6000:]
+    return child.returncode, output[-6000:]
+
+
+def compile_knob_exists() -> bool:
+    """The model config has the ``compile`` knob (``model.compile=true``)."""
+    return re.search(r"^compile:", COMPILE_KNOB.read_text(), flags=re.MULTILINE) is not None
 
 
 def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / ("dry_run" if args.dry_run else "arms")
+    env = arm_environment(args.out / "site")
     rows: dict[str, Any] = {}
     arms_facts: dict[str, Any] = {}
     started = time.perf_counter()
     for arm in args.arms.split(","):
+        if arm not in ARMS:
+            raise SystemExit(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
+        left_s = args.time_budget_s - (time.perf_counter() - started)
+        if arm == "odb_compile" and not compile_knob_exists():
+            rows[arm] = {"skipped": f"no `compile` knob in {COMPILE_KNOB.relative_to(ROOT)}"}
+        elif left_s < 30:
+            rows[arm] = {"skipped": f"time budget of {args.time_budget_s:.0f} s spent"}
+        if arm in rows:
+            print(f"{arm}: skipped ({rows[arm]['skipped']})", flush=True)
+            continue
         out_dir = out / arm
+        (out_dir / ARM_FILE).unlink(missing_ok=True)
         command = [sys.executable, "-m", "experiments.gpu.run", CHILD_FLAG]
-        command += arm_overrides(arm, args, out_dir)
         arm_started = time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"arm {arm} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+        status, tail = run_arm(command + arm_overrides(arm, args, out_dir), env, left_s)
+        process_s = time.perf_counter() - arm_started
+        if status != 0:
+            why = "timed out" if status is None else f"exit {status}"
+            rows[arm] = {"failed": f"{why} after {process_s:.0f} s", "output_tail": tail}
+            print(f"{arm}: {rows[arm]['failed']}\n{tail[-3000:]}", flush=True)
+            continue
         arms_facts[arm] = json.loads((out_dir / ARM_FILE).read_text())
-        arms_facts[arm]["process_s"] = time.perf_counter() - arm_started
-        print(f"{arm}: done in {arms_facts[arm]['process_s']:.0f} s", flush=True)
+        rows[arm] = {**arm_row(arms_facts[arm]), "process_s": process_s}
+        print(f"{arm}: done in {process_s:.0f} s", flush=True)
+    if not arms_facts:
+        raise SystemExit(f"no arm ran: {json.dumps(rows, indent=2)[-4000:]}")
     first = next(iter(arms_facts.values()))
-    device = first["device"]
-    peak = peak_flops(device, args.peak_tflops)
-    # Mean causal context of the real samples, the same in every arm (same records).
-    s = first["summary"]
-    mean_length = s["real_tokens"] / s["emitted_samples"]
-    for arm, facts in arms_facts.items():
-        rows[arm] = arm_row(facts, peak, (mean_length + 1) / 2)
-        rows[arm]["process_s"] = facts["process_s"]
-    base = rows.get("standard")
-    for row in rows.values():
-        row["vs_standard"] = row["samples_per_s"] / base["samples_per_s"] if base else None
+    base = rows.get("standard", {}).get("real_tokens_per_s")
+    for arm, row in rows.items():
+        if "real_tokens_per_s" in row:
+            comparable = base and ARMS[arm][1] == ARMS["standard"][1]
+            row["vs_standard"] = row["real_tokens_per_s"] / base if comparable else None
+    peak = first["summary"].get("peak_tflops_per_device")
     return {
         "status": "dry run (CPU, tiny model): checks the code path, not a measurement"
         if args.dry_run
         else "measured",
         "arms": rows,
         "meta": results_meta(
-            device=device,
-            peak_bf16_flops=peak,
+            device=first["device"],
+            peak_bf16_flops=None if peak is None else peak * 1e12,
             cuda=first["cuda"],
+            torch_in_arms=first["torch"],
             wall_s=time.perf_counter() - started,
-            overrides=arm_overrides("<arm>", args, out / "<arm>"),
-            flops_per_token_no_attention=first["flops_per_token_no_attention"],
-            attention_flops_per_key=first["attention_flops_per_key"],
-            mean_sample_tokens=mean_length,
+            time_budget_s=args.time_budget_s,
+            overrides={arm: arm_overrides(arm, args, out / arm) for arm in args.arms.split(",")},
             host=platform.node(),
         ),
     }
 
 
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
 def print_table(report: dict[str, Any]) -> None:
     print(f"{report['meta']['device']}  ({report['status']})")
     header = f"{'arm':11s} {'tokens/s':>10s} {'samples/s':>10s} {'pad eff':>8s} {'steps':>6s}"
-    print(header + f" {'peak GiB':>9s} {'MFU':>6s} {'vs std':>7s}")
+    print(header + f" {'peak GiB':>9s} {'MFU':>6s} {'recomp':>6s} {'vs std':>7s}")
     for arm, row in report["arms"].items():
-        memory = row["peak_memory_gib"]
+        if "real_tokens_per_s" not in row:
+            print(f"{arm:11s} {row.get('skipped') or row.get('failed')}")
+            continue
         mfu = row["mfu"]
         print(
             f"{arm:11s} {row['real_tokens_per_s']:10.0f} {row['samples_per_s']:10.2f} "
             f"{row['padding_efficiency']:8.3f} {row['steps']:6d} "
-            f"{'-' if memory is None else f'{memory:.1f}':>9s} "
+            f"{_cell(row['peak_memory_gib'], '.1f'):>9s} "
             f"{'-' if mfu is None else f'{100 * mfu:.1f}%':>6s} "
-            f"{row['vs_standard']:6.2f}x"
+            f"{_cell(row['compile_recompiles'], 'd'):>6s} "
+            f"{_cell(row['vs_standard'], '.2f'):>6s}x"
         )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", action="store_true", help=f"fetch the wheels into {WHEELS}")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, seconds")
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
     parser.add_argument("--regime", default="mix", help="ShareGPT whole, first_exchange, mix")
-    parser.add_argument("--samples", type=int, default=None, help="records (default 2000)")
+    parser.add_argument("--samples", type=int, default=None, help="records (default 1500)")
+    parser.add_argument("--fsdp-samples", type=int, default=None, help="default 256")
+    parser.add_argument("--fsdp-steps", type=int, default=1, help="optimizer steps, FSDP2 arm")
     parser.add_argument("--token-budget", type=int, default=None, help="default 16384")
     parser.add_argument("--outstanding-depth", type=int, default=256)
     parser.add_argument("--max-seq-len", type=int, default=None, help="default 4096")
@@ -236,15 +266,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--attn",
         default="sdpa",
-        help="attention backend of every arm (flash_attention_2 "
-        "where flash-attn is installed: odb_packed then runs varlen instead of a dense mask)",
+        help="attention backend of every arm (flash_attention_2 where flash-attn is "
+        "installed: odb_packed then runs the varlen kernel)",
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak")
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=450.0,
+        help="arms left when it is spent are skipped; a running one is stopped at it",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "runs")
     args = parser.parse_args(argv)
     # The dry run keeps the arms and the code path and shrinks the work to seconds.
     small = args.dry_run
-    args.samples = args.samples or (48 if small else 2000)
+    args.samples = args.samples or (48 if small else 1500)
+    args.fsdp_samples = args.fsdp_samples or (16 if small else 256)
     args.token_budget = args.token_budget or (4096 if small else 16384)
     args.max_seq_len = args.max_seq_len or (1024 if small else 4096)
     if small:
@@ -257,6 +294,12 @@ def main() -> None:
         run_child(sys.argv[2:])
         return
     args = parse_args(sys.argv[1:])
+    if args.prepare:
+        wheels = prepare_wheels()
+        size = sum(w.stat().st_size for w in wheels) / 2**20
+        print(f"{len(wheels)} wheels, {size:.1f} MiB in {WHEELS}:")
+        print("\n".join(f"  {w.name}" for w in wheels))
+        return
     report = run_arms(args)
     print_table(report)
     target = args.out / "dry_run.json" if args.dry_run else HERE / "results.json"
