@@ -4,7 +4,7 @@ import hydra
 from omegaconf import DictConfig
 
 from odb_lightning.app.run_dir import register_run_name_resolver
-from odb_lightning.app.train import run
+from odb_lightning.app.train import main as run_job
 
 # Before Hydra composes: conf/train.yaml names the run directory with ${odb.run_name:...}.
 register_run_name_resolver()
@@ -12,7 +12,7 @@ register_run_name_resolver()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    run_job(cfg)
 
 
 if __name__ == "__main__":

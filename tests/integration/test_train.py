@@ -40,6 +40,7 @@ def test_single_process_run_writes_an_exact_summary(experiment: str, tmp_path: P
     assert summary["mfu"] is None and summary["peak_tflops_per_device"] is None
     if experiment == "sharegpt_standard":
         assert all(len(step) == 8 for step in steps)
+        assert summary["over_budget_samples"] is None  # batch_size samples: no budget
 
 
 def write_skewed_jsonl(path: Path, num_records: int, seed: int) -> None:

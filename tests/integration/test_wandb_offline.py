@@ -77,6 +77,14 @@ def read_records(path: Path) -> Iterator[wandb_internal_pb2.Record]:
             yield record
 
 
+def replay_run_name(path: Path) -> str:
+    """The run's display name, from the log's run record."""
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "run":
+            return record.run.display_name
+    raise AssertionError(f"no run record in {path}")
+
+
 def replay_summary(path: Path) -> tuple[dict[str, object], int | None]:
     """The run summary after every summary record of the log, and the exit code."""
     summary: dict[str, object] = {}
@@ -193,6 +201,11 @@ def test_sweep_jobs_each_get_an_offline_wandb_run_with_the_summary(
         assert exit_code == 0  # the run was finished, not cut off at interpreter exit
         for name in FIGURES:
             assert wandb_summary[name] == pytest.approx(summary[name], rel=1e-12), name
+        # Each figure once: no second copy as a summary/<name> metric.
+        assert [k for k in wandb_summary if k.startswith("summary/")] == []
+        # Named after the experiment (the default one, sharegpt_odb) and the overrides.
+        expected = f"sharegpt_odb batching.token_budget={budget},debug=smoke,logger=wandb"
+        assert replay_run_name(log) == expected
         assert wandb_summary["emitted_samples"] == 64  # debug=smoke: 80 records, 16 val
     # The two jobs' runs are distinct W&B runs.
     run_ids = {p.name.rsplit("-", 1)[1] for p in tmp_path.glob("*/wandb/offline-run-*")}

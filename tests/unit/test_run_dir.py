@@ -142,3 +142,47 @@ def test_ranks_above_zero_of_external_launchers_tag_their_hydra_files() -> None:
     assert process_tag({"RANK": "3", "WORLD_SIZE": "4"}) == "_rank3"  # torchrun
     assert process_tag({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}) == "_rank1"  # srun
     assert process_tag({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == ""  # a batch script
+
+
+def test_a_resume_continues_in_the_directory_of_its_checkpoint(tmp_path: Path) -> None:
+    from odb_lightning.app.run_dir import resume_dir
+
+    run = tmp_path / "outputs" / "train" / "first"
+    (run / "checkpoints" / "epoch=0-step=10.ckpt").mkdir(parents=True)  # a sharded one
+    assert resume_dir(str(run / "checkpoints" / "last.ckpt"), "new") == str(run)
+    assert resume_dir(str(run / "checkpoints" / "epoch=0-step=10.ckpt"), "new") == str(run)
+    assert resume_dir(str(tmp_path / "elsewhere.ckpt"), "new") == "new"
+    assert resume_dir(None, "new") == "new"
+
+
+def test_train_yaml_puts_a_resume_into_its_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    run_dir.resume_tag.cache_clear()
+    register_run_name_resolver()
+    (tmp_path / "checkpoints").mkdir()
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("train", overrides=[f"ckpt_path={ckpt}"], return_hydra_config=True)
+        fresh = compose("train", return_hydra_config=True)
+    assert OmegaConf.select(cfg, "hydra.run.dir") == str(tmp_path)
+    # Its Hydra files go beside the first run's .hydra/, not over them.
+    subdir = OmegaConf.select(cfg, "hydra.output_subdir")
+    assert subdir.startswith(".hydra_resumed-")
+    datetime.strptime(subdir.removeprefix(".hydra_resumed-"), "%Y-%m-%d_%H-%M-%S")
+    assert OmegaConf.select(fresh, "hydra.output_subdir") == ".hydra"
+    assert OmegaConf.select(fresh, "hydra.run.dir").startswith("outputs/train/")
+
+
+def test_wandb_run_name_is_the_experiment_and_the_overrides(tmp_path: Path) -> None:
+    from helpers.configs import compose_train
+
+    register_run_name_resolver()
+    overrides = ["experiment=sharegpt_standard", "batching.token_budget=8192", "ckpt_path=c"]
+    cfg = compose_train(tmp_path, overrides)
+    # experiment= is in the name already, ckpt_path is no part of what the run is.
+    assert cfg.logger.wandb.name == "sharegpt_standard batching.token_budget=8192"
+    assert compose_train(tmp_path, []).logger.wandb.name == "sharegpt_odb"

@@ -31,6 +31,7 @@ import functools
 import os
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -143,8 +144,54 @@ def process_tag(environ: Mapping[str, str] | None = None) -> str:
     return "" if rank in (None, "0") else f"_rank{rank}"
 
 
+RESUME_DIR_RESOLVER = "odb.resume_dir"
+"""Resolver of the run directory of a resume (``${odb.resume_dir:${ckpt_path},<new dir>}``)."""
+
+CHECKPOINT_DIR_NAME = "checkpoints"
+"""Where the run's checkpoints lie inside its directory (``conf/callbacks/default.yaml``)."""
+
+
+def resume_dir(ckpt_path: str | None, new_dir: str) -> str:
+    """The run directory of a job: that of the run whose checkpoint it resumes
+    (``<run>/checkpoints/<name>.ckpt``, file or sharded directory), so that a resumed run
+    continues in its own directory; ``new_dir`` for a new run or a checkpoint from
+    elsewhere."""
+    if not ckpt_path:
+        return new_dir
+    path = Path(ckpt_path)
+    if path.parent.name == CHECKPOINT_DIR_NAME and path.parent.parent.is_dir():
+        return os.fspath(path.parent.parent.absolute())
+    return new_dir
+
+
+RESUME_TAG_RESOLVER = "odb.resume_tag"
+"""Resolver of the suffix that keeps a resume's Hydra files beside the first run's."""
+
+
+@functools.cache
+def resume_tag(ckpt_path: str | None) -> str:
+    """``""`` for a new run, else ``_resumed-<this process's clock>``: a resume writes its
+    ``.hydra`` files beside the original run's instead of over them (once per process,
+    like :func:`_run_name_once`)."""
+    return "" if not ckpt_path else datetime.now().strftime("_resumed-%Y-%m-%d_%H-%M-%S")
+
+
+RUN_LABEL_RESOLVER = "odb.run_label"
+"""Resolver of a run's display name (``${odb.run_label:${experiment_name},<overrides>}``)."""
+
+
+def run_label(experiment_name: str, overrides: str | None) -> str:
+    """``experiment_name``, followed by the command line's overrides when there are some
+    (Hydra's ``job.override_dirname``: ``key=value`` pairs joined by commas)."""
+    return f"{experiment_name} {overrides}" if overrides else str(experiment_name)
+
+
 def register_run_name_resolver() -> None:
-    """Register ``${odb.run_name:...}`` and ``${odb.process_tag:}``; call it before Hydra
-    composes the config."""
+    """Register ``${odb.run_name:...}``, ``${odb.process_tag:}``, ``${odb.resume_dir:...}``,
+    ``${odb.resume_tag:...}`` and ``${odb.run_label:...}``; call it before Hydra composes
+    the config."""
     OmegaConf.register_new_resolver(RESOLVER, _run_name_once, replace=True)
     OmegaConf.register_new_resolver(PROCESS_TAG_RESOLVER, process_tag, replace=True)
+    OmegaConf.register_new_resolver(RESUME_DIR_RESOLVER, resume_dir, replace=True)
+    OmegaConf.register_new_resolver(RESUME_TAG_RESOLVER, resume_tag, replace=True)
+    OmegaConf.register_new_resolver(RUN_LABEL_RESOLVER, run_label, replace=True)

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning.pytorch as pl
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.checkpoints import resolve_resume_checkpoint
+from odb_lightning.app.run_config import (
+    RunConfigCheckpoint,
+    config_for_resume,
+    saved_run_config,
+    shape_conflict,
+)
 from odb_lightning.app.run_dir import register_run_name_resolver
+from odb_lightning.app.run_log import (
+    failed_marker,
+    full_error_requested,
+    is_user_error,
+    record_failure,
+    route_library_logs,
+)
 from odb_lightning.app.validation import (
     check_launch_environment,
     instantiate_checked,
@@ -26,6 +44,8 @@ register_run_name_resolver()
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 """Exit status of a run stopped by SIGTERM (the shell's convention)."""
+
+log = logging.getLogger(__name__)
 
 
 def instantiate_group(cfg: DictConfig | None) -> list[Any]:
@@ -61,7 +81,12 @@ def exit_stopped(stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any]) ->
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Build everything from ``cfg``, fit, and return the run summary."""
+    """Build everything from ``cfg``, fit, and return the run summary. A resume
+    (``ckpt_path``) runs with the checkpoint's config, updated by this command line's
+    overrides (:mod:`odb_lightning.app.run_config`)."""
+    ckpt_path = resolve_resume_checkpoint(cfg.get("ckpt_path"))
+    if ckpt_path is not None:
+        cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
     check_launch_environment()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -75,7 +100,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model = instantiate_checked(cfg.model, "model", _convert_="all")
     # Always on: stop signals are agreed on at step boundaries (lit/graceful_stop.py).
     stop = GracefulStop()
-    callbacks = [*instantiate_group(cfg.get("callbacks")), stop]
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    saves_config = RunConfigCheckpoint(cfg, overrides)
+    callbacks = [*instantiate_group(cfg.get("callbacks")), stop, saves_config]
     loggers = instantiate_group(cfg.get("logger"))
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False
@@ -83,9 +110,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     try:
-        trainer.fit(
-            model, datamodule=datamodule, ckpt_path=resolve_resume_checkpoint(cfg.get("ckpt_path"))
-        )
+        try:
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        except RuntimeError as error:
+            if ckpt_path is None or "size mismatch" not in str(error):
+                raise
+            resolved = OmegaConf.to_container(cfg, resolve=True)
+            raise shape_conflict(ckpt_path, saved_run_config(ckpt_path), resolved, error) from error
     except SIGTERMException:
         # A SIGTERM before training started (Lightning's handler is replaced from then on).
         finish_wandb_runs(loggers, exit_code=SIGTERM_EXIT_CODE)
@@ -98,3 +129,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     finish_wandb_runs(loggers)
     summaries = [c.summary for c in callbacks if getattr(c, "summary", None)]
     return summaries[0] if summaries else {}
+
+
+def main(cfg: DictConfig) -> dict[str, Any]:
+    """``train.py``'s job: :func:`run`, with the run directory announced before and after,
+    Lightning's messages and any error in ``<run dir>/train.log``, and a failed run marked
+    (``failed.json``). An error whose message says what to change (a config error) is
+    reported without a traceback and exits 1 in a single run; ``HYDRA_FULL_ERROR=1``, a
+    multirun and any other error raise as they are (a multirun goes on with its next job).
+    """
+    route_library_logs()
+    output_dir = Path(cfg.paths.output_dir)
+    if rank_zero_only.rank == 0:
+        log.info("run directory: %s", output_dir)
+    try:
+        summary = run(cfg)
+    except Exception as error:
+        record_failure(error, output_dir)
+        multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+        if is_user_error(error) and not (full_error_requested() or multirun):
+            raise SystemExit(1) from None
+        raise
+    # A resume that finishes ends what a failed attempt in this directory left marked.
+    failed_marker(output_dir, rank_zero_only.rank).unlink(missing_ok=True)
+    if rank_zero_only.rank == 0:
+        log.info("run directory: %s (summary.json, train.log, checkpoints/)", output_dir)
+    return summary

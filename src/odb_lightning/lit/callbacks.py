@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from odb_lightning.core.config import FIXED_SIZE_MODES
 from odb_lightning.lit.run_report import (
     AddsToSummary,
     CountsParameters,
@@ -99,6 +100,7 @@ class ODBMetricsCallback(pl.Callback):
         self._trainer: pl.Trainer | None = None
         self._resumed = False
         self._supervision_checked = False
+        self._rates_logged = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -167,7 +169,10 @@ class ODBMetricsCallback(pl.Callback):
         if self._audit_file is not None:
             self._audit_file.write(json.dumps(_audit_line(trainer, meta.sample_ids)) + "\n")
             self._audit_file.flush()  # a killed run keeps every completed step's line
-        if self.totals.steps % self.log_every_n_steps == 0:
+        # From this process's first step on (the progress bar shows them), then every N
+        # steps; every rank reaches the same step counts, so each one joins the reduction.
+        if self.totals.steps % self.log_every_n_steps == 0 or not self._rates_logged:
+            self._rates_logged = True
             self._log_rates(trainer, pl_module)
 
     def _log_rates(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -179,7 +184,7 @@ class ODBMetricsCallback(pl.Callback):
         )
         real, padded, samples = trainer.strategy.reduce(local, reduce_op="sum").tolist()
         pl_module.log("perf/real_tokens_per_s", real / elapsed, prog_bar=True, rank_zero_only=True)
-        pl_module.log("perf/samples_per_s", samples / elapsed, rank_zero_only=True)
+        pl_module.log("perf/samples_per_s", samples / elapsed, prog_bar=True, rank_zero_only=True)
         pl_module.log("odb/padding_efficiency", _ratio(real, padded), rank_zero_only=True)
 
     @override
@@ -229,16 +234,22 @@ class ODBMetricsCallback(pl.Callback):
             self.summary["skipped_sample_ids"] = sorted(i for row in rows for i in row)
             self.summary.update(_gather_first_epoch_records(trainer, pl_module, report))
         self.summary["not_trained_samples"] = _not_trained_samples(trainer, self.summary)
+        if self.summary.get("mode") in FIXED_SIZE_MODES:
+            # batch_size samples a step whatever their length: no budget to go over.
+            self.summary["over_budget_samples"] = None
         for callback in trainer.callbacks:  # on every rank: the entries may gather
             if isinstance(callback, AddsToSummary):
                 self.summary.update(callback.summary_entries(trainer, pl_module))
         if trainer.is_global_zero:
             (self.output_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             for logger in trainer.loggers:
-                logger.log_metrics({f"summary/{k}": v for k, v in self._numeric().items()})
+                # Each figure once: into the run summary where the logger keeps one (W&B),
+                # under its summary.json name; as summary/<name> metrics elsewhere (CSV).
                 experiment_summary = getattr(getattr(logger, "experiment", None), "summary", None)
                 if experiment_summary is not None and hasattr(experiment_summary, "update"):
                     experiment_summary.update(self._numeric())
+                else:
+                    logger.log_metrics({f"summary/{k}": v for k, v in self._numeric().items()})
             print_summary(self.summary)
 
     def _gather_totals(
@@ -414,13 +425,22 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
 )
 
 
+FIXED_SIZE_LABELS = {"budget_fill": "padded tokens/step / token_budget (no budget in mode)"}
+"""Labels of the modes that ignore ``token_budget`` (``standard``, ``sorted``): a step holds
+``batch_size`` samples whatever their length, so the ratio may pass 1 with nothing over a
+limit (and ``over_budget_samples`` is null)."""
+
+
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     """The end-of-run table."""
     table = Table(title="odb_lightning run summary", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
+    fixed_size = summary.get("mode") in FIXED_SIZE_MODES
     for key, label, fmt in SUMMARY_ROWS:
         value = summary.get(key)
+        if fixed_size:
+            label = FIXED_SIZE_LABELS.get(key, label)
         if value is not None:
             table.add_row(label, fmt(value) if callable(fmt) else fmt.format(value))
     (console or Console()).print(table)

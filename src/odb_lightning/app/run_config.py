@@ -1,0 +1,230 @@
+"""The run's configuration inside its checkpoints, and the configuration of a resume.
+
+Every checkpoint holds the config of the run that wrote it under :data:`RUN_CONFIG_KEY`:
+the composed config as written (interpolations kept, so that paths follow the resumed
+run's directory), the same resolved (the record), and the command line's overrides.
+
+A resume (``ckpt_path=...``) starts from the checkpoint's config, and what its own command
+line sets wins (:func:`merge_resume_config`): the keys its ``key=value`` overrides name,
+and every key a group override (``experiment=...``, ``model=...``) changes from the config
+composed without overrides. ``paths`` are always this run's, and keys the checkpoint's
+config lacks come from this run. So ``python train.py ckpt_path=<run>/checkpoints/last.ckpt``
+resumes the run as it was started, and ``trainer.max_epochs=3`` on that line still
+trains longer. A command line that changes the model's shapes fails at load naming the
+key (:func:`shape_conflict`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
+
+from odb_lightning.app.export import DISTRIBUTED_METADATA_FILENAME
+
+log = logging.getLogger(__name__)
+
+RUN_CONFIG_KEY = "odb_run_config"
+"""Checkpoint entry: ``{"config", "resolved", "overrides"}``."""
+
+ALWAYS_THIS_RUN = ("paths",)
+"""Config groups a resume never takes from the checkpoint (where this run writes)."""
+
+ENTRIES_OF_THE_RUN = ("logger", "callbacks")
+"""Groups of instantiated entries: an entry the checkpoint's config lacks is not added
+from this run's defaults (a CSV-only run resumes without a W&B logger), unless the
+command line sets it."""
+
+
+class ResumeConfigError(ValueError):
+    """The resume's command line conflicts with the checkpoint; the message names the key."""
+
+
+class RunConfigCheckpoint(pl.Callback):
+    """Puts the run's config into every checkpoint it saves.
+
+    Args:
+        cfg: The run's config (the job config: no ``hydra`` node).
+        overrides: The command line's overrides (Hydra's ``overrides.task``).
+    """
+
+    def __init__(self, cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
+        self.entry = {
+            "config": OmegaConf.to_container(cfg, resolve=False),
+            "resolved": OmegaConf.to_container(cfg, resolve=True),
+            "overrides": list(overrides),
+        }
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[RUN_CONFIG_KEY] = self.entry
+
+
+def saved_run_config(ckpt_path: str | Path) -> dict[str, Any] | None:
+    """The run config stored in a checkpoint file or sharded checkpoint directory, or
+    ``None`` when the checkpoint has none (written before configs were stored) or does
+    not exist (Lightning reports that)."""
+    path = Path(ckpt_path)
+    source = path / DISTRIBUTED_METADATA_FILENAME if path.is_dir() else path
+    if not source.is_file():
+        return None
+    checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    return checkpoint.get(RUN_CONFIG_KEY) if isinstance(checkpoint, dict) else None
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": value}`` for every leaf of nested dicts (lists and empty dicts are leaves)."""
+    if isinstance(node, dict) and node:
+        found: dict[str, Any] = {}
+        for key, value in node.items():
+            found.update(leaves(value, f"{prefix}{key}."))
+        return found
+    return {prefix.removesuffix("."): node}
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`leaves`."""
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, name = key.split(".")
+        node = root
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = value
+    return root
+
+
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(f"{prefix}.")
+
+
+def command_line_keys(
+    overrides: Iterable[str],
+    groups: Iterable[str],
+    current: dict[str, Any],
+    baseline: Callable[[], dict[str, Any]],
+) -> tuple[set[str], set[str]]:
+    """The leaf keys of ``current`` that the command line sets, and the keys it deletes.
+
+    Args:
+        overrides: The command line's overrides.
+        groups: Names of the config groups (Hydra's ``runtime.choices``).
+        current: Leaves of the config this command line composed.
+        baseline: Leaves of the config composed without overrides (called only when a
+            group is overridden).
+    """
+    groups = set(groups)
+    set_keys: set[str] = set()
+    deleted: set[str] = set()
+    group_override = False
+    for item in OverridesParser.create().parse_overrides(list(overrides)):
+        key = item.key_or_group
+        if key in groups or key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            group_override = group_override or key in groups
+            continue
+        if item.is_delete():
+            deleted.add(key)
+        else:
+            set_keys.update(k for k in current if _under(k, key))
+    if group_override:
+        base = baseline()
+        set_keys.update(k for k, v in current.items() if k not in base or base[k] != v)
+    return set_keys, deleted
+
+
+def merge_resume_config(
+    saved: dict[str, Any], current: dict[str, Any], set_keys: set[str], deleted: set[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The resume's config: ``saved`` (the checkpoint's, unresolved), with ``current``'s
+    value for every key in ``set_keys``, under :data:`ALWAYS_THIS_RUN`, or missing from
+    ``saved`` (outside :data:`ENTRIES_OF_THE_RUN`); keys in ``deleted`` removed. Returns it
+    nested, and the keys this run set that differ from the checkpoint's."""
+    merged = leaves(saved)
+    changed: list[str] = []
+    for key, value in current.items():
+        group = key.split(".")[0]
+        missing = key not in merged and group not in ENTRIES_OF_THE_RUN
+        if not (missing or key in set_keys or group in ALWAYS_THIS_RUN):
+            continue
+        if key in merged and merged[key] != value and group not in ALWAYS_THIS_RUN:
+            changed.append(key)
+        # A leaf replaces a subtree and the other way round (``callbacks.x: null``).
+        for other in [k for k in merged if _under(k, key) or _under(key, k)]:
+            del merged[other]
+        merged[key] = value
+    for key in deleted:
+        for other in [k for k in merged if _under(k, key)]:
+            del merged[other]
+    return nest(merged), sorted(changed)
+
+
+def shape_conflict(
+    ckpt_path: str, saved: dict[str, Any] | None, resolved: dict[str, Any], error: Exception
+) -> ResumeConfigError:
+    """The error of a checkpoint whose weights do not fit the model this run built,
+    naming the ``model`` keys in which this run's config differs from the checkpoint's."""
+    detail = next(
+        (line.strip() for line in str(error).splitlines() if "size mismatch" in line),
+        str(error).splitlines()[0],
+    )
+    if saved is None:
+        return ResumeConfigError(
+            f"ckpt_path={ckpt_path}: the checkpoint's weights do not fit this run's model "
+            f"({detail}), and the checkpoint holds no run config: repeat the original "
+            "run's overrides (its .hydra/overrides.yaml) on the resume command line"
+        )
+    before, now = (
+        leaves(saved["resolved"].get("model", {}), "model."),
+        leaves(resolved.get("model", {}), "model."),
+    )
+    differ = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    keys = "; ".join(
+        f"{k}={now.get(k)!r} here, {before.get(k)!r} in the checkpoint" for k in differ
+    )
+    return ResumeConfigError(
+        f"ckpt_path={ckpt_path}: the checkpoint's weights do not fit this run's model "
+        f"({detail}): {keys or 'no model key differs from the checkpoint config'}. Drop "
+        "these overrides from the resume command line, or start a new run without ckpt_path"
+    )
+
+
+def _composed_without_overrides() -> dict[str, Any]:
+    config_name = HydraConfig.get().job.config_name
+    return leaves(OmegaConf.to_container(compose(config_name=config_name), resolve=False))
+
+
+def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
+    """The config a resume from ``ckpt_path`` runs with (see the module docstring);
+    ``cfg`` itself when the checkpoint holds no config (a logged warning)."""
+    saved = saved_run_config(ckpt_path)
+    if saved is None:
+        log.warning(
+            "%s holds no run config: resuming with this command line's config only", ckpt_path
+        )
+        return cfg
+    overrides: list[str] = []
+    groups: list[str] = []
+    if HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+        groups = list(HydraConfig.get().runtime.choices)
+    current = leaves(OmegaConf.to_container(cfg, resolve=False))
+    set_keys, deleted = command_line_keys(overrides, groups, current, _composed_without_overrides)
+    merged, changed = merge_resume_config(saved["config"], current, set_keys, deleted)
+    log.info(
+        "resuming with the config saved in %s (its overrides: %s); this command line changes %s",
+        ckpt_path,
+        " ".join(saved["overrides"]) or "none",
+        ", ".join(k for k in changed if k != "ckpt_path") or "nothing else",
+    )
+    return OmegaConf.create(merged)

@@ -1,0 +1,104 @@
+"""The run's log and its failures: every message of the run in ``<run dir>/train.log``,
+the run directory announced, and a failed run marked with ``failed.json``.
+
+Hydra configures logging (a console handler and ``<run dir>/<job name>.log``) only when
+the job starts, after ``train.py`` has imported Lightning. ``lightning.pytorch`` and
+``lightning.fabric`` look at the root logger when they are imported: with no handler
+there yet, each adds a console handler of its own and stops propagating, so none of
+Lightning's messages, and nothing of an error, ever reached the log file (``lightning``
+adds a console handler too, and ``transformers`` one that does not propagate).
+:func:`route_library_logs` hands them back to the root logger's handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import traceback
+from pathlib import Path
+
+from hydra.errors import HydraException
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf.errors import OmegaConfBaseException
+
+from odb_lightning.app.checkpoints import NoValidCheckpointError
+from odb_lightning.app.run_config import ResumeConfigError
+from odb_lightning.app.run_dir import RunDirError
+from odb_lightning.app.validation import ConfigError
+from odb_lightning.core.config import SettingsMismatchError
+from odb_lightning.data.conversation import BadRecordError
+from odb_lightning.lit.run_report import NoSupervisedTokensError
+from odb_lightning.runtime.errors import MetadataChannelError
+from odb_lightning.sample import BadSampleError
+
+log = logging.getLogger("odb_lightning.run")
+# Only the log file: the console gets the message, the file also the traceback.
+_trace_log = logging.getLogger("odb_lightning.run.traceback")
+
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "transformers")
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    RunDirError,
+    MetadataChannelError,
+    NoValidCheckpointError,
+    ResumeConfigError,
+    NoSupervisedTokensError,
+    SettingsMismatchError,
+    BadRecordError,
+    BadSampleError,
+    OmegaConfBaseException,
+    HydraException,
+)
+"""Errors whose message says what to change: reported without a traceback (it still
+goes to ``train.log``; ``HYDRA_FULL_ERROR=1`` raises them as they are)."""
+
+FAILED_MARKER = "failed.json"
+"""Written into the run directory of a run that raised (``failed_rank<r>.json`` by the
+processes of ranks > 0)."""
+
+
+def route_library_logs() -> None:
+    """Let Lightning's loggers and Python warnings reach the handlers Hydra configured
+    (console and ``train.log``). A no-op when the root logger has no handler."""
+    if not logging.getLogger().handlers:
+        return
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # the one added at import
+                logger.removeHandler(handler)
+        logger.propagate = True
+    logging.captureWarnings(True)
+
+
+def failed_marker(output_dir: Path, rank: int) -> Path:
+    """Where the process of ``rank`` marks its run as failed."""
+    return output_dir / (FAILED_MARKER if rank == 0 else f"failed_rank{rank}.json")
+
+
+def full_error_requested() -> bool:
+    """``HYDRA_FULL_ERROR=1``: errors are raised as they are, with every frame."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def record_failure(error: BaseException, output_dir: Path) -> Path:
+    """Log ``error`` (its message to every handler, its traceback to the log file only)
+    and write the failed marker; returns the marker's path."""
+    rank = rank_zero_only.rank
+    marker = failed_marker(output_dir, rank)
+    log.error("run failed: %s: %s", type(error).__name__, error)
+    _trace_log.error("".join(traceback.format_exception(error)).rstrip())
+    log.error("log: %s; run directory marked failed: %s", output_dir / "train.log", marker)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(
+        json.dumps({"error": type(error).__name__, "message": str(error), "rank": rank}, indent=2)
+        + "\n"
+    )
+    return marker
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether ``error``'s message alone tells the user what to change."""
+    return isinstance(error, USER_ERRORS)

@@ -1,0 +1,211 @@
+"""A sweep's comparison of its points: ``summary_table.md``, ``summary_table.csv`` and
+``summary_plot.png`` at the multirun root.
+
+:class:`SweepSummary` is a Hydra callback (registered in ``conf/train.yaml``). It writes
+the files after every job of a multirun, so a sweep cut short or with a failed point
+still has the table of the points done, and once more when the multirun ends. Each row is
+one point (a job directory): the overrides that differ between the points, whether it
+finished, and its ``summary.json`` figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
+
+log = logging.getLogger(__name__)
+
+FIGURES = (
+    "mode",
+    "optimizer_steps",
+    "emitted_samples",
+    "padding_efficiency",
+    "budget_fill",
+    "idle_steps",
+    "real_tokens_per_s",
+    "emitted_samples_per_s",
+    "mfu",
+    "loader_wait_share",
+    "train_loss",
+    "val_loss",
+    "wall_s",
+)
+"""``summary.json`` keys compared, in this order (those no point has are left out)."""
+
+PLOTTED = (("real_tokens_per_s", "real tokens/s"), ("val_loss", "val loss (token-weighted)"))
+"""The comparison plot's panels: one bar per point each."""
+
+TABLE_NAME, CSV_NAME, PLOT_NAME = "summary_table.md", "summary_table.csv", "summary_plot.png"
+
+
+@dataclass
+class SweepPoint:
+    """One job of the sweep."""
+
+    job: str
+    overrides: dict[str, str]
+    summary: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+    figures: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.figures = {k: (self.summary or {}).get(k) for k in FIGURES}
+
+    @property
+    def status(self) -> str:
+        if self.summary is not None:
+            return "ok"
+        if self.failure is not None:
+            return f"failed ({self.failure.get('error', 'error')})"
+        return "no summary"
+
+
+def _job_sort_key(path: Path) -> tuple[int, str]:
+    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+
+
+def _overrides(job_dir: Path) -> dict[str, str]:
+    path = job_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return {}
+    items = OmegaConf.to_container(OmegaConf.load(path))
+    return dict(item.split("=", 1) for item in items if "=" in item)  # type: ignore[union-attr]
+
+
+def read_points(sweep_dir: Path) -> list[SweepPoint]:
+    """Every job directory of ``sweep_dir`` (one with Hydra's ``.hydra/``), by job number."""
+    points = []
+    job_dirs = (p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())
+    for job_dir in sorted(job_dirs, key=_job_sort_key):
+        summary = job_dir / "summary.json"
+        failed = job_dir / "failed.json"
+        points.append(
+            SweepPoint(
+                job=job_dir.name,
+                overrides=_overrides(job_dir),
+                summary=json.loads(summary.read_text()) if summary.is_file() else None,
+                failure=json.loads(failed.read_text()) if failed.is_file() else None,
+            )
+        )
+    return points
+
+
+def varying_keys(points: Sequence[SweepPoint]) -> list[str]:
+    """The override keys whose values differ between the points (all of them for one point)."""
+    keys = sorted({k for p in points for k in p.overrides})
+    if len(points) < 2:
+        return keys
+    return [k for k in keys if len({p.overrides.get(k) for p in points}) > 1]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def table_rows(points: Sequence[SweepPoint]) -> tuple[list[str], list[list[Any]]]:
+    """Header and rows: job, the varying overrides, status, the figures any point has."""
+    keys = varying_keys(points)
+    figures = [k for k in FIGURES if any(p.figures[k] is not None for p in points)]
+    header = ["job", *keys, "status", *figures]
+    rows = [
+        [p.job, *(p.overrides.get(k) for k in keys), p.status, *(p.figures[k] for k in figures)]
+        for p in points
+    ]
+    return header, rows
+
+
+def write_tables(sweep_dir: Path, points: Sequence[SweepPoint]) -> tuple[Path, Path]:
+    """``summary_table.md`` (formatted) and ``summary_table.csv`` (exact values)."""
+    header, rows = table_rows(points)
+    markdown = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(_cell(v) for v in row) + " |" for row in rows),
+    ]
+    failed = [p for p in points if p.failure is not None]
+    notes = [f"- job {p.job}: {p.failure.get('message', '')}" for p in failed if p.failure]
+    md_path, csv_path = sweep_dir / TABLE_NAME, sweep_dir / CSV_NAME
+    md_path.write_text(
+        "\n".join(markdown + (["", "Failed points:", *notes] if notes else [])) + "\n"
+    )
+    with csv_path.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(header)
+        writer.writerows([["" if v is None else v for v in row] for row in rows])
+    return md_path, csv_path
+
+
+def write_plot(sweep_dir: Path, points: Sequence[SweepPoint]) -> Path | None:
+    """One figure, a bar per point in each of :data:`PLOTTED`'s panels; ``None`` when no
+    point has a summary yet."""
+    done = [p for p in points if p.summary is not None]
+    if not done:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    keys = varying_keys(points)
+    labels = [" ".join(f"{k}={p.overrides.get(k)}" for k in keys) or p.job for p in done]
+    panels = [(k, name) for k, name in PLOTTED if any(p.figures[k] is not None for p in done)]
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(max(6.0, 1.2 * len(done)) * len(panels), 4.5), squeeze=False
+    )
+    for axis, (key, name) in zip(axes[0], panels, strict=True):
+        values = [p.figures[key] if p.figures[key] is not None else 0.0 for p in done]
+        bars = axis.bar(range(len(done)), values, color="tab:blue")
+        axis.bar_label(bars, fmt="%.4g", fontsize=8)
+        axis.set_xticks(range(len(done)), labels, rotation=30, ha="right", fontsize=8)
+        axis.set_title(name)
+        axis.grid(axis="y", alpha=0.3)
+    where = f"{sweep_dir.parent.name}/{sweep_dir.name}"
+    figure.suptitle(f"sweep {where}: {len(done)} of {len(points)} points done")
+    figure.tight_layout()
+    path = sweep_dir / PLOT_NAME
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def write_sweep_summary(sweep_dir: Path) -> list[Path]:
+    """The table (markdown and CSV) and the plot of every point of ``sweep_dir``."""
+    points = read_points(sweep_dir)
+    if not points:
+        return []
+    written = [*write_tables(sweep_dir, points)]
+    plot = write_plot(sweep_dir, points)
+    return written + ([plot] if plot is not None else [])
+
+
+class SweepSummary(Callback):
+    """Hydra callback: the sweep's comparison at its root, after each job and at the end
+    (rank 0 only: under Lightning's DDP launcher every rank runs the sweep)."""
+
+    @override
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if config.hydra.mode.name == "MULTIRUN" and rank_zero_only.rank == 0:
+            write_sweep_summary(Path(config.hydra.sweep.dir))
+
+    @override
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if rank_zero_only.rank != 0:
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        written = write_sweep_summary(sweep_dir)
+        if written:
+            log.info("sweep summary: %s", ", ".join(str(p) for p in written))

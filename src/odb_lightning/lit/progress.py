@@ -1,0 +1,136 @@
+"""Lightning's tqdm progress bar with the totals our loaders know.
+
+Our train and validation loaders are plain iterables without ``__len__`` (an ODB epoch's
+step count is known only at its end), so Lightning's bar shows ``0/?``. The planned modes
+(``standard``, ``sorted``, ``bucketed``, ``oracle``) do know it: their loader has the
+epoch's plan, and its ``len()`` is the bar's total, with tqdm's ETA. For ``odb`` and
+``odb_packed`` the total is an estimate refined every step: steps so far times this
+rank's share of the epoch's training samples over the samples it has emitted so far.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import TQDMProgressBar
+from typing_extensions import override
+
+BAR_NAMES = {
+    "perf/real_tokens_per_s": "tok/s",
+    "perf/samples_per_s": "samples/s",
+    "perf/mfu": "MFU",
+    "perf/tokens_per_s_per_device": "tok/s/dev",
+    "train/loss": "loss",
+    "val/loss": "val_loss",
+}
+"""Short names in the bar of the metrics logged with ``prog_bar=True``."""
+
+
+def planned_steps(loader: Any) -> int | None:
+    """Steps of the current epoch of a loader that knows them (a planned loader, also
+    behind Lightning's wrapper ``LightningLoader``), else ``None``."""
+    inner = getattr(loader, "loader", loader)
+    if not hasattr(inner, "__len__"):
+        return None
+    try:
+        return len(inner)
+    except TypeError:  # a __len__ that is not available before the epoch is planned
+        return None
+
+
+class ODBProgressBar(TQDMProgressBar):
+    """Lightning's ``TQDMProgressBar`` with a step total for planned modes, an estimated
+    one for ODB, and short metric names (tokens/s, samples/s, MFU where logged).
+
+    Args:
+        refresh_rate: Redraw every this many steps (1: every step).
+        process_position: As in ``TQDMProgressBar``.
+        leave: As in ``TQDMProgressBar``.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
+        super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
+        self._epoch_samples = 0
+        self._epoch_steps = 0
+        self._estimated = False
+
+    @property
+    @override
+    def total_train_batches(self) -> int | float:
+        total = super().total_train_batches
+        if not math.isinf(total):
+            return total
+        steps = planned_steps(self.trainer.train_dataloader)
+        if steps is None:
+            return total
+        trainer = self.trainer
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            steps = min(steps, trainer.max_steps - trainer.global_step)
+        return steps
+
+    @property
+    @override
+    def total_val_batches_current_dataloader(self) -> int | float:
+        total = super().total_val_batches_current_dataloader
+        if not math.isinf(total):
+            return total
+        loaders = self.trainer.val_dataloaders
+        if isinstance(loaders, list | tuple):
+            index = self._current_eval_dataloader_idx or 0
+            loaders = loaders[index] if index < len(loaders) else None
+        steps = planned_steps(loaders)
+        if steps is None:
+            return total
+        if self.trainer.sanity_checking:
+            return min(steps, self.trainer.num_sanity_val_steps)
+        return steps
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self._epoch_samples = self._epoch_steps = 0
+        self._estimated = self.train_progress_bar.total is None
+
+    def _rank_share(self, trainer: pl.Trainer) -> float | None:
+        """This rank's part of the epoch's training samples (``None`` when unknown)."""
+        samples = getattr(trainer.datamodule, "num_train_samples", None)
+        return samples / trainer.world_size if samples else None
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        bar = self.train_progress_bar
+        n = batch_idx + 1
+        meta = getattr(batch, "meta", None)
+        self._epoch_steps += 1
+        if meta is not None and not meta.is_idle:
+            self._epoch_samples += meta.local_samples
+        share = self._rank_share(trainer)
+        if self._estimated and share and self._epoch_samples:
+            estimate = math.ceil(self._epoch_steps * share / self._epoch_samples)
+            bar.total = max(n, n - self._epoch_steps + estimate)
+        elif bar.total is not None and n > bar.total:
+            bar.total = n  # a resumed epoch whose plan counts only what is left
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        bar = self.train_progress_bar
+        if self._estimated and bar.total is not None:
+            bar.total = bar.n  # the epoch's real step count
+            bar.refresh()
+        super().on_train_epoch_end(trainer, pl_module)
+
+    @override
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return {BAR_NAMES.get(name, name): value for name, value in metrics.items()}

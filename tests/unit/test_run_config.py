@@ -1,0 +1,154 @@
+"""The run config in checkpoints and the config of a resume (``app/run_config.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from odb_lightning.app.run_config import (
+    RUN_CONFIG_KEY,
+    RunConfigCheckpoint,
+    command_line_keys,
+    config_for_resume,
+    leaves,
+    merge_resume_config,
+    nest,
+    saved_run_config,
+    shape_conflict,
+)
+
+GROUPS = ["data", "model", "batching", "trainer", "logger", "callbacks", "paths", "debug"]
+
+SAVED = {
+    "seed": 0,
+    "ckpt_path": None,
+    "model": {"hidden_size": 48, "num_hidden_layers": 1, "learning_rate": 0.001},
+    "trainer": {"max_epochs": 1},
+    "data": {"max_samples": 80, "path": "${paths.root_dir}/data.jsonl"},
+    "logger": {"csv": {"_target_": "CSVLogger", "save_dir": "${paths.output_dir}"}},
+    "paths": {"output_dir": "/first/run", "root_dir": "/first"},
+}
+# What a resume's command line composes without the original overrides: the defaults.
+CURRENT = {
+    "seed": 0,
+    "ckpt_path": "/first/run/checkpoints/last.ckpt",
+    "model": {"hidden_size": 896, "num_hidden_layers": 24, "learning_rate": 0.001},
+    "trainer": {"max_epochs": 3},
+    "data": {"max_samples": 224, "path": "${paths.root_dir}/data.jsonl"},
+    "logger": {
+        "csv": {"_target_": "CSVLogger", "save_dir": "${paths.output_dir}"},
+        "wandb": {"_target_": "WandbLogger", "offline": True},
+    },
+    "paths": {"output_dir": "/resumed/run", "root_dir": "/resumed"},
+    "new_knob": 7,
+}
+
+
+def _merge(overrides: list[str], baseline: dict | None = None) -> tuple[dict, list[str]]:
+    current = leaves(CURRENT)
+
+    def compose_baseline() -> dict:
+        assert baseline is not None, "the baseline is composed only for group overrides"
+        return leaves(baseline)
+
+    set_keys, deleted = command_line_keys(overrides, GROUPS, current, compose_baseline)
+    return merge_resume_config(SAVED, current, set_keys, deleted)
+
+
+def test_leaves_and_nest_round_trip() -> None:
+    assert nest(leaves(CURRENT)) == CURRENT
+    assert leaves({"a": {"b": [1, 2], "c": {}}}) == {"a.b": [1, 2], "a.c": {}}
+
+
+def test_resume_without_overrides_takes_the_checkpoint_config() -> None:
+    merged, changed = _merge(["ckpt_path=/first/run/checkpoints/last.ckpt"])
+    assert merged["model"] == SAVED["model"]  # not the defaults' 896 x 24
+    assert merged["trainer"] == {"max_epochs": 1} and merged["data"]["max_samples"] == 80
+    assert merged["ckpt_path"] == CURRENT["ckpt_path"]
+    assert merged["paths"] == CURRENT["paths"]  # where this run writes
+    assert merged["new_knob"] == 7  # a key the checkpoint's config predates
+    assert "wandb" not in merged["logger"]  # the run had no W&B logger: none added
+    assert changed == ["ckpt_path"]
+
+
+def test_command_line_keys_win() -> None:
+    merged, changed = _merge(["ckpt_path=x", "trainer.max_epochs=3", "~data.max_samples"])
+    assert merged["trainer"]["max_epochs"] == 3
+    assert "max_samples" not in merged["data"]
+    assert merged["model"]["hidden_size"] == 48
+    assert changed == ["ckpt_path", "trainer.max_epochs"]
+
+
+def test_a_key_set_to_its_default_still_wins() -> None:
+    merged, _ = _merge(["model.hidden_size=896"])
+    assert merged["model"]["hidden_size"] == 896 and merged["model"]["num_hidden_layers"] == 1
+
+
+def test_group_override_wins_for_the_keys_it_changes() -> None:
+    baseline = {
+        **CURRENT,
+        "logger": {"csv": CURRENT["logger"]["csv"]},
+        "trainer": {"max_epochs": 1},
+    }
+    merged, _ = _merge(["logger=wandb"], baseline=baseline)
+    assert merged["logger"]["wandb"] == {"_target_": "WandbLogger", "offline": True}
+    assert merged["trainer"]["max_epochs"] == 3  # changed by the group: 3 vs the default 1
+    assert merged["model"] == SAVED["model"]  # untouched by the group: the checkpoint's
+
+
+def test_checkpoint_holds_the_config_and_it_reads_back(tmp_path: Path) -> None:
+    cfg = OmegaConf.create({"a": 1, "b": "${a}", "paths": {"output_dir": str(tmp_path)}})
+    callback = RunConfigCheckpoint(cfg, ["a=1"])
+    checkpoint: dict = {"state_dict": {"w": torch.zeros(1)}}
+    callback.on_save_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+    assert checkpoint[RUN_CONFIG_KEY]["config"]["b"] == "${a}"
+    assert checkpoint[RUN_CONFIG_KEY]["resolved"]["b"] == 1
+    torch.save(checkpoint, tmp_path / "file.ckpt")
+    sharded = tmp_path / "sharded.ckpt"  # an FSDP2 checkpoint directory: meta.pt
+    sharded.mkdir()
+    torch.save({RUN_CONFIG_KEY: checkpoint[RUN_CONFIG_KEY]}, sharded / "meta.pt")
+    for path in (tmp_path / "file.ckpt", sharded):
+        saved = saved_run_config(path)
+        assert saved is not None and saved["overrides"] == ["a=1"]
+        assert saved["resolved"] == {"a": 1, "b": 1, "paths": {"output_dir": str(tmp_path)}}
+    torch.save({"state_dict": {}}, tmp_path / "old.ckpt")
+    assert saved_run_config(tmp_path / "old.ckpt") is None
+    assert saved_run_config(tmp_path / "missing.ckpt") is None
+
+
+MISMATCH = RuntimeError(
+    "Error(s) in loading state_dict for CausalLMModule:\n\tsize mismatch for "
+    "model.lm_head.weight: copying a param with shape torch.Size([4096, 48]) from "
+    "checkpoint, the shape in current model is torch.Size([4096, 64])."
+)
+
+
+def test_shape_conflict_names_the_model_key() -> None:
+    saved = {"resolved": {"model": {"hidden_size": 48, "num_hidden_layers": 1}}}
+    resolved = {"model": {"hidden_size": 64, "num_hidden_layers": 1}}
+    message = str(shape_conflict("c.ckpt", saved, resolved, MISMATCH))
+    assert "model.hidden_size=64 here, 48 in the checkpoint" in message
+    assert "num_hidden_layers" not in message
+    assert "size mismatch for model.lm_head.weight" in message
+
+
+def test_shape_conflict_without_a_saved_config_says_to_repeat_the_overrides() -> None:
+    message = str(shape_conflict("c.ckpt", None, {"model": {}}, MISMATCH))
+    assert "holds no run config" in message and ".hydra/overrides.yaml" in message
+
+
+@pytest.mark.parametrize("overrides", [["hydra.run.dir=/x"], []])
+def test_hydra_overrides_set_no_config_key(overrides: list[str]) -> None:
+    set_keys, deleted = command_line_keys(overrides, GROUPS, leaves(CURRENT), dict)
+    assert set_keys == set() and deleted == set()
+
+
+def test_config_for_resume_of_a_checkpoint_without_config_keeps_the_command_line(
+    tmp_path: Path,
+) -> None:
+    torch.save({"state_dict": {}}, tmp_path / "old.ckpt")
+    cfg = OmegaConf.create({"model": {"hidden_size": 64}})
+    assert config_for_resume(cfg, str(tmp_path / "old.ckpt")) is cfg

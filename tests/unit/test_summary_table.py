@@ -1,0 +1,34 @@
+"""The end-of-run table's budget rows: modes that cut batches of ``batch_size`` samples
+(``standard``, ``sorted``) have no token budget to fill or go over."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from odb_lightning.lit.callbacks import print_summary
+
+
+def table_rows(summary: dict) -> dict[str, str]:
+    console = Console(record=True, width=120)
+    print_summary(summary, console)
+    rows = {}
+    for line in console.export_text().splitlines():
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if len(cells) == 2:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["standard", "sorted"])
+def test_fixed_size_modes_show_the_ratio_without_calling_it_a_fill(mode: str) -> None:
+    # What on_train_end leaves for these modes: over_budget_samples is null.
+    rows = table_rows({"mode": mode, "budget_fill": 1.911, "over_budget_samples": None})
+    assert rows["padded tokens/step / token_budget (no budget in mode)"] == "1.911"
+    assert "budget fill" not in rows and "over-budget samples" not in rows
+
+
+@pytest.mark.parametrize("mode", ["odb", "bucketed", "oracle", "odb_packed"])
+def test_budget_modes_show_fill_and_over_budget_samples(mode: str) -> None:
+    rows = table_rows({"mode": mode, "budget_fill": 0.915, "over_budget_samples": 2})
+    assert rows["budget fill"] == "0.915" and rows["over-budget samples"] == "2"

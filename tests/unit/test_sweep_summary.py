@@ -1,0 +1,100 @@
+"""The sweep's comparison files (``app/sweep.py``) from job directories as Hydra leaves
+them: ``.hydra/overrides.yaml`` and ``summary.json`` or ``failed.json`` in each."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from odb_lightning.app.sweep import (
+    CSV_NAME,
+    PLOT_NAME,
+    TABLE_NAME,
+    SweepSummary,
+    read_points,
+    write_sweep_summary,
+)
+
+
+def make_job(sweep: Path, job: int, overrides: list[str], summary=None, failure=None) -> None:
+    job_dir = sweep / str(job)
+    (job_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(overrides), job_dir / ".hydra" / "overrides.yaml")
+    if summary is not None:
+        (job_dir / "summary.json").write_text(json.dumps(summary))
+    if failure is not None:
+        (job_dir / "failed.json").write_text(json.dumps(failure))
+
+
+def summary_of(budget: int, steps: int, rate: float, loss: float) -> dict:
+    return {
+        "mode": "odb",
+        "token_budget": budget,
+        "optimizer_steps": steps,
+        "real_tokens_per_s": rate,
+        "val_loss": loss,
+        "padding_efficiency": 0.9,
+        "per_rank": [{"steps": steps}],
+    }
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    for job, budget in enumerate([2048, 4096]):
+        overrides = ["debug=smoke", f"batching.token_budget={budget}"]
+        make_job(
+            tmp_path, job, overrides, summary_of(budget, 20 // (job + 1), 1000.0 * (job + 1), 8.3)
+        )
+    failure = {"error": "ConfigError", "message": "data.max_seq_len (1024) must not exceed"}
+    make_job(tmp_path, 2, ["debug=smoke", "batching.token_budget=512"], failure=failure)
+    (tmp_path / "multirun.yaml").write_text("{}\n")  # not a job: no .hydra/
+    return tmp_path
+
+
+def test_table_compares_the_points_on_what_differs(sweep: Path) -> None:
+    written = write_sweep_summary(sweep)
+    assert [p.name for p in written] == [TABLE_NAME, CSV_NAME, PLOT_NAME]
+    with (sweep / CSV_NAME).open() as rows:
+        table = list(csv.DictReader(rows))
+    assert [row["job"] for row in table] == ["0", "1", "2"]
+    assert "debug" not in table[0]  # the same in every point
+    assert [row["batching.token_budget"] for row in table] == ["2048", "4096", "512"]
+    assert [row["status"] for row in table] == ["ok", "ok", "failed (ConfigError)"]
+    for row, job in zip(table[:2], (0, 1), strict=True):
+        summary = json.loads((sweep / str(job) / "summary.json").read_text())
+        assert float(row["real_tokens_per_s"]) == summary["real_tokens_per_s"]
+        assert int(row["optimizer_steps"]) == summary["optimizer_steps"]
+    assert table[2]["real_tokens_per_s"] == ""
+    assert "mfu" not in table[0]  # no point has it
+    markdown = (sweep / TABLE_NAME).read_text().splitlines()
+    assert markdown[0].startswith("| job | batching.token_budget | status | mode |")
+    assert len([line for line in markdown if line.startswith("| ")]) == 1 + 3
+    assert "- job 2: data.max_seq_len (1024) must not exceed" in markdown
+    assert (sweep / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_points_in_job_order(tmp_path: Path) -> None:
+    for job in (10, 2, 1):
+        make_job(tmp_path, job, [f"seed={job}"], summary_of(2048, job, 1.0, 1.0))
+    assert [p.job for p in read_points(tmp_path)] == ["1", "2", "10"]
+
+
+def test_no_plot_before_a_point_finished(tmp_path: Path) -> None:
+    make_job(tmp_path, 0, ["seed=1"], failure={"error": "ValueError", "message": "m"})
+    assert [p.name for p in write_sweep_summary(tmp_path)] == [TABLE_NAME, CSV_NAME]
+
+
+def test_callback_writes_only_in_a_multirun(sweep: Path) -> None:
+    def config(mode: str) -> SimpleNamespace:
+        hydra = SimpleNamespace(mode=SimpleNamespace(name=mode), sweep=SimpleNamespace(dir=sweep))
+        return SimpleNamespace(hydra=hydra)
+
+    SweepSummary().on_job_end(config("RUN"), None)  # type: ignore[arg-type]
+    assert not (sweep / TABLE_NAME).exists()
+    SweepSummary().on_job_end(config("MULTIRUN"), None)  # type: ignore[arg-type]
+    assert (sweep / TABLE_NAME).exists()
