@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from helpers.vlm import model_sample, tiny_vlm
 from odb_lightning.lit.vlm_module import VisionLanguageModule, fold_vlm_ids
-from odb_lightning.runtime.batch import idle_samples, pack_collate, pad_collate
+from odb_lightning.runtime.batch import build_step_meta, idle_samples, pack_collate, pad_collate
 
 # (image sizes, prompt tokens, answer tokens, seed): two images, one, none, one.
 SPECS = [([(90, 60), (40, 120)], 5, 7, 1), ([(112, 112)], 3, 9, 2), ([], 6, 8, 3),
@@ -76,6 +76,15 @@ def test_packed_rows_give_the_padded_per_token_losses(module, samples) -> None:
     assert n_padded == n_packed == actual.numel()
     assert float(loss_packed) == pytest.approx(float(expected.sum()), rel=1e-10)
     assert float(loss_padded) == pytest.approx(float(expected.sum()), rel=1e-10)
+    # A runtime batch (with its metadata) runs without the attention mask: same loss.
+    meta = build_step_meta(
+        range(len(samples)), [s["input_ids"].numel() for s in samples], n_padded,
+        packed=False, global_samples=len(samples), global_loss_tokens=n_padded,
+        round_index=0, step=0, epoch=0,
+    )
+    with torch.no_grad():
+        loss_unmasked, _ = module(padded, meta)
+    assert float(loss_unmasked) == pytest.approx(float(expected.sum()), rel=1e-10)
 
 
 def test_an_image_changes_only_its_own_samples_logits(module, samples) -> None:

@@ -162,8 +162,12 @@ class VisionLanguageModule(CausalLMModule):
 
     @override
     def forward(self, inputs: Mapping[str, Tensor], meta: Any = None) -> tuple[Tensor, int]:
-        """Summed token cross-entropy of an image-text batch and its supervised tokens
-        (``meta``, the step's metadata, is not needed: the labels are counted here)."""
+        """Summed token cross-entropy of an image-text batch and its supervised tokens.
+
+        With the step's ``meta`` (a batch of this package's collates, right padded) the
+        padded batch runs without its attention mask, as in
+        :class:`~odb_lightning.lit.module.CausalLMModule`: causal attention alone gives
+        the real tokens their states, and padding is never scored."""
         if "labels" not in inputs:
             raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")
         if self.model is None:
@@ -171,7 +175,7 @@ class VisionLanguageModule(CausalLMModule):
         if self.token_id_fold is not None:
             inputs = fold_vlm_ids(inputs, self.token_id_fold, self.vision_ids)
         kwargs = {k: v for k, v in inputs.items() if k not in NOT_MODEL_INPUTS}
-        if "cu_seqlens" in inputs:
+        if "cu_seqlens" in inputs or meta is not None:
             # A packed row: transformers finds the samples from the text positions (row 0
             # of position_ids), and must not get a mask that would override them.
             kwargs.pop("attention_mask", None)
