@@ -6,6 +6,7 @@ efficiency and budget fill, plus the bucket table (range, count, mean length, ba
 efficiency) for ``bucketed``::
 
     odb-plan --synthetic 1456,0.54,17545 --budget 16384,49152
+    odb-plan --source jsonl --path my_chats.jsonl --tokenizer /models/Qwen2.5-0.5B
     python -m odb_lightning.plan --lengths lengths.npy --modes sorted,bucketed --json
 """
 
@@ -30,6 +31,11 @@ from odb_lightning.core.planners import plan_epoch, summarize_plan, validate_len
 from odb_lightning.core.profiles import lognormal_lengths
 
 DEFAULT_BUDGET = 16384
+
+SOURCES = ("sharegpt", "chitchat", "ultrachat", "jsonl", "synthetic")
+"""``--source`` names: :class:`~odb_lightning.data.sources.SourceName` and ``synthetic``
+(spelled here so that ``--help`` needs no data layer; a test keeps them equal)."""
+SOURCES_WITH_PATH = ("ultrachat", "jsonl")
 
 
 class PlanCliError(Exception):
@@ -69,15 +75,38 @@ def _modes(text: str) -> list[BatchingMode]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="odb-plan", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--lengths", type=Path, help=".npy, or text with one int per token")
-    source.add_argument("--synthetic", type=_synthetic, metavar="MEAN,CV,N")
-    source.add_argument("--source", help="a data source name (odb_lightning.data.lengths)")
+    source.add_argument(
+        "--lengths", type=Path, help="sample lengths: .npy, or text with one int per sample"
+    )
+    source.add_argument(
+        "--synthetic", type=_synthetic, metavar="MEAN,CV,N",
+        help="N lognormal lengths of mean MEAN tokens and coefficient of variation CV",
+    )  # fmt: skip
+    source.add_argument(
+        "--source", choices=SOURCES,
+        help="tokenize a data source with the chat template (ultrachat and jsonl need --path)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--path", help="--source ultrachat: parquet file/dir or hub name; jsonl: the file"
+    )
+    parser.add_argument(
+        "--tokenizer", default="qwen2.5", help="--source: qwen2.5 or a Hugging Face directory"
+    )
+    parser.add_argument(
+        "--template", default="auto", help="--source: chat template (data.template)"
+    )
     parser.add_argument("--max-seq-len", type=int, help="truncate lengths to this many tokens")
     parser.add_argument("--max-samples", type=int, help="first N samples of --source")
-    parser.add_argument("--budget", type=_int_list, action="append", help="token budget(s)")
     parser.add_argument(
-        "--modes", type=_modes, default=_modes("standard,sorted,bucketed,oracle,odb")
-    )
+        "--budget", type=_int_list, action="append", metavar="TOKENS[,TOKENS...]",
+        help=f"token budget(s) per step, comma-separated or repeated (default {DEFAULT_BUDGET})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--modes", type=_modes, default=_modes("standard,sorted,bucketed,oracle,odb"),
+        metavar="MODE[,MODE...]",
+        help="batching modes to plan, among " + ",".join(m.value for m in BatchingMode)
+        + " (default standard,sorted,bucketed,oracle,odb)",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=8, help="standard/sorted")
     parser.add_argument("--window", type=int, default=512, help="odb outstanding depth D")
     parser.add_argument("--buckets", type=int, default=6, help="k for the bucket optimizer")
@@ -130,9 +159,22 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
                 f"--source needs the data layer (odb_lightning.data.lengths): {error}"
             ) from error
         max_seq_len = args.max_seq_len or 4096
-        lengths = list(
-            source_lengths(args.source, max_seq_len=max_seq_len, max_samples=args.max_samples)
-        )
+        if args.source in SOURCES_WITH_PATH and args.path is None:
+            raise PlanCliError(f"--source {args.source} needs --path (the data to tokenize)")
+        try:
+            lengths = list(
+                source_lengths(
+                    args.source,
+                    max_seq_len=max_seq_len,
+                    max_samples=args.max_samples,
+                    path=args.path,
+                    tokenizer=args.tokenizer,
+                    template=args.template,
+                    over_length="truncate",  # as training does
+                )
+            )
+        except (OSError, ValueError) as error:  # a missing file, a bad record or template
+            raise PlanCliError(f"--source {args.source}: {error}") from None
         origin = f"source {args.source} (max_seq_len={max_seq_len})"
     if not lengths:
         raise PlanCliError(f"no lengths in {origin}")

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
+from odb_lightning.data.hf_tokenizer import load_tokenizer
 from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources import SourceName, load_source
 from odb_lightning.data.synthetic import LENGTH_PROFILES
-from odb_lightning.data.template import ChatMLTemplate
+from odb_lightning.data.template import ChatTemplate, build_chat_template
 from odb_lightning.data.tokenizer import ChatTokenizer
 
 SYNTHETIC = "synthetic"
@@ -111,7 +112,7 @@ def _synthetic_report(
 
 def _tokenized_lengths(
     records: Sequence[ChatRecord],
-    template: ChatMLTemplate,
+    template: ChatTemplate,
     over_length: OverLength,
     max_seq_len: int,
     description: str,
@@ -145,20 +146,23 @@ def measure_source(
     max_seq_len: int = 4096,
     max_samples: int | None = None,
     regime: str = "whole",
-    tokenizer: ChatTokenizer | None = None,
+    tokenizer: ChatTokenizer | str | None = None,
     path: str | Path | None = None,
     system_prompt: str | None = None,
     over_length: OverLength | str = OverLength.DROP,
     seed: int = 0,
     progress: bool = True,
+    template: str = "auto",
 ) -> LengthReport:
-    """Token lengths of a source after the ChatML template, with counts and timing.
+    """Token lengths of a source after the chat template, with counts and timing.
 
     Args:
         name: A :class:`SourceName` or ``"synthetic"`` (lognormal draws; ``regime`` picks
             the ``sharegpt_<regime>`` profile, ``max_samples`` the count, default 10,000).
         max_seq_len: Length limit, applied per ``over_length`` (see the module docstring).
-        tokenizer: Defaults to the Qwen2.5 BPE.
+        tokenizer: Defaults to the Qwen2.5 BPE; a string is a name or directory for
+            :func:`~odb_lightning.data.hf_tokenizer.load_tokenizer`.
+        template: The chat template (``data.template``; ``auto`` reads the tokenizer's).
         path: Source path (``ultrachat``, ``jsonl``).
         system_prompt: Default system prompt (none by default, as for the length profiles).
         seed: ShareGPT ``mix`` seed / synthetic seed.
@@ -167,10 +171,12 @@ def measure_source(
     if name == SYNTHETIC:
         return _synthetic_report(regime, max_seq_len, max_samples, seed)
     source = load_source(name, path=path, regime=regime, max_samples=max_samples, seed=seed)
-    template = ChatMLTemplate(tokenizer or QwenTokenizer(), system_prompt)
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer)
+    chat_template = build_chat_template(tokenizer or QwenTokenizer(), template, system_prompt)
     report = _tokenized_lengths(
         source.records,
-        template,
+        chat_template,
         OverLength(over_length),
         max_seq_len,
         f"lengths {source.name}/{regime}",
@@ -186,9 +192,10 @@ def source_lengths(
     max_seq_len: int = 4096,
     max_samples: int | None = None,
     regime: str = "whole",
-    tokenizer: ChatTokenizer | None = None,
+    tokenizer: ChatTokenizer | str | None = None,
     path: str | Path | None = None,
     over_length: OverLength | str = OverLength.DROP,
+    template: str = "auto",
 ) -> list[int]:
     """Token lengths of a source (see :func:`measure_source`); what the planner CLI uses."""
     return measure_source(
@@ -199,4 +206,5 @@ def source_lengths(
         tokenizer=tokenizer,
         path=path,
         over_length=over_length,
+        template=template,
     ).lengths

@@ -1,0 +1,52 @@
+"""``odb-plan --source``: the names it lists, a user's jsonl through ``--path`` tokenized
+exactly as training tokenizes it, and errors without a traceback."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from helpers.own_data import write_own_jsonl
+from odb_lightning.data import QwenTokenizer, SourceName, jsonl_records
+from odb_lightning.data.lengths import SYNTHETIC
+from odb_lightning.data.template import build_chat_template
+from odb_lightning.plan import SOURCES, build_parser, main
+
+
+def test_source_choices_are_the_data_layers() -> None:
+    assert list(SOURCES) == [*(s.value for s in SourceName), SYNTHETIC]
+
+
+def test_help_lists_sources_and_modes_and_speaks_of_samples() -> None:
+    text = " ".join(build_parser().format_help().split())
+    assert "one int per sample" in text and "per token" not in text
+    assert "{sharegpt,chitchat,ultrachat,jsonl,synthetic}" in text
+    assert "among standard,sorted,bucketed,oracle,odb,odb_packed" in text
+    assert "token budget(s) per step" in text
+
+
+def test_jsonl_path_plans_over_the_training_lengths(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "mine.jsonl"
+    write_own_jsonl(data, num_short=30, num_long=2)
+    # The broken line: refused without a traceback, naming the file and the line.
+    assert main(["--source", "jsonl", "--path", str(data)]) == 2
+    assert f"--source jsonl: record {data}:3" in capsys.readouterr().err
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(line for line in data.open() if "broken" not in line))
+    assert main(["--source", "jsonl", "--path", str(good), "--max-seq-len", "64", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)["lengths"]
+    template = build_chat_template(QwenTokenizer())
+    expected = [
+        min(template.tokenize(r["messages"]).full_length, 64) for r in jsonl_records(good).records
+    ]
+    assert described["n"] == len(expected) == 32
+    assert described["mean"] == pytest.approx(statistics.fmean(expected))
+    assert described["max"] == max(expected) == 64
+
+
+def test_source_that_needs_a_path_says_so(capsys) -> None:
+    assert main(["--source", "jsonl"]) == 2
+    assert "--source jsonl needs --path" in capsys.readouterr().err
