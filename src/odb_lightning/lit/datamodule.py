@@ -47,6 +47,17 @@ def _without_augmentation(dataset: Dataset) -> Dataset:
     return plain
 
 
+EVALUATION_SPLITS = ("val", "train", "all")
+"""What :meth:`ODBDataModule.evaluation_loader` evaluates: the held-out records, the
+training records, or every record read."""
+
+
+def check_split(split: str) -> None:
+    """Refuse a split :meth:`ODBDataModule.evaluation_loader` does not know."""
+    if split not in EVALUATION_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(EVALUATION_SPLITS)}, got {split!r}")
+
+
 class ODBDataModule(pl.LightningDataModule):
     """Chat data, tokenized in the loader workers, batched by the configured mode.
 
@@ -331,10 +342,9 @@ class ODBDataModule(pl.LightningDataModule):
         """Fixed in-order batches of ``batching.batch_size`` over a split (after
         ``setup``): ``val`` (the held-out records, as validation sees them), ``train``
         (the training records, unaugmented) or ``all``; closed in :meth:`teardown`."""
+        check_split(split)
         splits = {"val": self.val_set.indices if self.val_set is not None else []}
         splits |= {"train": self.train_indices, "all": range(len(self.dataset or ()))}
-        if split not in splits:
-            raise ValueError(f"split must be one of {', '.join(splits)}, got {split!r}")
         subset = Subset(_without_augmentation(self.dataset), sorted(splits[split]))
         if not len(subset):
             raise ValueError(f"split={split!r} holds no records (data.val_samples=0?)")
