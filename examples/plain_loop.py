@@ -115,7 +115,7 @@ def main() -> None:
             for batch in loader:
                 meta = batch.meta
                 inputs = batch.inputs  # input_ids, attention_mask, labels: [rows, longest]
-                loss_sum = model(inputs["input_ids"], inputs["attention_mask"], inputs["labels"])
+                loss_sum = model(**inputs)
                 scale = (
                     0.0 if meta.is_idle else rank_loss_scale(world_size, meta.global_loss_tokens)
                 )

@@ -54,7 +54,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     data = root / "mine.jsonl"
     write_own_jsonl(data, num_short=18, num_long=2)
     run_dir = root / "run"
-    _run(
+    done = _run(
         "train.py",
         f"hydra.run.dir={run_dir}",
         "debug=smoke",
@@ -67,6 +67,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         "tokenizer=hf",
         f"tokenizer.name_or_path={model}",
     )
+    # from_pretrained returns eval mode; the module trains in train mode, unwarned.
+    assert "in eval mode" not in done.stdout + done.stderr
+    assert "in eval mode" not in (run_dir / "train.log").read_text()
     return run_dir, json.loads((run_dir / "summary.json").read_text())
 
 
