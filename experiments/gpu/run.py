@@ -170,14 +170,18 @@ def compile_knob_exists() -> bool:
 
 
 def run_arms(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the arms one after the other; the report is rewritten after each arm, so a run
+    cut short still leaves the arms it finished."""
     out = args.out / ("dry_run" if args.dry_run else "arms")
     env = arm_environment(args.out / "site")
     rows: dict[str, Any] = {}
     arms_facts: dict[str, Any] = {}
     started = time.perf_counter()
-    for arm in args.arms.split(","):
+    arms = args.arms.split(",")
+    for arm in arms:
         if arm not in ARMS:
             raise SystemExit(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
+    for arm in arms:
         left_s = args.time_budget_s - (time.perf_counter() - started)
         if arm == "odb_compile" and not compile_knob_exists():
             rows[arm] = {"skipped": f"no `compile` knob in {COMPILE_KNOB.relative_to(ROOT)}"}
@@ -196,12 +200,27 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             why = "timed out" if status is None else f"exit {status}"
             rows[arm] = {"failed": f"{why} after {process_s:.0f} s", "output_tail": tail}
             print(f"{arm}: {rows[arm]['failed']}\n{tail[-3000:]}", flush=True)
-            continue
-        arms_facts[arm] = json.loads((out_dir / ARM_FILE).read_text())
-        rows[arm] = {**arm_row(arms_facts[arm]), "process_s": process_s}
-        print(f"{arm}: done in {process_s:.0f} s", flush=True)
+        else:
+            arms_facts[arm] = json.loads((out_dir / ARM_FILE).read_text())
+            rows[arm] = {**arm_row(arms_facts[arm]), "process_s": process_s}
+            print(f"{arm}: done in {process_s:.0f} s", flush=True)
+        if arms_facts:
+            partial = len(rows) < len(arms)
+            write_report(args, build_report(args, rows, arms_facts, started, partial))
     if not arms_facts:
         raise SystemExit(f"no arm ran: {json.dumps(rows, indent=2)[-4000:]}")
+    return build_report(args, rows, arms_facts, started, partial=False)
+
+
+def build_report(
+    args: argparse.Namespace,
+    rows: dict[str, Any],
+    arms_facts: dict[str, Any],
+    started: float,
+    partial: bool,
+) -> dict[str, Any]:
+    """The report of the arms run so far (``rows``: every arm's row, skip or failure)."""
+    out = args.out / ("dry_run" if args.dry_run else "arms")
     first = next(iter(arms_facts.values()))
     base = rows.get("standard", {}).get("real_tokens_per_s")
     for arm, row in rows.items():
@@ -209,10 +228,13 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             comparable = base and ARMS[arm][1] == ARMS["standard"][1]
             row["vs_standard"] = row["real_tokens_per_s"] / base if comparable else None
     peak = first["summary"].get("peak_tflops_per_device")
-    return {
-        "status": "dry run (CPU, tiny model): checks the code path, not a measurement"
+    status = (
+        "dry run (CPU, tiny model): checks the code path, not a measurement"
         if args.dry_run
-        else "measured",
+        else "measured"
+    )
+    return {
+        "status": f"{status} (partial: still running or cut short)" if partial else status,
         "arms": rows,
         "meta": results_meta(
             device=first["device"],
@@ -225,6 +247,13 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             host=platform.node(),
         ),
     }
+
+
+def write_report(args: argparse.Namespace, report: dict[str, Any]) -> Path:
+    target = args.out / "dry_run.json" if args.dry_run else HERE / "results.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(report, indent=2) + "\n")
+    return target
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -302,10 +331,7 @@ def main() -> None:
         return
     report = run_arms(args)
     print_table(report)
-    target = args.out / "dry_run.json" if args.dry_run else HERE / "results.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {target}")
+    print(f"wrote {write_report(args, report)}")
 
 
 if __name__ == "__main__":
