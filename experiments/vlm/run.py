@@ -4,10 +4,10 @@
 Part 1 writes the LLaVA- and ShareGPT4o-shaped sets, runs every record through the real
 worker-side pipeline (image files read, Qwen2-VL processor, placeholder expansion) and
 records each sample's LLM length and ViT patches. Part 2 plans one epoch per mode on
-those lengths with the planners and the multi-rank simulator the runtime shares
-(odb also at 1, 8 and 64 ranks on 256 samples per rank drawn from the measured ones) and scores every step's patches against ``max_patches``;
-the patch-budget rule (``core/patch_budget.py``) is shown on each ODB-sized window of the
-epoch order, one rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on
+those lengths with the planners and the multi-rank simulator the runtime shares (odb
+also at 1, 8 and 64 ranks on 256 samples per rank drawn from the measured ones) and
+scores every step's patches against ``max_patches``; the patch-budget rule
+(``core/patch_budget.py``) is shown on each ODB-sized window of the epoch order, one rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on
 CPU with the tiny Qwen2-VL (token ids folded) and reads emitted samples/s from each
 run's summary.json.
 
@@ -27,7 +27,7 @@ from experiments.common import results_meta, run_train
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.patch_budget import PatchBudget, cut_groups
+from odb_lightning.core.patch_budget import cut_groups
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.simulate import simulate
 from odb_lightning.data import QwenTokenizer
@@ -56,14 +56,21 @@ def measure_set(name: str, num_samples: int, out_dir: Path) -> dict[str, list[in
         image_tokens.append(count_image_tokens(sample))
         patches.append(count_image_patches(sample))
         image_patches.append([int(g.prod()) for g in sample["image_grid_thw"]])
-    return {"lengths": lengths, "image_tokens": image_tokens, "patches": patches,
-            "image_patches": image_patches}
+    return {
+        "lengths": lengths,
+        "image_tokens": image_tokens,
+        "patches": patches,
+        "image_patches": image_patches,
+    }
 
 
 def profile(values: list[int]) -> dict[str, float]:
     mean = statistics.fmean(values)
-    return {"mean": round(mean, 1), "cv": round(statistics.pstdev(values) / mean, 3),
-            "max": max(values)}
+    return {
+        "mean": round(mean, 1),
+        "cv": round(statistics.pstdev(values) / mean, 3),
+        "max": max(values),
+    }
 
 
 def score(batches: list[list[int]], measured: dict[str, list], budget: BatchingConfig) -> dict:
@@ -119,32 +126,50 @@ def modes_table(measured: dict[str, list], token_budget: int, max_patches: int) 
         drawn = [rng.randrange(len(lengths)) for _ in range(world * PER_RANK)]
         shards = [drawn[r::world] for r in range(world)]
         steps = simulate([[lengths[i] for i in s] for s in shards], base)
-        batches = [[s[p] for p in step] for s, rank in zip(shards, steps, strict=True)
-                   for step in rank]
+        batches = [
+            [s[p] for p in step] for s, rank in zip(shards, steps, strict=True) for step in rank
+        ]
         row = score(batches, measured, base)
         row["steps"] = len(steps[0])  # per rank (equal on every rank)
         rows.append({"mode": f"odb ({PER_RANK} drawn samples per rank)", "ranks": world, **row})
     patch_groups = window_patch_groups(measured, base)
-    rows.append({"mode": "odb windows + max_patches", "ranks": 1,
-                 **score(patch_groups, measured, base)})
+    rows.append(
+        {"mode": "odb windows + max_patches", "ranks": 1, **score(patch_groups, measured, base)}
+    )
     return rows
 
 
 def throughput(name: str, samples: int, out_dir: Path) -> dict[str, Any]:
     """Emitted samples/s of ``<name>_odb`` and ``<name>_standard`` on CPU, one process."""
     overrides = [
-        f"experiment={name}_odb", "logger=csv", f"data.max_samples={samples}",
-        "data.val_samples=0", f"data.set_dir={out_dir}", "model.token_id_fold=4096",
-        "trainer.max_epochs=1", "batching.num_workers=1",
+        f"experiment={name}_odb",
+        "logger=csv",
+        f"data.max_samples={samples}",
+        "data.val_samples=0",
+        f"data.set_dir={out_dir}",
+        "model.token_id_fold=4096",
+        "trainer.max_epochs=1",
+        "batching.num_workers=1",
     ]
     runs = {}
     for mode in ("odb", "standard"):
         arm = [o.replace(f"{name}_odb", f"{name}_{mode}") for o in overrides]
         summary = run_train(out_dir / f"train_{name}_{mode}", arm)
-        runs[mode] = {k: summary.get(k) for k in (
-            "emitted_samples", "emitted_samples_per_s", "real_tokens_per_s",
-            "padding_efficiency", "optimizer_steps", "image_tokens", "image_patches",
-            "train_wall_s", "padded_tokens", "real_tokens")}
+        runs[mode] = {
+            k: summary.get(k)
+            for k in (
+                "emitted_samples",
+                "emitted_samples_per_s",
+                "real_tokens_per_s",
+                "padding_efficiency",
+                "optimizer_steps",
+                "image_tokens",
+                "image_patches",
+                "train_wall_s",
+                "padded_tokens",
+                "real_tokens",
+            )
+        }
     odb, standard = runs["odb"], runs["standard"]
     runs["speedup"] = round(odb["emitted_samples_per_s"] / standard["emitted_samples_per_s"], 2)
     return runs

@@ -14,7 +14,6 @@ parameters). How the ranks start and how gradients are captured: as in
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -69,11 +68,10 @@ def rank_batches(rank: int) -> list[ODBBatch]:
     """Rank ``rank``'s micro-batches with the metadata the ODB runtime would give them."""
     batches = []
     for micro in range(len(SAMPLES[0])):
-        inputs = [
-            pad_collate(_samples(r, micro) or idle_samples(0)) for r in range(WORLD_SIZE)
+        inputs = [pad_collate(_samples(r, micro) or idle_samples(0)) for r in range(WORLD_SIZE)]
+        counts = [
+            0 if SAMPLES[r][micro] is None else _loss_tokens(inputs[r]) for r in range(WORLD_SIZE)
         ]
-        counts = [0 if SAMPLES[r][micro] is None else _loss_tokens(inputs[r])
-                  for r in range(WORLD_SIZE)]
         sizes = [len(SAMPLES[r][micro] or ()) for r in range(WORLD_SIZE)]
         meta = StepMeta(
             sample_ids=(),
@@ -150,9 +148,9 @@ def fit_on_both_ranks(out_dir: Path) -> None:
             "is_ddp": module.wrapped_in_ddp,
             "steps": module.steps,
             "final_params": module.final_params,
-            "vision_mask": torch.cat([
-                torch.full((p.numel(),), ".visual." in n) for n, p in module.named_parameters()
-            ]),
+            "vision_mask": torch.cat(
+                [torch.full((p.numel(),), ".visual." in n) for n, p in module.named_parameters()]
+            ),
             "num_vision_tensors": len(vision),
         },
         out_dir / f"rank{trainer.global_rank}.pt",

@@ -52,8 +52,11 @@ def test_two_ranks_every_image_sample_once(tmp_path: Path) -> None:
     emitted = sorted(i for rank in audit for step in rank for i in step)
     assert emitted == list(range(25))
     dataset = VisionChatDataset(
-        llava_records(data).records, QwenTokenizer(), 2048,
-        images=ImageSettings(max_pixels=MAX_PIXELS), image_root=tmp_path,
+        llava_records(data).records,
+        QwenTokenizer(),
+        2048,
+        images=ImageSettings(max_pixels=MAX_PIXELS),
+        image_root=tmp_path,
     )
     expected = [dataset[i]["num_image_tokens"] for i in range(25)]
     assert summary["image_tokens"] == sum(expected) > 0

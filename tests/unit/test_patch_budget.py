@@ -27,8 +27,9 @@ def fewest_groups(lengths, patches, budget: Budget, patch_budget: PatchBudget | 
     def best(start: int) -> int:
         if start == len(lengths):
             return 0
-        return min(1 + best(end) for end in range(start + 1, len(lengths) + 1)
-                   if allowed(start, end))
+        return min(
+            1 + best(end) for end in range(start + 1, len(lengths) + 1) if allowed(start, end)
+        )
 
     return best(0)
 
@@ -89,7 +90,8 @@ def test_bad_windows_and_settings_are_refused() -> None:
         PatchBudget(10, -1.0)
     assert BatchingConfig().patch_budget is None
     assert BatchingConfig(max_patches=64, patch_attention_weight=0.5).patch_budget == PatchBudget(
-        64, 0.5)
+        64, 0.5
+    )
     for bad in ({"max_patches": 0}, {"max_patches": 2.5}, {"patch_attention_weight": float("inf")}):
         with pytest.raises(ValueError, match=r"batching\.(max_patches|patch_attention_weight)"):
             BatchingConfig(**bad)

@@ -29,8 +29,14 @@ RESOLUTIONS = [(40, 30), (300, 500), (1000, 200), (97, 1203), (1400, 1000)]
 def _dataset(tmp_path: Path, records: list[dict], tokenizer, **kwargs) -> VisionChatDataset:
     path = write_records(tmp_path / "set.jsonl", records)
     source = llava_records(path)
-    return VisionChatDataset(source.records, tokenizer, kwargs.pop("max_seq_len", 8192),
-                             images=SETTINGS, image_root=tmp_path, **kwargs)
+    return VisionChatDataset(
+        source.records,
+        tokenizer,
+        kwargs.pop("max_seq_len", 8192),
+        images=SETTINGS,
+        image_root=tmp_path,
+        **kwargs,
+    )
 
 
 def _fetch(dataset, index: int, skip: bool = False):
@@ -86,11 +92,14 @@ def test_visual_tokens_are_never_supervised(tmp_path: Path, tokenizer) -> None:
 
 
 def test_text_only_record_equals_the_chat_template(tmp_path: Path, tokenizer) -> None:
-    record = {"id": "t", "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "hello there"},
-        {"role": "assistant", "content": "hi!"},
-    ]}
+    record = {
+        "id": "t",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": "hi!"},
+        ],
+    }
     sample = _dataset(tmp_path, [record], tokenizer)[0]
     chat = ChatMLTemplate(tokenizer).tokenize(record["messages"])
     assert sample["input_ids"].tolist() == chat.input_ids
@@ -107,19 +116,33 @@ def _bad_records(tmp_path: Path) -> list[tuple[dict, str, str]]:
     return [
         (image_record("missing", ["nope.png"], ["q"]), "images[0]", "names no file"),
         (image_record("corrupt", ["corrupt.png"], ["q"]), "images[0]", "cannot be decoded"),
-        (image_record("huge", ["huge.png"], ["q"]), "images[0]", "more than images.max_image_pixels"),
+        (
+            image_record("huge", ["huge.png"], ["q"]),
+            "images[0]",
+            "more than images.max_image_pixels",
+        ),
         (image_record("extra_path", ["ok.png", "ok.png"], ["q"]), "images", "2 path(s)"),
         (
-            {"id": "no_path", "images": [], "messages": [
-                {"role": "user", "content": "<image> what?"},
-                {"role": "assistant", "content": "x"}]},
+            {
+                "id": "no_path",
+                "images": [],
+                "messages": [
+                    {"role": "user", "content": "<image> what?"},
+                    {"role": "assistant", "content": "x"},
+                ],
+            },
             "images",
             "1 '<image>' placeholder",
         ),
         (
-            {"id": "in_answer", "images": ["ok.png"], "messages": [
-                {"role": "user", "content": "what?"},
-                {"role": "assistant", "content": "<image>"}]},
+            {
+                "id": "in_answer",
+                "images": ["ok.png"],
+                "messages": [
+                    {"role": "user", "content": "what?"},
+                    {"role": "assistant", "content": "<image>"},
+                ],
+            },
             "messages[1].content",
             "assistant turn",
         ),
@@ -160,7 +183,7 @@ def test_llava_records_read_both_layouts_and_bad_lines(tmp_path: Path) -> None:
         '{"id": 1, "images": ["a.png"], "messages": [{"role": "user", "content": "<image>"}]}\n'
         '{"id": 2, "image": "b.png", "conversations": [{"from": "human", "value": "<image>"},'
         ' {"from": "gpt", "value": "ok"}]}\n'
-        '\n'
+        "\n"
         '{"id": 3, "messages": [{"role": "user", "content": "text only"}]}\n'
         '{"id": 4, "images": "c.png", "messages": [{"role": "user", "content": "x"}]}\n'
     )

@@ -28,8 +28,10 @@ def test_padded_batch_keeps_images_in_sample_order(samples) -> None:
         assert torch.equal(positions[:, row, :length], sample["position_ids"])
         assert not positions[:, row, length:].any()  # padding
     # The image blocks appear in the batch's row-major order as the grids do.
-    assert int((batch["input_ids"] == 997).sum()) == int(
-        batch["image_grid_thw"].prod(dim=-1).sum()) // 4
+    assert (
+        int((batch["input_ids"] == 997).sum())
+        == int(batch["image_grid_thw"].prod(dim=-1).sum()) // 4
+    )
 
 
 def test_packed_row_restarts_positions_per_sample(samples) -> None:

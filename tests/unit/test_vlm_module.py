@@ -14,8 +14,12 @@ from odb_lightning.lit.vlm_module import VisionLanguageModule, fold_vlm_ids
 from odb_lightning.runtime.batch import build_step_meta, idle_samples, pack_collate, pad_collate
 
 # (image sizes, prompt tokens, answer tokens, seed): two images, one, none, one.
-SPECS = [([(90, 60), (40, 120)], 5, 7, 1), ([(112, 112)], 3, 9, 2), ([], 6, 8, 3),
-         ([(70, 50)], 2, 4, 4)]
+SPECS = [
+    ([(90, 60), (40, 120)], 5, 7, 1),
+    ([(112, 112)], 3, 9, 2),
+    ([], 6, 8, 3),
+    ([(70, 50)], 2, 4, 4),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +52,17 @@ def test_positions_are_the_models_own_rope_index(module, samples) -> None:
     body = module.multimodal_body()
     image_tokens = (batch["input_ids"] == 997).int()
     expected, _ = body.get_rope_index(
-        batch["input_ids"], image_tokens, batch["image_grid_thw"],
+        batch["input_ids"],
+        image_tokens,
+        batch["image_grid_thw"],
         attention_mask=batch["attention_mask"],
     )
     real = batch["attention_mask"].bool()
     assert torch.equal(batch["position_ids"][1:][:, real], expected[:, real])
-    assert torch.equal(batch["position_ids"][0][real], torch.cat(
-        [torch.arange(s["input_ids"].numel()) for s in samples]))
+    assert torch.equal(
+        batch["position_ids"][0][real],
+        torch.cat([torch.arange(s["input_ids"].numel()) for s in samples]),
+    )
     # The spatial rows differ from the text positions inside an image.
     assert not torch.equal(batch["position_ids"][2], batch["position_ids"][0])
 
@@ -68,7 +76,8 @@ def test_packed_rows_give_the_padded_per_token_losses(module, samples) -> None:
     # Packing masks each sample's first label (its first token is never a target in a row
     # of its own either), so both score the same targets, in the same order.
     assert actual.shape == expected.shape and actual.numel() == sum(
-        int((s["labels"][1:] != -100).sum()) for s in samples)
+        int((s["labels"][1:] != -100).sum()) for s in samples
+    )
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
     with torch.no_grad():
         loss_padded, n_padded = module(padded)
@@ -78,9 +87,15 @@ def test_packed_rows_give_the_padded_per_token_losses(module, samples) -> None:
     assert float(loss_padded) == pytest.approx(float(expected.sum()), rel=1e-10)
     # A runtime batch (with its metadata) runs without the attention mask: same loss.
     meta = build_step_meta(
-        range(len(samples)), [s["input_ids"].numel() for s in samples], n_padded,
-        packed=False, global_samples=len(samples), global_loss_tokens=n_padded,
-        round_index=0, step=0, epoch=0,
+        range(len(samples)),
+        [s["input_ids"].numel() for s in samples],
+        n_padded,
+        packed=False,
+        global_samples=len(samples),
+        global_loss_tokens=n_padded,
+        round_index=0,
+        step=0,
+        epoch=0,
     )
     with torch.no_grad():
         loss_unmasked, _ = module(padded, meta)

@@ -186,7 +186,6 @@ def patch_count(grid_thw: torch.Tensor) -> int:
     return int(grid_thw.prod(dim=-1).sum()) if grid_thw.numel() else 0
 
 
-
 def mrope_positions(
     input_ids: torch.Tensor, grid_thw: torch.Tensor, image_pad_id: int, merge_size: int = 2
 ) -> torch.Tensor:

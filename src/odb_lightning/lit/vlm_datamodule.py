@@ -73,7 +73,9 @@ class VisionDataModule(ODBDataModule):
         if kwargs.get("augmentation") is not None:
             raise ValueError("data.augmentation is not supported for image-text sources")
         super().__init__(source, tokenizer, batching, **kwargs)
-        self.images = images if isinstance(images, ImageSettings) else ImageSettings(**(images or {}))
+        self.images = (
+            images if isinstance(images, ImageSettings) else ImageSettings(**(images or {}))
+        )
         self.vision_tokens = (
             vision_tokens
             if isinstance(vision_tokens, VisionTokens)
@@ -90,7 +92,9 @@ class VisionDataModule(ODBDataModule):
         if self.vision_source is VisionSource.LLAVA_JSONL:
             return Path(self.path)
         count = self.max_samples or DEFAULT_SET_SAMPLES
-        build = build_llava_set if self.vision_source is VisionSource.LLAVA else build_sharegpt4o_set
+        build = (
+            build_llava_set if self.vision_source is VisionSource.LLAVA else build_sharegpt4o_set
+        )
         return build(self.set_dir, count, seed=self.batching.seed)
 
     @override

@@ -110,9 +110,7 @@ class VisionLanguageModule(CausalLMModule):
         head_dim = base.hidden_size // base.num_attention_heads
         section = list(mrope_section) if mrope_section else default_mrope_section(head_dim)
         if sum(section) != head_dim // 2:
-            raise ValueError(
-                f"mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}"
-            )
+            raise ValueError(f"mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}")
         text_config = base.to_dict() | {
             "rope_parameters": {
                 "rope_type": "default",

@@ -13,7 +13,13 @@ import torch
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.window import Step
-from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW
+from odb_lightning.runtime.vlm_batch import (
+    has_image_fields,
+    image_inputs,
+    packed_positions,
+    padded_positions,
+)
+from odb_lightning.sample import IGNORE_INDEX
 
 CollateFn = Callable[[list[Any]], Any]
 """Turns the list of sample dicts of one step into model inputs."""
@@ -175,10 +181,6 @@ def pad_collate(
         model computes the real tokens' states without the mask
         (:class:`~odb_lightning.lit.module.CausalLMModule` leaves it out).
     """
-    if any(IMAGE_GRID_THW in s for s in samples):  # image-text samples
-        from odb_lightning.runtime.vlm_batch import vlm_pad_collate
-
-        return vlm_pad_collate(samples, pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
     longest = round_up(max(s["input_ids"].numel() for s in samples), pad_to_multiple_of)
     # int64 whatever the samples hold: a narrower first sample would wrap the others' ids.
     input_ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
@@ -190,7 +192,10 @@ def pad_collate(
         input_ids[row, :length] = tokens
         labels[row, :length] = sample.get("labels", tokens)
         attention_mask[row, :length] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    if has_image_fields(samples):  # images beside the tokens: runtime/vlm_batch.py
+        batch |= image_inputs(samples) | {"position_ids": padded_positions(samples, longest)}
+    return batch
 
 
 def pack_collate(
@@ -215,10 +220,7 @@ def pack_collate(
     """
     if not samples:
         raise ValueError("pack_collate needs at least one sample")
-    if any(IMAGE_GRID_THW in s for s in samples):  # image-text samples
-        from odb_lightning.runtime.vlm_batch import vlm_pack_collate
-
-        return vlm_pack_collate(samples, pad_to_multiple_of=pad_to_multiple_of, pad_id=pad_id)
+    images = image_inputs(samples) if has_image_fields(samples) else {}
     total = sum(s["input_ids"].numel() for s in samples)
     if round_up(total, pad_to_multiple_of) > total:
         samples = [*samples, idle_sample(pad_id, round_up(total, pad_to_multiple_of) - total)]
@@ -236,10 +238,13 @@ def pack_collate(
     # sum(labels[1:] != -100) per sample, is the same padded or packed.
     labels[starts] = IGNORE_INDEX
     position_ids = torch.arange(input_ids.numel()) - torch.repeat_interleave(starts, lengths)
-    return {
+    rows = position_ids.unsqueeze(0)
+    if images:  # 3-D rotary positions, restarting per sample: runtime/vlm_batch.py
+        rows = packed_positions(samples).unsqueeze(1)
+    return images | {
         "input_ids": input_ids.unsqueeze(0),
         "labels": labels.unsqueeze(0),
-        "position_ids": position_ids.unsqueeze(0),
+        "position_ids": rows,
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(lengths.max()),
     }
