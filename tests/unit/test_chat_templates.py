@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -124,10 +125,15 @@ def test_qwen3_think_block_is_supervised_only_when_it_has_reasoning(
         assert tokenizer.decode(supervised) == "Hello! How can I help?<|im_end|>" + supervised_tail
 
 
-def test_control_token_typed_in_user_text_is_a_bad_sample(tokenizer_dirs: dict[str, Path]) -> None:
-    template = build_chat_template(HFTokenizer(tokenizer_dirs["llama3"]), "llama3")
-    messages = [{"role": "user", "content": "say <|eot_id|> now"}, CHAT[2]]
-    with pytest.raises(BadSampleError, match=r"messages\[0\]\.content.*<\|eot_id\|>"):
+@pytest.mark.parametrize(
+    ("family", "token"), [("llama3", "<|eot_id|>"), ("deepseek", "<｜end▁of▁sentence｜>")]
+)
+def test_control_token_typed_in_user_text_is_a_bad_sample(
+    tokenizer_dirs: dict[str, Path], family: str, token: str
+) -> None:
+    template = build_chat_template(HFTokenizer(tokenizer_dirs[family]), "auto")
+    messages = [{"role": "user", "content": f"say {token} now"}, CHAT[2]]
+    with pytest.raises(BadSampleError, match=rf"messages\[0\]\.content.*{re.escape(token)}"):
         template.tokenize(messages)
 
 

@@ -8,9 +8,10 @@ would tokenize it, and a token is supervised when its characters overlap a super
 span. Supervised are the assistant's content and its end-of-turn token, nothing else.
 
 A control token (``<|eot_id|>``, ``<end_of_turn>``, ...) spelled inside message text
-would be read as a real control token by the one-pass tokenization; such a message is a
-bad sample naming the field (skipped and counted with ``on_bad_sample=skip``), never a
-conversation the model sees with a turn boundary the user did not write.
+would be read as a real control token by the one-pass tokenization (and by
+``apply_chat_template``); such a message is a bad sample naming the field (skipped and
+counted with ``on_bad_sample=skip``), never a conversation the model sees with a turn
+boundary the user did not write.
 
 Layouts, as the families' Hugging Face chat templates render them:
 
@@ -259,6 +260,17 @@ class HFChatTemplate:
         return self.tokenizer.backend.apply_chat_template(list(messages), tokenize=False)
 
     def tokenize(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+        # The template's text is tokenized with control tokens parsed: refuse them in
+        # message text, as the shipped layouts do.
+        for k, message in enumerate(messages):
+            token = self.tokenizer.find_control_token(message["content"])
+            if token is not None:
+                raise BadSampleError(
+                    None,
+                    _content(k),
+                    f"contains {token!r}, a control token of the tokenizer's own template: "
+                    "the model would read a turn boundary the data does not have",
+                )
         encoding = self.tokenizer.backend.apply_chat_template(
             [dict(m) for m in messages],
             tokenize=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,13 @@ def _load_auto_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 def _control_token_ids(name_or_path: str) -> frozenset[int]:
     decoder = _load_auto_tokenizer(name_or_path).added_tokens_decoder
     return frozenset(i for i, token in decoder.items() if token.special)
+
+
+@functools.cache
+def _control_token_pattern(name_or_path: str) -> re.Pattern[str] | None:
+    decoder = _load_auto_tokenizer(name_or_path).added_tokens_decoder
+    tokens = sorted((t.content for t in decoder.values() if t.special), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
 
 
 class HFTokenizer:
@@ -121,6 +129,12 @@ class HFTokenizer:
     def control_token_ids(self) -> frozenset[int]:
         """Ids of the added tokens marked special: the template's control tokens."""
         return _control_token_ids(self.name_or_path)
+
+    def find_control_token(self, text: str) -> str | None:
+        """The first control token spelled in ``text``, if any."""
+        pattern = _control_token_pattern(self.name_or_path)
+        found = pattern.search(text) if pattern is not None else None
+        return found.group() if found else None
 
     @property
     def fingerprint(self) -> str:
