@@ -12,6 +12,7 @@ dir resolved again in rank 1 (``${now:}`` a few seconds later) would fail it.
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -82,3 +83,10 @@ def test_multirun_sweep_with_ddp_children(tmp_path: Path) -> None:
         steps_per_job.append(summary["steps_per_rank"])
     # The sweep value took effect: a doubled budget packs the same samples in fewer steps.
     assert steps_per_job[1] < steps_per_job[0]
+    # The comparison at the sweep's root, written by rank 0 alone (rank 1's process runs
+    # the same Hydra callbacks).
+    with (sweep_dir / "summary_table.csv").open() as rows:
+        table = list(csv.DictReader(rows))
+    assert [int(row["batching.token_budget"]) for row in table] == BUDGETS
+    assert [int(row["optimizer_steps"]) for row in table] == steps_per_job
+    assert [row["status"] for row in table] == ["ok", "ok"]
