@@ -253,6 +253,11 @@ def write_report(args: argparse.Namespace, report: dict[str, Any]) -> Path:
     target = args.out / "dry_run.json" if args.dry_run else HERE / "results.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=2) + "\n")
+    # A device runner that returns only what lands under $OUT gets a copy there too.
+    out = os.environ.get("OUT")
+    if out and not args.dry_run:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(target.read_text())
     return target
 
 
