@@ -26,9 +26,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
-from odb_lightning.core.config import BatchingConfig, BatchingMode
+from odb_lightning.core.config import BatchingConfig, BatchingMode, ShardDealing
+from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan, validate_lengths
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
 
 DEFAULT_BUDGET = 16384
 
@@ -108,7 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
         + " (default standard,sorted,bucketed,oracle,odb)",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=8, help="standard/sorted")
-    parser.add_argument("--window", type=int, default=512, help="odb outstanding depth D")
+    parser.add_argument(
+        "--window", type=int, default=None, help="odb window cap D (samples; default: config's)"
+    )
+    parser.add_argument(
+        "--window-budgets",
+        type=int,
+        default=None,
+        help="odb window in token budgets of work (default: the config's; 0: D samples)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="also simulate odb over N ranks: sync efficiency, utilization, steps/oracle",
+    )
+    parser.add_argument(
+        "--dealing", choices=["fixed", "by_need"], default="fixed", help="shards for --ranks"
+    )
     parser.add_argument("--buckets", type=int, default=6, help="k for the bucket optimizer")
     parser.add_argument("--boundaries", type=_int_list, help="fixed bucket edges (no optimizer)")
     parser.add_argument("--max-batch-size", type=int, default=64, help="bucketed batch cap")
@@ -228,18 +247,59 @@ def evaluate_budget(lengths: list[int], budget: int, args: argparse.Namespace) -
             batch_size=args.batch_size,
             max_batch_size=args.max_batch_size if mode is BatchingMode.BUCKETED else None,
             boundaries=tuple(report.get("buckets", {}).get("boundaries", ())),
-            outstanding_depth=args.window,
             seed=args.seed,
+            **_window_knobs(args),
         )
         batches = plan_epoch(lengths, config)
         stats = summarize_plan(lengths, batches, budget, packed=mode is BatchingMode.ODB_PACKED)
         report["modes"][mode.value] = dataclasses.asdict(stats)
+    if args.ranks:
+        report["ranks"] = evaluate_ranks(lengths, budget, args)
     report["comparison"] = {
         name: report["modes"][name]["padding_efficiency"]
         for name in ("sorted", "standard", "bucketed")
         if name in report["modes"]
     }
     return report
+
+
+def _window_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    knobs: dict[str, Any] = {}
+    if args.window is not None:
+        knobs["outstanding_depth"] = args.window
+    if args.window_budgets is not None:
+        knobs["window_budgets"] = args.window_budgets or None
+    return knobs
+
+
+def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One ``odb`` epoch simulated over ``--ranks`` ranks, dealt as the loader deals the
+    epoch's seeded order, scored by its slowest rank (:mod:`odb_lightning.core.sync`)."""
+    if args.ranks < 1:
+        raise PlanCliError(f"--ranks must be >= 1, got {args.ranks}")
+    config = BatchingConfig(
+        token_budget=budget, seed=args.seed, shard_dealing=args.dealing, **_window_knobs(args)
+    )
+    ordered = [lengths[i] for i in epoch_permutation(len(lengths), args.seed, 0)]
+    world = args.ranks
+    if config.shard_dealing is ShardDealing.BY_NEED:
+        result = simulate_dealt_epoch(ordered, world, config)
+    else:
+        result = simulate_epoch([ordered[r::world] for r in range(world)], config)
+    oracle = len(plan_epoch(lengths, mode="oracle", token_budget=budget)) / world
+    steps = len(result.steps[0])
+    return {
+        "world_size": world,
+        "shard_dealing": config.shard_dealing.value,
+        "window_budgets": config.window_budgets,
+        "outstanding_depth": config.outstanding_depth,
+        "rounds": result.rounds,
+        "steps_per_rank": steps,
+        "steps_vs_oracle": steps / oracle,
+        "sync_efficiency": result.sync.sync_efficiency,
+        "utilization": result.sync.utilization,
+        "idle_fraction": result.sync.idle_fraction,
+    }
 
 
 MODE_COLUMNS = ("mode", "steps", "batch", "pad. eff.", "budget fill", "over budget")
@@ -291,6 +351,14 @@ def _render(result: dict[str, Any], console: Console) -> None:
             console.print(_bucket_table(report["buckets"]))
             predicted = report["buckets"]["predicted_efficiency"]
             console.print(f"bucketed: predicted padding efficiency {predicted:.1%}")
+        if "ranks" in report:
+            r = report["ranks"]
+            console.print(
+                f"odb over {r['world_size']} ranks ({r['shard_dealing']} shards): "
+                f"{r['steps_per_rank']} steps/rank ({r['steps_vs_oracle']:.3f} x oracle), "
+                f"sync efficiency {r['sync_efficiency']:.1%}, utilization "
+                f"{r['utilization']:.1%}, IDLE {r['idle_fraction']:.1%}"
+            )
         names = {"standard": "random (standard)"}
         console.print(
             "comparison: "
@@ -309,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {
                 "batch_size": args.batch_size,
                 "window": args.window,
+                "window_budgets": args.window_budgets,
+                "ranks": args.ranks,
                 "buckets": args.buckets,
                 "max_batch_size": args.max_batch_size,
                 "seed": args.seed,

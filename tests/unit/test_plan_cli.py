@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.simulate import simulate_epoch
 from odb_lightning.plan import main
 
 ALL_MODES = "standard,sorted,bucketed,oracle,odb,odb_packed"
@@ -25,7 +28,7 @@ def _run_json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def _expected_stats(lengths, mode, budget, edges, *, seed=0, batch_size=8, window=512, cap=64):
+def _expected_stats(lengths, mode, budget, edges, *, seed=0, batch_size=8, window=8192, cap=64):
     batches = plan_epoch(
         lengths,
         mode=mode,
@@ -169,3 +172,25 @@ def test_module_entry_point_and_console_script():
     report = json.loads(done.stdout)["budgets"][0]["modes"]["oracle"]
     lengths = lognormal_lengths(300, 1000, 0.5, seed=0)
     assert report["real_tokens"] == sum(lengths)
+
+
+def test_ranks_scores_odb_by_its_slowest_rank(tmp_path, capsys) -> None:
+    lengths = lognormal_lengths(3000, 900.0, 0.8, seed=5, max_len=4096)
+    np.save(path := tmp_path / "lengths.npy", np.array(lengths))
+    result = _run_json(capsys, "--lengths", str(path), "--modes", "odb", "--ranks", "4")
+    ranks = result["budgets"][0]["ranks"]
+    config = BatchingConfig(token_budget=16384)
+    order = epoch_permutation(len(lengths), 0, 0)
+    ordered = [lengths[i] for i in order]
+    expected = simulate_epoch([ordered[r::4] for r in range(4)], config)
+    assert ranks["world_size"] == 4 and ranks["shard_dealing"] == "fixed"
+    assert ranks["steps_per_rank"] == len(expected.steps[0])
+    assert ranks["sync_efficiency"] == pytest.approx(expected.sync.sync_efficiency)
+    assert ranks["utilization"] == pytest.approx(expected.sync.utilization)
+    assert 0 < ranks["utilization"] <= ranks["sync_efficiency"] <= 1
+    oracle = len(plan_epoch(lengths, mode="oracle", token_budget=16384)) / 4
+    assert ranks["steps_vs_oracle"] == pytest.approx(ranks["steps_per_rank"] / oracle)
+    dealt = _run_json(
+        capsys, "--lengths", str(path), "--modes", "odb", "--ranks", "4", "--dealing", "by_need"
+    )["budgets"][0]["ranks"]
+    assert dealt["shard_dealing"] == "by_need" and dealt["idle_fraction"] <= 0.05

@@ -13,7 +13,13 @@ from odb_lightning.runtime import ODBLoader
 from odb_lightning.runtime.planned import PlannedLoader
 from odb_lightning.runtime.resume import EpochProgress, ResumeStateError
 
-LOADER = {"token_budget": 800, "outstanding_depth": 32, "max_steps_per_round": 4, "seed": 3}
+LOADER = {
+    "token_budget": 800,
+    "outstanding_depth": 32,
+    "window_budgets": None,
+    "max_steps_per_round": 4,
+    "seed": 3,
+}
 
 
 class LengthDataset:
@@ -60,15 +66,23 @@ def _fixed_plan(batch_size: int, n: int):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("epoch", [0, 2])
-def test_odb_resume_emits_the_rest_of_the_epoch_once(num_workers: int, epoch: int) -> None:
+@pytest.mark.parametrize(
+    "window",
+    [{}, {"window_budgets": 3, "shard_dealing": "by_need"}],
+    ids=["samples", "work_by_need"],
+)
+def test_odb_resume_emits_the_rest_of_the_epoch_once(
+    num_workers: int, epoch: int, window: dict
+) -> None:
     dataset = _dataset()
-    with ODBLoader(dataset, num_workers=num_workers, **LOADER) as first:
+    loader = {**LOADER, **window}
+    with ODBLoader(dataset, num_workers=num_workers, **loader) as first:
         first.set_epoch(epoch)
         before = _take(first, 5)
         state = first.state_dict()
     # The window held samples that were read but never emitted: they are not consumed.
     assert state["epoch"] == epoch and len(state["consumed_ids"]) == len(_ids(before))
-    with ODBLoader(dataset, num_workers=num_workers, **LOADER) as second:
+    with ODBLoader(dataset, num_workers=num_workers, **loader) as second:
         second.load_state_dict(state)
         assert second.epoch == epoch
         after = list(second)

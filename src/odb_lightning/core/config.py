@@ -178,8 +178,8 @@ class BatchingConfig:
 
     mode: BatchingMode = BatchingMode.ODB
     token_budget: int | str = 16384
-    outstanding_depth: int = 256
-    window_budgets: int | None = None
+    outstanding_depth: int = 8192
+    window_budgets: int | None = 64
     shard_dealing: ShardDealing = ShardDealing.FIXED
     max_steps_per_round: int = 8
     join: bool = True

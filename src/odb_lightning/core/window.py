@@ -20,7 +20,7 @@ from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig, ShardDealing
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import make_rng
-from odb_lightning.core.sync import group_cost
+from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
 
@@ -30,13 +30,21 @@ Exchange = Callable[[list[int]], list[list[int]]]
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One emitted step: a local group (``None`` for IDLE) and the step's global counts."""
+    """One emitted step: a local group (``None`` for IDLE) and the step's global counts.
+
+    ``max_cost`` and ``cost_sum`` are the step's cost (the budget's cost model, rounded up)
+    on the slowest rank and over all ranks, from the round's plan; ``useful_cost`` is the
+    cost of this rank's samples each on its own (:mod:`odb_lightning.core.sync`).
+    """
 
     group: Group | None
     global_samples: int
     global_loss_tokens: int
     round_index: int
     index_in_round: int
+    max_cost: int = 0
+    cost_sum: int = 0
+    useful_cost: int = 0
 
     @property
     def is_idle(self) -> bool:
@@ -297,6 +305,7 @@ class GroupingWindow:
         local = self._local_steps(groups, plan)
         order = list(range(plan.target_steps))
         make_rng(self.config.seed, "round", self.epoch, self.round_index - 1).shuffle(order)
+        columns = list(zip(*plan.rank_costs, strict=True))
         steps = tuple(
             Step(
                 group=local[i],
@@ -304,6 +313,9 @@ class GroupingWindow:
                 global_loss_tokens=plan.global_loss_tokens[i],
                 round_index=self.round_index - 1,
                 index_in_round=k,
+                max_cost=max(columns[i]),
+                cost_sum=sum(columns[i]),
+                useful_cost=math.ceil(useful_cost(local[i], self._budget)),
             )
             for k, i in enumerate(order)
         )

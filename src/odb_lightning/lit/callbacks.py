@@ -49,10 +49,19 @@ class RankTotals:
     padded_tokens: int = 0
     loss_tokens: int = 0
     loader_wait_s: float = 0.0
+    max_cost: int = 0  # sum over steps of the slowest rank's cost (equal on every rank)
+    cost_over_max: float = 0.0  # sum over steps of (cost over all ranks) / (slowest one's)
+    costed_steps: int = 0
+    useful_cost: int = 0
 
     def add(self, meta: Any, wait_s: float) -> None:
         self.steps += 1
         self.loader_wait_s += wait_s
+        if getattr(meta, "step_max_cost", None):
+            self.max_cost += meta.step_max_cost
+            self.cost_over_max += meta.step_cost_sum / meta.step_max_cost
+            self.costed_steps += 1
+            self.useful_cost += meta.local_useful_cost or 0
         if meta.is_idle:
             self.idle_steps += 1
             return
@@ -260,7 +269,7 @@ class ODBMetricsCallback(pl.Callback):
         return [
             RankTotals(
                 **{
-                    n: (v if n == "loader_wait_s" else int(v))
+                    n: (v if n in ("loader_wait_s", "cost_over_max") else int(v))
                     for n, v in zip(names, row, strict=True)
                 }
             )
@@ -301,6 +310,7 @@ class ODBMetricsCallback(pl.Callback):
             "train_loss": _metric(trainer, "train/loss"),
             "val_loss": _metric(trainer, "val/loss"),
         }
+        summary.update(_sync_figures(per_rank))
         summary["per_rank"] = [asdict(r) for r in per_rank]
         return summary
 
@@ -312,6 +322,19 @@ class ODBMetricsCallback(pl.Callback):
             for k, v in {**self.summary, **model}.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
+
+
+def _sync_figures(per_rank: list[RankTotals]) -> dict[str, float]:
+    """Sync efficiency and utilization of the run (:mod:`odb_lightning.core.sync`), from
+    the step costs the alignment plans gave every rank (none in planned modes)."""
+    first = per_rank[0] if per_rank else None
+    if first is None or not first.costed_steps:
+        return {}
+    world = len(per_rank)
+    return {
+        "sync_efficiency": first.cost_over_max / (world * first.costed_steps),
+        "utilization": sum(r.useful_cost for r in per_rank) / (world * first.max_cost),
+    }
 
 
 def _audit_line(trainer: pl.Trainer, sample_ids: Any) -> dict[str, list]:
@@ -401,6 +424,8 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("loss_tokens", "supervised tokens", "{:,}"),
     ("idle_steps", "IDLE steps", "{}"),
     ("rank_imbalance", "rank imbalance (max/mean padded)", "{:.3f}"),
+    ("sync_efficiency", "sync efficiency (step cost mean/max over ranks)", "{:.3f}"),
+    ("utilization", "utilization (useful cost / W x max step cost)", "{:.3f}"),
     ("loader_wait_share", "loader wait share", "{:.3f}"),
     ("tokens_per_s_per_device", "real tokens/s per device", "{:,.0f}"),
     ("model_tflops_per_s_per_device", "model TFLOP/s per device", "{:.3g}"),

@@ -45,6 +45,10 @@ class StepMeta(NamedTuple):
         epoch: Epoch number.
         sample_lengths: Each sample's length, in ``sample_ids`` order (the step's
             model FLOPs: attention grows with each sample's own length).
+        step_max_cost: The step's cost on its slowest rank (the budget's cost model;
+            ``None`` where no alignment exchange told it).
+        step_cost_sum: The step's cost summed over the ranks (``None`` likewise).
+        local_useful_cost: The cost of this rank's samples each on its own.
     """
 
     sample_ids: tuple[int, ...]
@@ -59,6 +63,9 @@ class StepMeta(NamedTuple):
     step: int
     epoch: int
     sample_lengths: tuple[int, ...] = ()
+    step_max_cost: int | None = None
+    step_cost_sum: int | None = None
+    local_useful_cost: int | None = None
 
 
 class ODBBatch(NamedTuple):
@@ -145,6 +152,10 @@ def make_step_meta(
         round_index=step.round_index,
         step=step_index,
         epoch=epoch,
+    )._replace(
+        step_max_cost=step.max_cost,
+        step_cost_sum=step.cost_sum,
+        local_useful_cost=step.useful_cost,
     )
 
 
