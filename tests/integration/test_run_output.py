@@ -85,6 +85,7 @@ def test_run_names_its_directory_and_logs_lightning_into_train_log(tmp_path: Pat
     log = (run_dir / "train.log").read_text()
     assert "`Trainer.fit` stopped: `max_epochs=1` reached." in log  # Lightning's own logger
     assert f"run directory: {run_dir}" in log
+    assert "odb_lightning run summary" in log and "padding efficiency" in log  # the table
     assert not (run_dir / "failed.json").exists()
     # Every key of summary.json has a row in its documented table.
     documented = (ROOT / "docs" / "summary.md").read_text()

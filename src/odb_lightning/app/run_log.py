@@ -12,15 +12,18 @@ adds a console handler too, and ``transformers`` one that does not propagate).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import traceback
 from pathlib import Path
+from typing import Any
 
 from hydra.errors import HydraException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
 
 from odb_lightning.app.checkpoints import NoValidCheckpointError
 from odb_lightning.app.run_config import ResumeConfigError
@@ -28,13 +31,14 @@ from odb_lightning.app.run_dir import RunDirError
 from odb_lightning.app.validation import ConfigError
 from odb_lightning.core.config import SettingsMismatchError
 from odb_lightning.data.conversation import BadRecordError
+from odb_lightning.lit.callbacks import print_summary
 from odb_lightning.lit.run_report import NoSupervisedTokensError
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.sample import BadSampleError
 
 log = logging.getLogger("odb_lightning.run")
-# Only the log file: the console gets the message, the file also the traceback.
-_trace_log = logging.getLogger("odb_lightning.run.traceback")
+# Only the log file (conf/train.yaml): the traceback of a failure, the summary table.
+_file_log = logging.getLogger("odb_lightning.run.file_only")
 
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "transformers")
 
@@ -89,7 +93,7 @@ def record_failure(error: BaseException, output_dir: Path) -> Path:
     rank = rank_zero_only.rank
     marker = failed_marker(output_dir, rank)
     log.error("run failed: %s: %s", type(error).__name__, error)
-    _trace_log.error("".join(traceback.format_exception(error)).rstrip())
+    _file_log.error("".join(traceback.format_exception(error)).rstrip())
     log.error("log: %s; run directory marked failed: %s", output_dir / "train.log", marker)
     output_dir.mkdir(parents=True, exist_ok=True)
     marker.write_text(
@@ -97,6 +101,13 @@ def record_failure(error: BaseException, output_dir: Path) -> Path:
         + "\n"
     )
     return marker
+
+
+def log_summary_table(summary: dict[str, Any]) -> None:
+    """The end-of-run table (printed on the console) into the log file too."""
+    console = Console(record=True, file=io.StringIO(), width=100)
+    print_summary(summary, console)
+    _file_log.info("run summary\n%s", console.export_text().rstrip())
 
 
 def is_user_error(error: BaseException) -> bool:

@@ -28,6 +28,7 @@ from odb_lightning.app.run_log import (
     failed_marker,
     full_error_requested,
     is_user_error,
+    log_summary_table,
     record_failure,
     route_library_logs,
 )
@@ -153,5 +154,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     # A resume that finishes ends what a failed attempt in this directory left marked.
     failed_marker(output_dir, rank_zero_only.rank).unlink(missing_ok=True)
     if rank_zero_only.rank == 0:
+        if summary:
+            log_summary_table(summary)
         log.info("run directory: %s (summary.json, train.log, checkpoints/)", output_dir)
     return summary
