@@ -7,9 +7,9 @@ records each sample's LLM length and ViT patches. Part 2 plans one epoch per mod
 those lengths with the planners and the multi-rank simulator the runtime shares (odb
 also at 1, 8 and 64 ranks on 256 samples per rank drawn from the measured ones) and
 scores every step's patches against ``max_patches``; the patch-budget rule
-(``core/patch_budget.py``) is shown on each ODB-sized window of the epoch order, one rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on
-CPU with the tiny Qwen2-VL (token ids folded) and reads emitted samples/s from each
-run's summary.json.
+(``core/patch_budget.py``) is shown on each ODB-sized window of the epoch order, one
+rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on CPU with the tiny
+Qwen2-VL (token ids folded) and reads emitted samples/s from each run's summary.json.
 
     python -m experiments.vlm.run [--samples 1000] [--train-samples 160] [--skip-train]
 """
@@ -35,7 +35,7 @@ from odb_lightning.data.sources.llava import build_llava_set, llava_records
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
 from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
-from odb_lightning.sample import count_image_patches, count_image_tokens
+from odb_lightning.sample import count_image_patches, count_image_tokens, count_patch_squares
 
 HERE = Path(__file__).resolve().parent
 SETS = {"llava": build_llava_set, "sharegpt4o": build_sharegpt4o_set}
@@ -49,18 +49,18 @@ def measure_set(name: str, num_samples: int, out_dir: Path) -> dict[str, list[in
     path = SETS[name](out_dir, num_samples, seed=0)
     records = llava_records(path).records
     dataset = VisionChatDataset(records, QwenTokenizer(), MAX_SEQ_LEN, IMAGES, image_root=out_dir)
-    lengths, image_tokens, patches, image_patches = [], [], [], []
+    lengths, image_tokens, patches, patch_squares = [], [], [], []
     for index in range(len(dataset)):
         sample = dataset[index]
         lengths.append(int(sample["input_ids"].numel()))
         image_tokens.append(count_image_tokens(sample))
         patches.append(count_image_patches(sample))
-        image_patches.append([int(g.prod()) for g in sample["image_grid_thw"]])
+        patch_squares.append(count_patch_squares(sample))
     return {
         "lengths": lengths,
         "image_tokens": image_tokens,
         "patches": patches,
-        "image_patches": image_patches,
+        "patch_squares": patch_squares,
     }
 
 
@@ -102,9 +102,10 @@ def window_patch_groups(measured: dict[str, list], config: BatchingConfig) -> li
         window = sorted(order[start : start + depth], key=lambda i: -measured["lengths"][i])
         cuts = cut_groups(
             [measured["lengths"][i] for i in window],
-            [measured["image_patches"][i] for i in window],
+            [measured["patches"][i] for i in window],
             Budget(config.token_budget),
             config.patch_budget,
+            [measured["patch_squares"][i] for i in window],
         )
         groups += [[window[k] for k in g] for g in cuts.groups()]
     return groups

@@ -132,6 +132,15 @@ def count_image_tokens(sample: Mapping[str, Any]) -> int:
     return count if isinstance(count, int) else 0
 
 
+def count_patch_squares(sample: Mapping[str, Any]) -> int:
+    """``sum(p**2)`` over a sample's images of ``p`` patches each (the quadratic term of
+    the patch budget: the vision tower attends within each image)."""
+    grid = sample.get(IMAGE_GRID_THW)
+    if not isinstance(grid, torch.Tensor) or grid.numel() == 0:
+        return 0
+    return int((grid.reshape(-1, 3).prod(dim=-1) ** 2).sum())
+
+
 def count_image_patches(sample: Mapping[str, Any]) -> int:
     """ViT patches of a sample's images (``sum(t * h * w)``; 0 for a text-only sample):
     the vision tower's share of the sample's cost, observed with its length."""

@@ -71,6 +71,7 @@ def test_observed_length_is_text_plus_visual_tokens(tmp_path: Path, tokenizer) -
         assert fetched.length == text_tokens + image_tokens + 2 * len(grids)
         assert fetched.num_image_tokens == image_tokens
         assert fetched.num_patches == int(grids.prod(dim=-1).sum())
+        assert fetched.patch_square_sum == sum(int(g.prod()) ** 2 for g in grids)
         assert sample["pixel_values"].shape == (fetched.num_patches, SETTINGS.patch_dim)
         assert sample["position_ids"].shape == (4, fetched.length)
 

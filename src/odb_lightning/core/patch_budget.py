@@ -48,10 +48,11 @@ class PatchBudget:
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"patch_attention_weight must be finite and >= 0, got {weight!r}")
 
-    def sample_cost(self, image_patches: Sequence[int]) -> float:
-        """Patch cost of one sample: ``sum(p + w_p * p**2)`` over its images."""
-        weight = self.patch_attention_weight
-        return sum(p + weight * p * p for p in image_patches)
+    def sample_cost(self, num_patches: int, patch_square_sum: int = 0) -> float:
+        """Patch cost of one sample, ``sum(p + w_p * p**2)`` over its images, from its
+        patches and their per-image squares summed (what
+        :class:`~odb_lightning.core.types.SampleInfo` carries)."""
+        return num_patches + self.patch_attention_weight * patch_square_sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,28 +78,38 @@ class GroupCuts:
 
 def cut_groups(
     lengths: Sequence[int],
-    image_patches: Sequence[Sequence[int]],
+    patches: Sequence[int],
     budget: Budget,
     patch_budget: PatchBudget | None = None,
+    patch_squares: Sequence[int] | None = None,
 ) -> GroupCuts:
     """The fewest groups of adjacent samples within both budgets.
 
     Args:
         lengths: LLM tokens of each sample (visual tokens included), longest first.
-        image_patches: ViT patches of each image of each sample (``()`` for text-only).
+        patches: ViT patches of each sample (0 for text-only).
         budget: The token budget (``g x L`` with its attention term).
         patch_budget: The patch budget; ``None``: tokens only.
+        patch_squares: Per sample, its images' patch counts squared and summed (needed
+            by a quadratic term; ``None``: no sample has one).
 
     Raises:
-        ValueError: Lengths not sorted longest first, not positive, or a sample count
-            that differs between the two sequences.
+        ValueError: Lengths not sorted longest first, not positive, a sample count
+            that differs between the sequences, or a quadratic term without squares.
     """
-    if len(lengths) != len(image_patches):
-        raise ValueError(f"{len(lengths)} lengths but {len(image_patches)} patch lists")
+    squares = [0] * len(patches) if patch_squares is None else list(patch_squares)
+    if not len(lengths) == len(patches) == len(squares):
+        problem = f"{len(lengths)} lengths, {len(patches)} patch counts, {len(squares)} squares"
+        raise ValueError(f"one entry per sample needed: {problem}")
+    if patch_budget and patch_budget.patch_attention_weight and patch_squares is None:
+        raise ValueError("patch_attention_weight > 0 needs the samples' patch_squares")
     for k, length in enumerate(lengths):
         if length < 1 or (k and length > lengths[k - 1]):
             raise ValueError(f"lengths must be positive and sorted longest first (index {k})")
-    costs = [patch_budget.sample_cost(p) if patch_budget else 0.0 for p in image_patches]
+    costs = [
+        patch_budget.sample_cost(p, q) if patch_budget else 0.0
+        for p, q in zip(patches, squares, strict=True)
+    ]
     ends: list[int] = []
     over_tokens = over_patches = 0
     start = 0

@@ -19,6 +19,8 @@ class SampleInfo:
             vision tower's share of its cost, for the patch budget
             (:mod:`~odb_lightning.core.patch_budget`).
         num_image_tokens: Of ``length``, the tokens that stand for images.
+        patch_square_sum: ``sum(p**2)`` over its images of ``p`` patches (the patch
+            budget's per-image quadratic term).
     """
 
     sample_id: int
@@ -27,6 +29,7 @@ class SampleInfo:
     position: int = 0
     num_patches: int = 0
     num_image_tokens: int = 0
+    patch_square_sum: int = 0
 
 
 @dataclass(frozen=True, slots=True)

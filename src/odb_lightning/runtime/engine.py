@@ -206,6 +206,7 @@ class EpochRunner:
                     result.position,
                     num_patches=result.num_patches,
                     num_image_tokens=result.num_image_tokens,
+                    patch_square_sum=result.patch_square_sum,
                 )
                 window.add(info)
                 log.payloads[result.position] = result.payload

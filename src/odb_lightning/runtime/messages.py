@@ -40,6 +40,7 @@ class FetchedSample:
     truncated: bool = False  # its dataset cut it to max_seq_len
     num_patches: int = 0  # ViT patches of its images (count_image_patches)
     num_image_tokens: int = 0  # of length, the tokens that stand for images
+    patch_square_sum: int = 0  # sum of p**2 over its images (count_patch_squares)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from odb_lightning.sample import (
     SampleLimits,
     count_image_patches,
     count_image_tokens,
+    count_patch_squares,
     is_truncated,
     normalize_sample,
 )
@@ -119,6 +120,7 @@ def fetch_sample(
         truncated,
         num_patches=count_image_patches(sample),
         num_image_tokens=count_image_tokens(sample),
+        patch_square_sum=count_patch_squares(sample),
     )
 
 
