@@ -31,7 +31,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from experiments.common import results_meta
-from experiments.scale.shards import deal, draw_lengths, sharegpt_lengths, simulate_figures
+from experiments.scale.shards import (
+    deal,
+    draw_lengths,
+    sharegpt_lengths,
+    simulate_figures,
+    study_config,
+)
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.simulate import simulate
@@ -79,7 +85,7 @@ def percentiles_ms(values: list[float]) -> dict[str, float]:
 
 def simulated_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     lengths, resampled = draw_lengths(real, world * per_rank, seed=world)
-    settings = BatchingConfig(token_budget=BUDGET, outstanding_depth=depth)
+    settings = study_config(BUDGET, depth)
     figures = asdict(simulate_figures(lengths, world, depth, BUDGET, resampled=resampled))
     return figures | {
         "kind": "simulated",
@@ -95,6 +101,8 @@ def real_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     kwargs = {
         "token_budget": BUDGET,
         "outstanding_depth": depth,
+        "window_budgets": None,
+        "max_steps_per_round": 8,
         "num_workers": 1,
         "multiprocessing_context": "fork",
     }
@@ -107,7 +115,7 @@ def real_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     shards = deal(list(range(len(lengths))), world)  # dataset indices, in arrival order
     expected = simulate(
         [[lengths[i] for i in shard] for shard in shards],
-        BatchingConfig(token_budget=BUDGET, outstanding_depth=depth),
+        study_config(BUDGET, depth),
         loss_tokens=[[dataset.num_loss_tokens(i) for i in shard] for shard in shards],
     )
     matches = all(
@@ -121,7 +129,7 @@ def real_row(real: list[int], world: int, depth: int, per_rank: int) -> dict:
     if len(steps) != 1:
         raise RuntimeError(f"ranks ran different step counts: {sorted(steps)}")
     padded = sum(m.local_padded_tokens for m in metas if not m.is_idle)
-    settings = BatchingConfig(token_budget=BUDGET, outstanding_depth=depth)
+    settings = study_config(BUDGET, depth)
     return {
         "kind": "real gloo",
         "world_size": world,

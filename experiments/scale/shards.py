@@ -71,6 +71,16 @@ class EpochFigures:
     simulation_s: float
 
 
+def study_config(token_budget: int, depth: int) -> BatchingConfig:
+    """The studies' settings: a window of ``depth`` samples, 8 steps a round."""
+    return BatchingConfig(
+        token_budget=token_budget,
+        outstanding_depth=depth,
+        window_budgets=None,
+        max_steps_per_round=8,
+    )
+
+
 def oracle_steps_per_rank(lengths: list[int], world: int, token_budget: int) -> float:
     return len(plan_epoch(lengths, mode="oracle", token_budget=token_budget)) / world
 
@@ -86,7 +96,7 @@ def simulate_figures(
 ) -> EpochFigures:
     """Simulate one epoch of ``lengths`` dealt over ``world`` ranks with window ``depth``."""
     shards = deal(lengths, world)
-    config = BatchingConfig(token_budget=token_budget, outstanding_depth=depth)
+    config = study_config(token_budget, depth)
     started = time.perf_counter()
     result = simulate_epoch(shards, config)
     elapsed = time.perf_counter() - started

@@ -40,7 +40,7 @@ def test_defaults_and_enum_coercion() -> None:
     )
     assert config.on_bad_sample is OnBadSample.SKIP
     assert config.multiprocessing_context is StartMethod.SPAWN
-    assert output_slots(config) == 2 * config.max_steps_per_round == 16
+    assert output_slots(config) == 2 * config.max_steps_per_round == 64
     assert config.handshake() == BatchingConfig(token_budget=4096).handshake()
     assert BatchingConfig(boundaries=[0, 10, 20]).boundaries == (0, 10, 20)
 

@@ -181,7 +181,7 @@ class BatchingConfig:
     outstanding_depth: int = 8192
     window_budgets: int | None = 64
     shard_dealing: ShardDealing = ShardDealing.FIXED
-    max_steps_per_round: int = 8
+    max_steps_per_round: int = 32
     join: bool = True
     seed: int = 0
     attention_weight: float = 0.0
