@@ -143,7 +143,9 @@ class BatchingConfig:
             rank (the whole window when ``window_budgets`` is ``None``).
         window_budgets: ODB window sized in work: it fills until its samples' row costs
             sum to this many ``token_budget``s (about as many full batches), within
-            ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
+            ``outstanding_depth`` samples; ``None``: the window is ``D`` samples. Keep it
+            at least twice ``max_steps_per_round``: a round emits up to that many
+            budgets' worth, and a window it drains groups the rest poorly.
         shard_dealing: ``fixed`` shards per rank, or ``by_need``: one seeded global order
             dealt each round to the windows that lack work, so ranks finish together on
             heavy-tailed data (a loader given ``shard=`` needs ``fixed``).

@@ -1,0 +1,188 @@
+"""Sync efficiency and utilization of simulated epochs at 8 and 64 ranks.
+
+A step takes as long as its slowest rank, so every epoch is scored by the budget's cost
+model (``core.sync``): per-step sync efficiency (mean over ranks of the step's cost / its
+max), utilization (useful cost / (W x sum of per-step max cost)), steps against the
+single-rank oracle, and IDLE steps. Default batching settings except the token budget.
+
+* Sets: real lengths after the Qwen2.5 ChatML template, at most 4,096 tokens (ShareGPT
+  whole conversations, ShareGPT first exchange, Chit-Chat), and the synthetic lognormal
+  profiles (``data.synthetic.LENGTH_PROFILES`` plus one with Chit-Chat's mean and CV).
+  At 8 ranks the whole set is dealt as the loader deals it (one seeded shuffle, every
+  W-th index); at 64 ranks each rank gets as many samples as at 8, a seeded bootstrap.
+* Oracle: global longest-first packing of all lengths under the budget, divided by W.
+* ``--reference``: the same shards grouped by the reference package's
+  ``odb.grouping.grouping_data`` (its real code, ``online-dynamic-batching``), one
+  thread per rank, its all-gather served in memory (see ``reference.py``).
+
+    python -m experiments.sync_efficiency.run [--label current] [--worlds 8,64] [--reference]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from experiments.common import results_meta
+from experiments.scale.shards import draw_lengths
+from odb_lightning.core.config import BatchingConfig, ShardDealing
+from odb_lightning.core.order import epoch_permutation
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
+
+HERE = Path(__file__).resolve().parent
+MAX_SEQ_LEN = 4096
+CASES = (  # (set, token budget)
+    ("sharegpt_whole", 16384),
+    ("sharegpt_first_exchange", 16384),
+    ("chitchat", 16384),
+    ("sharegpt_whole", 49152),
+)
+REAL_SETS = {
+    "sharegpt_whole": ("sharegpt", "whole"),
+    "sharegpt_first_exchange": ("sharegpt", "first_exchange"),
+    "chitchat": ("chitchat", "whole"),
+}
+
+
+def real_lengths() -> dict[str, list[int]]:
+    from odb_lightning.data.lengths import source_lengths
+
+    return {
+        name: list(source_lengths(source, max_seq_len=MAX_SEQ_LEN, regime=regime))
+        for name, (source, regime) in REAL_SETS.items()
+    }
+
+
+def synthetic_lengths(real: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The lognormal profiles, each as many samples as ShareGPT whole."""
+    from odb_lightning.data.synthetic import LENGTH_PROFILES
+
+    n = len(real["sharegpt_whole"])
+    chat = real["chitchat"]
+    profiles = {name: (p.mean_length, p.cv) for name, p in LENGTH_PROFILES.items()}
+    profiles["chitchat"] = (
+        statistics.fmean(chat),
+        statistics.pstdev(chat) / statistics.fmean(chat),
+    )
+    return {
+        f"synthetic_{name}": lognormal_lengths(n, mean, cv, seed=0, max_len=MAX_SEQ_LEN)
+        for name, (mean, cv) in profiles.items()
+    }
+
+
+def epoch_lengths(lengths: list[int], world: int) -> list[int]:
+    """The epoch's lengths in the loader's seeded order (``core.order.epoch_permutation``):
+    8 ranks the whole set; more a bootstrap with the same samples per rank."""
+    count = len(lengths) if world <= 8 else world * (len(lengths) // 8)
+    drawn, _ = draw_lengths(lengths, count, seed=world)
+    return [drawn[i] for i in epoch_permutation(len(drawn), 0, 0)]
+
+
+def shards_of(ordered: list[int], world: int) -> list[list[int]]:
+    """Fixed shards as the loader deals them: every ``world``-th of the epoch order."""
+    return [ordered[rank::world] for rank in range(world)]
+
+
+def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
+    everything = ordered
+    started = time.perf_counter()
+    if config.shard_dealing is ShardDealing.BY_NEED:
+        result = simulate_dealt_epoch(ordered, world, config)
+    else:
+        result = simulate_epoch(shards_of(ordered, world), config)
+    elapsed = time.perf_counter() - started
+    oracle = len(plan_epoch(everything, mode="oracle", token_budget=config.token_budget)) / world
+    steps = len(result.steps[0])
+    groups = [s.group for rank in result.steps for s in rank if s.group is not None]
+    sync = asdict(result.sync)
+    return {
+        "world_size": world,
+        "samples": len(everything),
+        "token_budget": config.token_budget,
+        "rounds": result.rounds,
+        "steps_per_rank": steps,
+        "oracle_steps_per_rank": oracle,
+        "steps_vs_oracle": steps / oracle,
+        "utilization": sync["utilization"],
+        "sync_efficiency": sync["sync_efficiency"],
+        "idle_fraction": sync["idle_fraction"],
+        "padding_efficiency": sum(everything) / sum(g.num_padded_tokens for g in groups),
+        "simulation_s": elapsed,
+        "simulation_ms_per_step": 1e3 * elapsed / max(1, steps),
+    }
+
+
+def _value(text: str) -> int | str | None:
+    if text == "null":
+        return None
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| set | budget | ranks | grouping | utilization | sync eff. | steps / oracle | IDLE | "
+        "pad. eff. | ms / step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['set']} | {r['token_budget']:,} | {r['world_size']} | {r['grouping']} | "
+            f"{r['utilization']:.3f} | {r['sync_efficiency']:.3f} | {r['steps_vs_oracle']:.3f} | "
+            f"{100 * r['idle_fraction']:.1f} % | {r['padding_efficiency']:.3f} | "
+            f"{r['simulation_ms_per_step']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="current", help="key of this run in results.json")
+    parser.add_argument("--worlds", default="8,64")
+    parser.add_argument("--synthetic", action="store_true", help="add the synthetic profiles")
+    parser.add_argument("--reference", action="store_true", help="add the reference package")
+    parser.add_argument(
+        "--reference-buffer", type=int, default=256, help="its buffer_size (window and slots)"
+    )
+    parser.add_argument("--sets", default="", help="only these sets (comma-separated)")
+    parser.add_argument(
+        "--knobs", default="", help="batching fields to change, e.g. window_budgets=32"
+    )
+    args = parser.parse_args()
+    knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
+    lengths = real_lengths()
+    cases = list(CASES)
+    if args.synthetic:
+        synthetic = synthetic_lengths(lengths)
+        lengths |= synthetic
+        cases += [(name, budget) for name in synthetic for budget in (16384, 49152)]
+    if args.sets:
+        wanted = set(args.sets.split(","))
+        cases = [c for c in cases if c[0] in wanted]
+    rows = []
+    for world in (int(w) for w in args.worlds.split(",")):
+        for name, budget in cases:
+            ordered = epoch_lengths(lengths[name], world)
+            config = replace(BatchingConfig(**knobs), token_budget=budget)
+            rows.append({"set": name, "grouping": args.label} | measure(ordered, world, config))
+            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+            if args.reference:
+                from experiments.sync_efficiency.reference import measure_reference
+
+                row = measure_reference(shards_of(ordered, world), budget, args.reference_buffer)
+                rows.append({"set": name, "grouping": "reference"} | row)
+                print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    path = HERE / "results.json"
+    stored = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    stored["runs"][args.label] = {"meta": results_meta(), "rows": rows}
+    path.write_text(json.dumps(stored, indent=2) + "\n")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
