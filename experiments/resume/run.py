@@ -1,10 +1,10 @@
 """Stop mid-epoch, resume from the checkpoint, count what each run emitted.
 
 For each batching mode and world size: `train.py debug=smoke trainer.max_steps=K
-callbacks.checkpoint.every_n_train_steps=K audit_ids=true`, then `train.py ckpt_path=...`
-to the end of the epoch; the id audits of both runs give the samples emitted before and
-after the checkpoint, the duplicates and the missing ones against the epoch's 64 training
-samples.
+callbacks.checkpoint.every_n_train_steps=K audit_ids=true`, then `train.py ckpt_path=...
+trainer.max_steps=-1 callbacks.checkpoint.every_n_train_steps=null` to the end of the
+epoch; the id audits of both runs give the samples emitted before and after the
+checkpoint, the duplicates and the missing ones against the epoch's 64 training samples.
 
     python -m experiments.resume.run [--stop-at 3] [--modes odb,standard,bucketed]
 """
@@ -39,7 +39,10 @@ def stop_and_resume(mode: str, trainer: str, stop_at: int, work: Path) -> dict:
     first, second = work / f"{mode}_{trainer}_first", work / f"{mode}_{trainer}_second"
     stop = [f"trainer.max_steps={stop_at}", f"callbacks.checkpoint.every_n_train_steps={stop_at}"]
     run_train(first, [*common, *stop])
-    summary = run_train(second, [*common, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"])
+    # The resume runs with the checkpoint's config: what made the stop is lifted here.
+    resume = ["trainer.max_steps=-1", "callbacks.checkpoint.every_n_train_steps=null"]
+    resume.append(f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}")
+    summary = run_train(second, [*common, *resume])
     before, after = emitted(first), emitted(second)
     total = before + after
     return {

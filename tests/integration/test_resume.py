@@ -1,6 +1,9 @@
 """Exact mid-epoch resume through Lightning checkpoints, as a user runs it:
 ``train.py trainer.max_steps=K callbacks.checkpoint.every_n_train_steps=K`` stops
-mid-epoch, ``train.py ckpt_path=<dir>/checkpoints/last.ckpt`` finishes the run.
+mid-epoch, ``train.py ckpt_path=<dir>/checkpoints/last.ckpt trainer.max_steps=-1
+callbacks.checkpoint.every_n_train_steps=null`` finishes the run (the resume runs with the
+checkpoint's config, whose ``max_steps`` and checkpoint cadence made the stop: the
+resume's command line lifts them).
 
 The samples emitted before the checkpoint plus those emitted after it are the epoch, each
 exactly once, and the step counters, the optimizer and the LR schedule go on where they
@@ -22,6 +25,8 @@ from odb_lightning.core.order import epoch_permutation
 
 TRAIN_INDICES = sorted(epoch_permutation(80, 0, -1)[16:])  # debug=smoke: 64 train records
 STOP_AT = 3
+# What made the first run a stop, in the config the resume takes from the checkpoint.
+LIFT_THE_STOP = ("trainer.max_steps=-1", "callbacks.checkpoint.every_n_train_steps=null")
 
 
 def _mode_overrides(mode: str, tmp_path: Path) -> list[str]:
@@ -45,6 +50,7 @@ def stop_and_resume(
         *overrides,
         *resume_overrides,
         "audit_ids=true",
+        *LIFT_THE_STOP,
         f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}",
     )
     return stopped, resumed, first, second
@@ -235,7 +241,7 @@ def test_dangling_last_ckpt_resumes_from_the_newest_valid_checkpoint(tmp_path: P
     last.unlink()
     last.symlink_to("epoch=0-step=2.ckpt")  # the deleted predecessor
     assert not last.exists()
-    resumed = train(second, "audit_ids=true", f"ckpt_path={last}")
+    resumed = train(second, "audit_ids=true", *LIFT_THE_STOP, f"ckpt_path={last}")
     assert _emitted(first, 1) + _emitted(second, 1) == Counter(TRAIN_INDICES)
     assert resumed["optimizer_steps"] == STOP_AT + len(read_audit(second, 1)[0])
     log = _job_log(second)

@@ -152,3 +152,16 @@ def test_config_for_resume_of_a_checkpoint_without_config_keeps_the_command_line
     torch.save({"state_dict": {}}, tmp_path / "old.ckpt")
     cfg = OmegaConf.create({"model": {"hidden_size": 64}})
     assert config_for_resume(cfg, str(tmp_path / "old.ckpt")) is cfg
+
+
+def test_resume_at_its_own_max_steps_warns_that_nothing_is_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entry = {"config": {"trainer": {"max_steps": 3}}, "resolved": {}, "overrides": []}
+    torch.save({RUN_CONFIG_KEY: entry, "global_step": 3}, tmp_path / "stopped.ckpt")
+    cfg = OmegaConf.create({"trainer": {"max_steps": -1}, "ckpt_path": "x"})
+    with caplog.at_level("WARNING"):
+        resumed = config_for_resume(cfg, str(tmp_path / "stopped.ckpt"))
+    assert resumed.trainer.max_steps == 3  # the checkpoint's: no command line sets it here
+    assert "at step 3 and trainer.max_steps=3" in caplog.text
+    assert "set trainer.max_steps (-1: no limit)" in caplog.text

@@ -71,16 +71,22 @@ class RunConfigCheckpoint(pl.Callback):
         checkpoint[RUN_CONFIG_KEY] = self.entry
 
 
+def _checkpoint_entries(ckpt_path: str | Path) -> dict[str, Any]:
+    """The checkpoint's dict (a sharded directory's ``meta.pt``: all but the tensors),
+    memory-mapped; empty when there is no such file (Lightning reports that)."""
+    path = Path(ckpt_path)
+    source = path / DISTRIBUTED_METADATA_FILENAME if path.is_dir() else path
+    if not source.is_file():
+        return {}
+    checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    return checkpoint if isinstance(checkpoint, dict) else {}
+
+
 def saved_run_config(ckpt_path: str | Path) -> dict[str, Any] | None:
     """The run config stored in a checkpoint file or sharded checkpoint directory, or
     ``None`` when the checkpoint has none (written before configs were stored) or does
     not exist (Lightning reports that)."""
-    path = Path(ckpt_path)
-    source = path / DISTRIBUTED_METADATA_FILENAME if path.is_dir() else path
-    if not source.is_file():
-        return None
-    checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-    return checkpoint.get(RUN_CONFIG_KEY) if isinstance(checkpoint, dict) else None
+    return _checkpoint_entries(ckpt_path).get(RUN_CONFIG_KEY)
 
 
 def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -207,7 +213,8 @@ def _composed_without_overrides() -> dict[str, Any]:
 def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
     """The config a resume from ``ckpt_path`` runs with (see the module docstring);
     ``cfg`` itself when the checkpoint holds no config (a logged warning)."""
-    saved = saved_run_config(ckpt_path)
+    entries = _checkpoint_entries(ckpt_path)
+    saved = entries.get(RUN_CONFIG_KEY)
     if saved is None:
         log.warning(
             "%s holds no run config: resuming with this command line's config only", ckpt_path
@@ -227,4 +234,15 @@ def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
         " ".join(saved["overrides"]) or "none",
         ", ".join(k for k in changed if k != "ckpt_path") or "nothing else",
     )
-    return OmegaConf.create(merged)
+    resumed = OmegaConf.create(merged)
+    max_steps = OmegaConf.select(resumed, "trainer.max_steps", default=None)
+    step = entries.get("global_step", 0)
+    if isinstance(max_steps, int) and 0 < max_steps <= step:
+        log.warning(
+            "the checkpoint is at step %d and trainer.max_steps=%d (the run's own): nothing "
+            "is left to train; set trainer.max_steps (-1: no limit) or trainer.max_epochs on "
+            "the resume command line to train further",
+            step,
+            max_steps,
+        )
+    return resumed
