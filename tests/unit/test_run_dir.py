@@ -168,6 +168,7 @@ def test_train_yaml_puts_a_resume_into_its_run_dir(
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = compose("train", overrides=[f"ckpt_path={ckpt}"], return_hydra_config=True)
         fresh = compose("train", return_hydra_config=True)
+        evaluation = compose("eval", overrides=[f"ckpt_path={ckpt}"], return_hydra_config=True)
     assert OmegaConf.select(cfg, "hydra.run.dir") == str(tmp_path)
     # Its Hydra files go beside the first run's .hydra/, not over them.
     subdir = OmegaConf.select(cfg, "hydra.output_subdir")
@@ -175,6 +176,9 @@ def test_train_yaml_puts_a_resume_into_its_run_dir(
     datetime.strptime(subdir.removeprefix(".hydra_resumed-"), "%Y-%m-%d_%H-%M-%S")
     assert OmegaConf.select(fresh, "hydra.output_subdir") == ".hydra"
     assert OmegaConf.select(fresh, "hydra.run.dir").startswith("outputs/train/")
+    # eval.py reads a checkpoint without resuming its run: a directory of its own.
+    assert OmegaConf.select(evaluation, "hydra.run.dir").startswith("outputs/eval/")
+    assert OmegaConf.select(evaluation, "hydra.output_subdir") == ".hydra"
 
 
 def test_wandb_run_name_is_the_experiment_and_the_overrides(tmp_path: Path) -> None:
