@@ -18,7 +18,7 @@ def test_compiled_smoke_epoch_recompiles_at_most_three_times(batching: str, tmp_
     eager = train(tmp_path / "eager", *overrides, timeout_s=600)
     compiled = train(tmp_path / "compiled", *overrides, "model.compile=true", timeout_s=900)
     assert "compile_graphs" not in eager
-    assert compiled["steps"] == eager["steps"] > 10  # shapes change from step to step
+    assert compiled["steps_per_rank"] == eager["steps_per_rank"] >= 5  # shapes change per step
     assert compiled["compile_graphs"] >= 1 and compiled["compile_s"] > 0
     assert compiled["compile_recompiles"] <= 3
     # The compiled layers compute what the eager ones do (float32, fused kernels).

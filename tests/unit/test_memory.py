@@ -100,7 +100,7 @@ def test_auto_without_a_gpu_or_capacity_is_refused() -> None:
     with pytest.raises(MemoryBudgetError, match="needs a CUDA device"):
         MemoryWarmup().on_fit_start(trainer, module)
     with pytest.raises(ValueError, match="resolved at fit start"):
-        BatchingConfig(token_budget="auto").budget
+        _ = BatchingConfig(token_budget="auto").budget
     with pytest.raises(ValueError, match="positive integer or auto"):
         BatchingConfig(token_budget="big")
     # Off on a CPU by default: nothing is measured.

@@ -32,6 +32,7 @@ from odb_lightning.app.validation import ConfigError
 from odb_lightning.core.config import SettingsMismatchError
 from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.lit.callbacks import print_summary
+from odb_lightning.lit.memory import MemoryBudgetError
 from odb_lightning.lit.run_report import NoSupervisedTokensError
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.sample import BadSampleError
@@ -52,6 +53,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     SettingsMismatchError,
     BadRecordError,
     BadSampleError,
+    MemoryBudgetError,
     OmegaConfBaseException,
     HydraException,
 )

@@ -38,6 +38,7 @@ from odb_lightning.app.validation import (
     validate_config,
 )
 from odb_lightning.lit.graceful_stop import EXIT_CODES, GracefulStop, requeue_slurm_job
+from odb_lightning.lit.memory import enable_expandable_segments
 
 # conf/train.yaml's run directory and Hydra file names use these resolvers: whoever runs
 # the application composes that config after importing this module.
@@ -90,6 +91,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
     check_launch_environment()
+    # Before the first CUDA allocation: ODB's changing shapes fragment fixed segments.
+    enable_expandable_segments()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")

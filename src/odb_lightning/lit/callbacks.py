@@ -237,6 +237,9 @@ class ODBMetricsCallback(pl.Callback):
         self.summary = self._summarize(trainer, per_rank, report)
         if isinstance(pl_module, CountsParameters):
             self.summary["model"] = asdict(ParameterCounts.of(pl_module.parameter_counts()))
+        compiled = getattr(pl_module, "compile_report", None)
+        if callable(compiled) and (entries := compiled()):  # model.compile: graphs, seconds
+            self.summary.update(entries)
         if report is not None:
             self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))
             rows = gather_objects(list(report.skipped_sample_ids), trainer.world_size)

@@ -315,7 +315,8 @@ class MemoryWarmup(pl.Callback):
             isinstance(capacity_gib, int | float) and capacity_gib > 0
         ):
             raise ValueError(
-                f"memory_warmup.capacity_gib must be a positive number or null, got {capacity_gib!r}"
+                "memory_warmup.capacity_gib must be a positive number or null, "
+                f"got {capacity_gib!r}"
             )
         self.enabled, self.margin, self.capacity_gib = enabled, float(margin), capacity_gib
         self.report: WarmupReport | None = None
@@ -344,7 +345,9 @@ class MemoryWarmup(pl.Callback):
         pl_module.train()
         try:
             if auto:
-                config = self._resolve_auto(trainer, pl_module, config, probe, vocab, no_sync, extra)
+                config = self._resolve_auto(
+                    trainer, pl_module, config, probe, vocab, no_sync, extra
+                )
                 datamodule.batching = config
             report = self._measure(pl_module, config, max_seq_len, probe, vocab, no_sync, extra)
         finally:
@@ -437,7 +440,9 @@ class MemoryWarmup(pl.Callback):
             if report.peak_bytes <= usable:
                 break
             budget = int(budget * 0.9) // BUDGET_QUANTUM * BUDGET_QUANTUM
-        agreed = int(trainer.strategy.reduce(torch.tensor(budget, device=module.device), reduce_op="min"))
+        agreed = int(
+            trainer.strategy.reduce(torch.tensor(budget, device=module.device), reduce_op="min")
+        )
         log.info("batching.token_budget=auto resolved to %d tokens", agreed)
         return replace(config, token_budget=agreed)
 
