@@ -63,12 +63,13 @@ def _rank_rounds(
     try:
         shuffler = random.Random(SEED)
         data_buffer: list[list[dict]] = []
-        taken, finished = 0, False
+        taken, finished, num_grouped = 0, False, 0
         while True:
             take = shard[taken : taken + buffer_size]
             taken += len(take)
             finished = not take
             data_buffer += [[_sample(taken - len(take) + i, n)] for i, n in enumerate(take)]
+            num_grouped += sum(map(len, data_buffer)) if not finished else 0
             grouped, overflow, all_done, skipped = grouping.grouping_data(
                 data_buffer,
                 budget,
@@ -86,7 +87,7 @@ def _rank_rounds(
             else:
                 rounds.append([])
             if all_done:
-                rounds.append(("left", sum(map(len, data_buffer))))
+                rounds.append(("left", sum(map(len, data_buffer)), num_grouped))
                 return
     except Exception as error:  # reported by the caller, which re-raises
         errors.append((rank, error))
@@ -120,7 +121,9 @@ def measure_reference(shards: list[list[int]], token_budget: int, buffer_size: i
     if errors:
         rank, error = errors[0]
         raise RuntimeError(f"the reference's grouping failed on rank {rank}") from error
-    left = [rounds.pop()[1] for rounds in per_rank]
+    tails = [rounds.pop() for rounds in per_rank]
+    left = [tail[1] for tail in tails]
+    grouped = sum(tail[2] for tail in tails)
     steps: list[list[Group | None]] = [[] for _ in shards]
     for columns in zip(*per_rank, strict=True):
         width = max(map(len, columns))
@@ -154,6 +157,8 @@ def measure_reference(shards: list[list[int]], token_budget: int, buffer_size: i
         "padding_efficiency": sum(g.num_real_tokens for g in groups) / padded,
         "not_emitted": len(everything) - emitted,
         "left_in_buffers": sum(left),
+        "grouped_per_step": grouped / (world * figures.steps),
+        "groupings_per_sample": grouped / len(everything),
         "simulation_s": elapsed,
         "simulation_ms_per_step": 1e3 * elapsed / max(1, figures.steps),
     }

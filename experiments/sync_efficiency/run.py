@@ -113,6 +113,8 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
         "sync_efficiency": sync["sync_efficiency"],
         "idle_fraction": sync["idle_fraction"],
         "padding_efficiency": sum(everything) / sum(g.num_padded_tokens for g in groups),
+        "grouped_per_step": sum(result.grouped) / (world * steps),
+        "groupings_per_sample": sum(result.grouped) / len(everything),
         "simulation_s": elapsed,
         "simulation_ms_per_step": 1e3 * elapsed / max(1, steps),
     }

@@ -52,3 +52,15 @@ def test_summary_figures_equal_the_simulators() -> None:
     assert figures["sync_efficiency"] == pytest.approx(result.sync.sync_efficiency)
     assert figures["utilization"] == pytest.approx(result.sync.utilization)
     assert 0.5 < figures["utilization"] < figures["sync_efficiency"] < 1
+
+
+def test_grouped_counts_the_planners_work() -> None:
+    lengths = [[(i * 37) % 500 + 20 for i in range(300)]]
+    # A round that may emit every group of the window groups each sample once.
+    drained = simulate_epoch(lengths, BatchingConfig(token_budget=2000, max_steps_per_round=512))
+    assert drained.grouped == [300]
+    # Two steps a round regroup what the window kept: each sample is grouped many times.
+    kept = simulate_epoch(
+        lengths, BatchingConfig(token_budget=2000, window_budgets=16, max_steps_per_round=2)
+    )
+    assert kept.grouped[0] > 3 * 300

@@ -33,11 +33,14 @@ def padded_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = Non
     ``O(n log n)`` in all.
     """
     n = len(ordered)
-    sizes = [budget.max_group_size(s.length) for s in ordered]
+    # The budget's figures depend on the length alone: ask once per distinct length.
+    lengths = [s.length for s in ordered]
+    figures = {m: (budget.max_group_size(m), budget.row_cost(m)) for m in set(lengths)}
+    sizes = [figures[m][0] for m in lengths]
     if cap is not None:
         sizes = [min(size, cap) for size in sizes]
     reach = [min(n, i + size) for i, size in enumerate(sizes)]  # never falls as i grows
-    row = [budget.row_cost(s.length) for s in ordered]
+    row = [figures[m][1] for m in lengths]
     cost = [0.0] * (n + 1)  # least cost of ordered[j:] with the fewest groups
     end = [n] * (n + 1)  # where the first group of ordered[j:] ends
     run_start = n  # the run of starts solved last: [run_start, previous run_start)

@@ -34,6 +34,8 @@ class SimulationResult:
         over_budget: Per rank, samples emitted alone because they exceed the budget.
         sync: Sync efficiency and utilization of the steps under the budget's cost model
             (:mod:`odb_lightning.core.sync`).
+        grouped: Per rank, samples its window grouped over all rounds (each round groups
+            the whole window): the planner's work.
     """
 
     steps: list[list[Step]]
@@ -41,6 +43,7 @@ class SimulationResult:
     dropped: list[int]
     over_budget: list[int]
     sync: SyncFigures
+    grouped: list[int]
 
 
 def _fill(window: GroupingWindow, lengths: list[int], loss_tokens: list[int]) -> None:
@@ -123,6 +126,7 @@ def _run(
                 rounds=rounds,
                 dropped=[w.num_dropped for w in windows],
                 over_budget=[w.num_over_budget for w in windows],
+                grouped=[w.num_grouped for w in windows],
                 sync=sync_figures(
                     [[s.group for s in rank] for rank in steps], config.budget, packed=config.packed
                 ),

@@ -138,6 +138,7 @@ class GroupingWindow:
         self.num_over_budget = 0
         self.num_dropped = 0
         self.num_skipped = 0
+        self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
         self.epoch_over = False
 
     # -- filling ---------------------------------------------------------------------
@@ -252,6 +253,7 @@ class GroupingWindow:
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing.
         groups = group_window(self._buffer, self._budget, packed=self.config.packed) if full else []
+        self.num_grouped += len(self._buffer) if full else 0
         groups.sort(key=lambda g: g.age)
         self._groups = groups
         shown = groups[:max_steps]
