@@ -1,0 +1,70 @@
+"""Data sizes as counts, fractions of the source, or null; and a file smaller than the
+default experiment's sizes trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers.configs import compose_train
+from odb_lightning.app.validation import ConfigError, validate_config
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data import QwenTokenizer
+from odb_lightning.data.sizes import check_size, kept_records, validation_count
+from odb_lightning.lit.datamodule import ODBDataModule
+
+
+@pytest.mark.parametrize(
+    ("val_samples", "num_records", "expected"),
+    [
+        (0.05, 20, 1),  # 1.0
+        (0.05, 10, 1),  # 0.5 rounds to 0, at least one
+        (0.2, 80, 16),  # debug=smoke
+        (0.99, 5, 4),  # leaves one for training
+        (0.5, 1, 0),  # a single record: no validation
+        (None, 10, 0),
+        (0, 10, 0),
+        (3, 10, 3),
+    ],
+)
+def test_validation_count(val_samples, num_records: int, expected: int) -> None:
+    assert validation_count(val_samples, num_records) == expected
+
+
+def test_kept_records() -> None:
+    assert kept_records(None, 37) == 37
+    assert kept_records(100, 37) == 37 and kept_records(10, 37) == 10
+    assert kept_records(0.5, 37) == 18  # rounds down
+    assert kept_records(0.01, 37) == 1  # at least one
+
+
+@pytest.mark.parametrize("value", [-1, 0.0, 1.0, 1.5, "all", True])
+def test_bad_sizes_are_refused_naming_the_key(value, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^val_samples must be null, an integer >= 0"):
+        check_size("val_samples", value, least=0)
+    cfg = compose_train(tmp_path, [f"data.max_samples={json.dumps(value)}"])
+    with pytest.raises(ConfigError, match=r"^data.max_samples must be null, an integer >= 1"):
+        validate_config(cfg)
+
+
+def test_a_file_of_ten_records_trains_on_nine(tmp_path: Path) -> None:
+    path = tmp_path / "ten.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path.write_text("".join(json.dumps({"id": k, "messages": turns}) + "\n" for k in range(10)))
+    cfg = compose_train(tmp_path, ["data=jsonl", f"data.path={path}"])
+    assert cfg.data.max_samples is None and cfg.data.val_samples == 0.05
+    data = ODBDataModule(
+        "jsonl", QwenTokenizer(), BatchingConfig(), path=str(path),
+        max_samples=cfg.data.max_samples, val_samples=cfg.data.val_samples,
+    )  # fmt: skip
+    data.setup("fit")
+    assert data.num_train_samples == 9 and len(data.val_set) == 1
+    half = ODBDataModule(
+        "jsonl", QwenTokenizer(), BatchingConfig(), path=str(path), max_samples=0.5,
+        val_samples=0.2,
+    )  # fmt: skip
+    half.setup("fit")
+    assert len(half.dataset) == 5 and half.source_counts["kept"] == 5
+    assert half.num_train_samples == 4
