@@ -129,14 +129,16 @@ def _value(text: str) -> int | str | None:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| set | budget | ranks | grouping | utilization | sync eff. | steps / oracle | IDLE | "
-        "pad. eff. | ms / step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "pad. eff. | groupings / sample | ms / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        grouped = r.get("groupings_per_sample")
         lines.append(
             f"| {r['set']} | {r['token_budget']:,} | {r['world_size']} | {r['grouping']} | "
             f"{r['utilization']:.3f} | {r['sync_efficiency']:.3f} | {r['steps_vs_oracle']:.3f} | "
             f"{100 * r['idle_fraction']:.1f} % | {r['padding_efficiency']:.3f} | "
+            f"{'-' if grouped is None else f'{grouped:.2f}'} | "
             f"{r['simulation_ms_per_step']:.2f} |"
         )
     return "\n".join(lines)
