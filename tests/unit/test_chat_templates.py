@@ -218,3 +218,23 @@ def test_chat_dataset_with_another_family_survives_pickling(
     assert sample["input_ids"].tolist() == again["input_ids"].tolist()
     assert sample["labels"].tolist() == again["labels"].tolist()
     assert (sample["labels"] != IGNORE_INDEX).sum() > 0
+
+
+def test_own_template_refusing_a_conversation_is_a_bad_sample(
+    tokenizer_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    strict = tmp_path / "strict"
+    shutil.copytree(tokenizer_dirs["deepseek"], strict)
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+        + config["chat_template"]
+    )
+    (strict / "tokenizer_config.json").write_text(json.dumps(config))
+    template = build_chat_template(HFTokenizer(strict), "hf")
+    assert template.tokenize(CHAT[1:3]).num_loss_tokens > 0
+    with pytest.raises(BadSampleError, match=r"field 'messages' is refused .*user first"):
+        template.tokenize(CHAT[2:3])

@@ -271,11 +271,17 @@ class HFChatTemplate:
                     f"contains {token!r}, a control token of the tokenizer's own template: "
                     "the model would read a turn boundary the data does not have",
                 )
-        encoding = self.tokenizer.backend.apply_chat_template(
-            [dict(m) for m in messages],
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-        )
+        from jinja2 import TemplateError
+
+        try:
+            encoding = self.tokenizer.backend.apply_chat_template(
+                [dict(m) for m in messages],
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+            )
+        except TemplateError as error:  # e.g. raise_exception('roles must alternate ...')
+            problem = f"is refused by the tokenizer's own chat template: {error}"
+            raise BadSampleError(None, "messages", problem) from error
         ids, mask = list(encoding["input_ids"]), list(encoding["assistant_masks"])
         return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]
