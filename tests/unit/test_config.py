@@ -11,6 +11,7 @@ from odb_lightning.core.config import (
     DataHandshake,
     OnBadSample,
     SettingsMismatchError,
+    ShardDealing,
     StartMethod,
     check_data_agree,
     check_settings_agree,
@@ -174,3 +175,21 @@ def test_garbage_reports_fail_naming_the_field(field: int, value: int, expected:
     message[field] = value
     with pytest.raises(WireFormatError, match=expected):
         decode_report(message, 4)
+
+
+def test_window_and_dealing_knobs_are_checked_and_shared() -> None:
+    with pytest.raises(ValueError, match=r"batching\.window_budgets must be a positive integer"):
+        BatchingConfig(window_budgets=0)
+    with pytest.raises(ValueError, match=r"batching\.shard_dealing must be one of fixed, by_need"):
+        BatchingConfig(shard_dealing="round_robin")
+    assert BatchingConfig(shard_dealing="by_need").shard_dealing is ShardDealing.BY_NEED
+    assert BatchingConfig(window_budgets=None).window_budgets is None
+    one = BatchingConfig()
+    for other in (BatchingConfig(window_budgets=32), BatchingConfig(shard_dealing="by_need")):
+        with pytest.raises(SettingsMismatchError):
+            check_settings_agree([one.handshake(), other.handshake()])
+
+
+def test_loader_refuses_fixed_shards_dealt_by_need() -> None:
+    with pytest.raises(ValueError, match="shard_dealing=fixed with shard="):
+        ODBLoader([], shard=lambda epoch: [], shard_dealing="by_need", num_workers=0)
