@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--template", default="auto", help="--source: chat template (data.template)"
     )
+    parser.add_argument(
+        "--skip-bad-records", action="store_true",
+        help="--source jsonl: skip lines that are not a conversation (counted), as "
+        "batching.on_bad_sample=skip does in training",
+    )  # fmt: skip
     parser.add_argument("--max-seq-len", type=int, help="truncate lengths to this many tokens")
     parser.add_argument("--max-samples", type=int, help="first N samples of --source")
     parser.add_argument(
@@ -172,7 +177,7 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
         origin = f"lognormal(mean={mean:g}, cv={cv:g}, n={n}, seed={args.seed})"
     else:
         try:
-            from odb_lightning.data.lengths import source_lengths
+            from odb_lightning.data.lengths import measure_source
         except ImportError as error:
             raise PlanCliError(
                 f"--source needs the data layer (odb_lightning.data.lengths): {error}"
@@ -181,20 +186,22 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
         if args.source in SOURCES_WITH_PATH and args.path is None:
             raise PlanCliError(f"--source {args.source} needs --path (the data to tokenize)")
         try:
-            lengths = list(
-                source_lengths(
-                    args.source,
-                    max_seq_len=max_seq_len,
-                    max_samples=args.max_samples,
-                    path=args.path,
-                    tokenizer=args.tokenizer,
-                    template=args.template,
-                    over_length="truncate",  # as training does
-                )
+            report = measure_source(
+                args.source,
+                max_seq_len=max_seq_len,
+                max_samples=args.max_samples,
+                path=args.path,
+                tokenizer=args.tokenizer,
+                template=args.template,
+                over_length="truncate",  # as training does
+                on_bad_record="skip" if args.skip_bad_records else "raise",
             )
         except (OSError, ValueError) as error:  # a missing file, a bad record or template
             raise PlanCliError(f"--source {args.source}: {error}") from None
+        lengths = list(report.lengths)
         origin = f"source {args.source} (max_seq_len={max_seq_len})"
+        if report.counts.get("dropped/bad_record"):
+            origin += f", {report.counts['dropped/bad_record']} bad records skipped"
     if not lengths:
         raise PlanCliError(f"no lengths in {origin}")
     try:

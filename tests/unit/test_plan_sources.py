@@ -36,8 +36,15 @@ def test_jsonl_path_plans_over_the_training_lengths(tmp_path: Path, capsys) -> N
     assert f"--source jsonl: record {data}:3" in capsys.readouterr().err
     good = tmp_path / "good.jsonl"
     good.write_text("".join(line for line in data.open() if "broken" not in line))
-    assert main(["--source", "jsonl", "--path", str(good), "--max-seq-len", "64", "--json"]) == 0
+    argv = ["--source", "jsonl", "--max-seq-len", "64", "--json"]
+    assert main([*argv, "--path", str(data), "--skip-bad-records"]) == 0
+    skipped = json.loads(capsys.readouterr().out)["lengths"]
+    assert skipped["origin"].endswith(", 1 bad records skipped")
+    assert main([*argv, "--path", str(good)]) == 0
     described = json.loads(capsys.readouterr().out)["lengths"]
+    assert {k: v for k, v in skipped.items() if k != "origin"} == {
+        k: v for k, v in described.items() if k != "origin"
+    }
     template = build_chat_template(QwenTokenizer())
     expected = [
         min(template.tokenize(r["messages"]).full_length, 64) for r in jsonl_records(good).records

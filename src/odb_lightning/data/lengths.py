@@ -153,6 +153,7 @@ def measure_source(
     seed: int = 0,
     progress: bool = True,
     template: str = "auto",
+    on_bad_record: str = "raise",
 ) -> LengthReport:
     """Token lengths of a source after the chat template, with counts and timing.
 
@@ -163,6 +164,8 @@ def measure_source(
         tokenizer: Defaults to the Qwen2.5 BPE; a string is a name or directory for
             :func:`~odb_lightning.data.hf_tokenizer.load_tokenizer`.
         template: The chat template (``data.template``; ``auto`` reads the tokenizer's).
+        on_bad_record: ``jsonl``: ``raise`` at a bad line, or ``skip`` it (counted under
+            ``dropped/bad_record``).
         path: Source path (``ultrachat``, ``jsonl``).
         system_prompt: Default system prompt (none by default, as for the length profiles).
         seed: ShareGPT ``mix`` seed / synthetic seed.
@@ -170,7 +173,14 @@ def measure_source(
     """
     if name == SYNTHETIC:
         return _synthetic_report(regime, max_seq_len, max_samples, seed)
-    source = load_source(name, path=path, regime=regime, max_samples=max_samples, seed=seed)
+    source = load_source(
+        name,
+        path=path,
+        regime=regime,
+        max_samples=max_samples,
+        seed=seed,
+        on_bad_record=on_bad_record,
+    )
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
     chat_template = build_chat_template(tokenizer or QwenTokenizer(), template, system_prompt)
