@@ -11,7 +11,8 @@ scores every step's patches against ``max_patches``; the patch-budget rule
 rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on CPU with the tiny
 Qwen2-VL (token ids folded) and reads emitted samples/s from each run's summary.json.
 
-    python -m experiments.vlm.run [--samples 1000] [--train-samples 160] [--skip-train]
+    python -m experiments.vlm.run [--samples 1000] [--train-samples 96] [--repeats 3]
+        [--skip-train | --only-train] [--lock FILE]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.common import results_meta, run_train
+from experiments.common import bench_lock, command_line, results_meta, run_train
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
@@ -140,8 +141,9 @@ def modes_table(measured: dict[str, list], token_budget: int, max_patches: int) 
     return rows
 
 
-def throughput(name: str, samples: int, out_dir: Path) -> dict[str, Any]:
-    """Emitted samples/s of ``<name>_odb`` and ``<name>_standard`` on CPU, one process."""
+def throughput(name: str, samples: int, out_dir: Path, repeats: int, lock: Path | None) -> dict:
+    """Emitted samples/s of ``<name>_odb`` and ``<name>_standard`` on CPU, one process,
+    the arms interleaved ``repeats`` times: medians, and the median per-repeat ratio."""
     overrides = [
         f"experiment={name}_odb",
         "logger=csv",
@@ -152,40 +154,57 @@ def throughput(name: str, samples: int, out_dir: Path) -> dict[str, Any]:
         "trainer.max_epochs=1",
         "batching.num_workers=1",
     ]
-    runs = {}
-    for mode in ("odb", "standard"):
-        arm = [o.replace(f"{name}_odb", f"{name}_{mode}") for o in overrides]
-        summary = run_train(out_dir / f"train_{name}_{mode}", arm)
-        runs[mode] = {
-            k: summary.get(k)
-            for k in (
-                "emitted_samples",
-                "emitted_samples_per_s",
-                "real_tokens_per_s",
-                "padding_efficiency",
-                "optimizer_steps",
-                "image_tokens",
-                "image_patches",
-                "train_wall_s",
-                "padded_tokens",
-                "real_tokens",
-            )
-        }
-    odb, standard = runs["odb"], runs["standard"]
-    runs["speedup"] = round(odb["emitted_samples_per_s"] / standard["emitted_samples_per_s"], 2)
-    return runs
+    keys = (
+        "emitted_samples",
+        "emitted_samples_per_s",
+        "padding_efficiency",
+        "optimizer_steps",
+        "image_tokens",
+        "image_patches",
+        "padded_tokens",
+        "real_tokens",
+    )
+    runs: dict[str, list[dict]] = {"odb": [], "standard": []}
+    for _ in range(repeats):
+        for mode in runs:
+            arm = [o.replace(f"{name}_odb", f"{name}_{mode}") for o in overrides]
+            with bench_lock(lock):
+                summary = run_train(out_dir / f"train_{name}_{mode}", arm)
+            runs[mode].append({k: summary.get(k) for k in keys})
+    rates = {m: [r["emitted_samples_per_s"] for r in rs] for m, rs in runs.items()}
+    ratios = [o / s for o, s in zip(rates["odb"], rates["standard"], strict=True)]
+    return {
+        "runs": runs,
+        "median_samples_per_s": {m: round(statistics.median(r), 3) for m, r in rates.items()},
+        "speedup_per_repeat": [round(r, 2) for r in ratios],
+        "speedup": round(statistics.median(ratios), 2),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=1000, help="records per set (parts 1-2)")
-    parser.add_argument("--train-samples", type=int, default=160)
+    parser.add_argument("--train-samples", type=int, default=96)
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--max-patches", type=int, default=32768)
     parser.add_argument("--out", type=Path, default=HERE / "runs")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--lock", type=Path, default=None, help="bench lock file (flock)")
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument(
+        "--only-train", action="store_true", help="keep results.json's sets, time again"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {"meta": results_meta(images=IMAGES.__repr__()), "sets": {}}
+    if args.only_train:
+        results = json.loads((HERE / "results.json").read_text())
+        results["meta"]["throughput_command"] = command_line()
+        for name in SETS:
+            results["sets"][name]["throughput"] = throughput(
+                name, args.train_samples, args.out, args.repeats, args.lock
+            )
+        (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+        return
     for name in SETS:
         measured = measure_set(name, args.samples, args.out)
         text = [n - t for n, t in zip(measured["lengths"], measured["image_tokens"], strict=True)]
@@ -199,7 +218,9 @@ def main() -> None:
             "modes": modes_table(measured, args.token_budget, args.max_patches),
         }
         if not args.skip_train:
-            results["sets"][name]["throughput"] = throughput(name, args.train_samples, args.out)
+            results["sets"][name]["throughput"] = throughput(
+                name, args.train_samples, args.out, args.repeats, args.lock
+            )
         print(json.dumps(results["sets"][name], indent=1))
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 

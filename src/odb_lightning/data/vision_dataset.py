@@ -80,7 +80,8 @@ class VisionChatDataset(ChatDataset):
         image_root: str | Path | None = None,
         system_prompt: str | None = None,
     ) -> None:
-        super().__init__(records, tokenizer, max_seq_len, system_prompt)
+        # Qwen2-VL's conversations are ChatML, and the image blocks are placed in its layout.
+        super().__init__(records, tokenizer, max_seq_len, system_prompt, template="chatml")
         self.images = images or ImageSettings()
         self.vision_tokens = vision_tokens or VisionTokens()
         self.image_root = None if image_root is None else Path(image_root)

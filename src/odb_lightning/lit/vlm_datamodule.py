@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data.sizes import kept_records, records_to_read
 from odb_lightning.data.sources.llava import build_llava_set, llava_records
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
 from odb_lightning.data.tokenizer import ChatTokenizer
@@ -42,7 +43,8 @@ class VisionDataModule(ODBDataModule):
     Args:
         source: ``llava_jsonl`` (``path``: your file, images under ``image_root`` or
             its directory), ``llava`` or ``sharegpt4o`` (a LLaVA- or ShareGPT4o-shaped
-            set written once under ``set_dir``, ``max_samples`` records).
+            set written once under ``set_dir``, ``max_samples`` records, 512 when unset;
+            a fraction keeps that share of the 512).
         images: Resize and patch settings (:class:`~odb_lightning.data.vision.ImageSettings`
             fields); they must match the model's vision tower.
         vision_tokens: The ids framing an image
@@ -91,7 +93,7 @@ class VisionDataModule(ODBDataModule):
         """The JSON Lines file of the source (a written set is written first)."""
         if self.vision_source is VisionSource.LLAVA_JSONL:
             return Path(self.path)
-        count = self.max_samples or DEFAULT_SET_SAMPLES
+        count = records_to_read(self.max_samples) or DEFAULT_SET_SAMPLES
         build = (
             build_llava_set if self.vision_source is VisionSource.LLAVA else build_sharegpt4o_set
         )
@@ -101,11 +103,16 @@ class VisionDataModule(ODBDataModule):
     def _load_dataset(self) -> Dataset:
         path = self.records_path()
         records = llava_records(
-            path, max_samples=self.max_samples, on_bad_record=self.batching.on_bad_sample.value
+            path,
+            max_samples=records_to_read(self.max_samples),
+            on_bad_record=self.batching.on_bad_sample.value,
         )
         self.source_counts = dict(records.counts)
+        kept = records.records[: kept_records(self.max_samples, len(records.records))]
+        if len(kept) < len(records.records):  # data.max_samples as a fraction
+            self.source_counts["kept"] = len(kept)
         return VisionChatDataset(
-            records.records,
+            kept,
             self.tokenizer,
             self.max_seq_len,
             images=self.images,
