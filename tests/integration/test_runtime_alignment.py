@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from odb_lightning.testing.datasets import SyntheticChatDataset
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.simulate import simulate
+from odb_lightning.testing.datasets import SyntheticChatDataset, SyntheticPatchDataset
 from odb_lightning.testing.ranks import RankJob, expected_dealt_steps, expected_steps, run_ranks
 
 N_SAMPLES = 240
@@ -77,6 +79,28 @@ def test_two_ranks_fork_join_matches_simulation_over_two_epochs() -> None:
         _check_epoch(job, outcome.ok, epoch)
         _check_join_coverage(outcome.ok, epoch)
     assert any(s["meta"].is_idle for s in outcome.ok[0][0]["steps"]), "skew forces IDLE steps"
+
+
+def test_patch_budget_two_ranks_matches_simulation() -> None:
+    """Images' ViT patches travel with the observed lengths: at 2 ranks over Gloo the steps
+    equal the simulator's with the same patch budget, every multi-sample step stays within
+    both budgets, and the patch budget binds (more steps than tokens alone give)."""
+    dataset = SyntheticPatchDataset.seeded(N_SAMPLES)
+    job = RankJob(dataset, {**LOADER, "num_workers": 1, "max_patches": 700}, weights=(1, 3), epochs=1)
+    outcome = run_ranks(job, world_size=2)
+    assert outcome.errors == {}
+    _check_epoch(job, outcome.ok, 0)
+    _check_join_coverage(outcome.ok, 0)
+    steps = [[s["meta"].sample_ids for s in outcome.ok[r][0]["steps"]] for r in range(2)]
+    for ids in (ids for rank in steps for ids in rank if len(ids) > 1):
+        assert sum(dataset.patches[i] for i in ids) <= 700
+        assert len(ids) * max(dataset.lengths[i] for i in ids) <= LOADER["token_budget"]
+    tokens_only = BatchingConfig(**{k: v for k, v in LOADER.items()})
+    lengths = [[dataset.lengths[i] for i in range(N_SAMPLES)]]
+    assert len(steps[0]) > 0
+    assert len(simulate(lengths, tokens_only)[0]) < len(
+        simulate(lengths, tokens_only, patches=[dataset.patches], max_patches=700)[0]
+    )
 
 
 def test_two_ranks_spawn_align() -> None:

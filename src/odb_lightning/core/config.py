@@ -45,8 +45,6 @@ LENGTH_PASS_MODES = frozenset({BatchingMode.SORTED, BatchingMode.BUCKETED, Batch
 """Modes that need every sample's exact length before the epoch (a length cache)."""
 FIXED_SIZE_MODES = frozenset({BatchingMode.STANDARD, BatchingMode.SORTED})
 """Modes that cut batches of ``batch_size`` samples and ignore ``token_budget``."""
-FIXED_SIZE_MODES = frozenset({BatchingMode.STANDARD, BatchingMode.SORTED})
-"""Modes that cut batches of ``batch_size`` samples and ignore ``token_budget``."""
 
 
 class OnBadSample(StrEnum):

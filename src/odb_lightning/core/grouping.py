@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from odb_lightning.core.budget import Budget
+from odb_lightning.core.patch_budget import PatchBudget
 from odb_lightning.core.types import Group, SampleInfo
 
 
@@ -102,23 +103,65 @@ def packed_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = Non
     return cuts
 
 
+def patch_budget_cuts(
+    ordered: list[SampleInfo],
+    budget: Budget,
+    patch_budget: PatchBudget,
+    *,
+    packed: bool = False,
+    cap: int | None = None,
+) -> list[int]:
+    """Group start positions within both the token budget (padded ``g x row_cost(L)`` or
+    the packed row's cost) and the patch budget (the group's summed
+    :meth:`~odb_lightning.core.patch_budget.PatchBudget.sample_cost`): each group takes
+    adjacent samples while both fit. Both costs only fall when a sample leaves a group of
+    adjacent samples, so the greedy cut has the fewest groups
+    (:mod:`~odb_lightning.core.patch_budget`). A sample that alone breaks a budget is a
+    group of one."""
+    cuts, start = [], 0
+    while start < len(ordered):
+        cuts.append(start)
+        first = ordered[start]
+        total, squares = first.length, first.length * first.length
+        patches = patch_budget.sample_cost(first.num_patches, first.patch_square_sum)
+        size = 1
+        while start + size < len(ordered) and (cap is None or size < cap):
+            nxt = ordered[start + size]
+            patches += patch_budget.sample_cost(nxt.num_patches, nxt.patch_square_sum)
+            total, squares = total + nxt.length, squares + nxt.length * nxt.length
+            if packed:
+                tokens_fit = budget.packed_cost(total, squares) <= budget.token_budget
+            else:
+                tokens_fit = budget.fits(size + 1, first.length)
+            if not tokens_fit or patches > patch_budget.max_patches:
+                break
+            size += 1
+        start += size
+    return cuts
+
+
 def group_window(
     samples: Iterable[SampleInfo],
     budget: Budget,
     *,
     packed: bool = False,
     max_group_size: int | None = None,
+    patch_budget: PatchBudget | None = None,
 ) -> list[Group]:
     """Sort the window longest first and cut it into adjacent groups (:func:`padded_cuts`,
-    or :func:`packed_cuts` when ``packed``). An over-budget sample becomes a group of one;
-    ``max_group_size`` caps every group.
+    or :func:`packed_cuts` when ``packed``; :func:`patch_budget_cuts` with a
+    ``patch_budget``). An over-budget sample becomes a group of one; ``max_group_size``
+    caps every group.
 
     Returns:
         Groups in longest-first order, every sample in exactly one group.
     """
     ordered = sort_longest_first(samples)
-    cut = packed_cuts if packed else padded_cuts
-    bounds = [*cut(ordered, budget, max_group_size), len(ordered)]
+    if patch_budget is not None:
+        cuts = patch_budget_cuts(ordered, budget, patch_budget, packed=packed, cap=max_group_size)
+    else:
+        cuts = (packed_cuts if packed else padded_cuts)(ordered, budget, max_group_size)
+    bounds = [*cuts, len(ordered)]
     return [Group(tuple(ordered[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 

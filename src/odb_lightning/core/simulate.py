@@ -36,6 +36,8 @@ class SimulationResult:
             (:mod:`odb_lightning.core.sync`).
         grouped: Per rank, samples its window grouped over all rounds (each round groups
             the whole window): the planner's work.
+        over_patch_budget: Per rank, samples emitted alone because their patches alone
+            exceed ``max_patches``.
     """
 
     steps: list[list[Step]]
@@ -44,9 +46,16 @@ class SimulationResult:
     over_budget: list[int]
     sync: SyncFigures
     grouped: list[int]
+    over_patch_budget: tuple[int, ...] = ()
 
 
-def _fill(window: GroupingWindow, lengths: list[int], loss_tokens: list[int]) -> None:
+def _fill(
+    window: GroupingWindow,
+    lengths: list[int],
+    loss_tokens: list[int],
+    patches: list[int] | None = None,
+    patch_squares: list[int] | None = None,
+) -> None:
     # Requests arrive at once; a window sized in work may ask again once they have.
     while positions := window.request():
         for position in positions:
@@ -56,6 +65,8 @@ def _fill(window: GroupingWindow, lengths: list[int], loss_tokens: list[int]) ->
                     length=lengths[position],
                     num_loss_tokens=loss_tokens[position],
                     position=position,
+                    num_patches=0 if patches is None else patches[position],
+                    patch_square_sum=0 if patch_squares is None else patch_squares[position],
                 )
             )
 
@@ -66,8 +77,12 @@ def simulate_epoch(
     *,
     loss_tokens: list[list[int]] | None = None,
     epoch: int = 0,
+    patches: list[list[int]] | None = None,
+    patch_squares: list[list[int]] | None = None,
 ) -> SimulationResult:
-    """Simulate one epoch of fixed shards; sample ids are positions in each rank's list."""
+    """Simulate one epoch of fixed shards; sample ids are positions in each rank's list.
+    ``patches`` (and ``patch_squares``): per rank, each sample's ViT patches (and its
+    images' squared patch counts summed), for ``batching.max_patches``."""
     if config.shard_dealing is ShardDealing.BY_NEED:
         raise ValueError("shard_dealing=by_need has no fixed shards: use simulate_dealt_epoch")
     losses = loss_tokens if loss_tokens is not None else rank_lengths
@@ -77,7 +92,17 @@ def simulate_epoch(
         GroupingWindow(config, len(lengths), rank=rank, epoch=epoch)
         for rank, lengths in enumerate(rank_lengths)
     ]
-    return _run(windows, rank_lengths, losses, config, sum(map(len, rank_lengths)))
+    if patches is not None and [len(p) for p in patches] != [len(n) for n in rank_lengths]:
+        raise ValueError("patches must have one count per sample of every rank")
+    return _run(
+        windows,
+        rank_lengths,
+        losses,
+        config,
+        sum(map(len, rank_lengths)),
+        patches=patches,
+        patch_squares=patch_squares,
+    )
 
 
 def simulate_dealt_epoch(
@@ -107,6 +132,9 @@ def _run(
     losses: list[list[int]],
     config: BatchingConfig,
     num_samples: int,
+    *,
+    patches: list[list[int]] | None = None,
+    patch_squares: list[list[int]] | None = None,
 ) -> SimulationResult:
     steps: list[list[Step]] = [[] for _ in windows]
     max_steps = config.max_steps_per_round
@@ -114,8 +142,12 @@ def _run(
     # deals >= 1 sample; one more round ends the epoch.
     bound = 2 * num_samples + 2
     for rounds in range(1, bound + 1):
-        for window, lengths, loss in zip(windows, rank_lengths, losses, strict=True):
-            _fill(window, lengths, loss)
+        for rank, (window, lengths, loss) in enumerate(
+            zip(windows, rank_lengths, losses, strict=True)
+        ):
+            rank_patches = None if patches is None else patches[rank]
+            squares = None if patch_squares is None else patch_squares[rank]
+            _fill(window, lengths, loss, rank_patches, squares)
         messages = [encode_report(w.make_report(max_steps), max_steps) for w in windows]
         plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.join)
         for window, rank_steps in zip(windows, steps, strict=True):
@@ -127,6 +159,7 @@ def _run(
                 dropped=[w.num_dropped for w in windows],
                 over_budget=[w.num_over_budget for w in windows],
                 grouped=[w.num_grouped for w in windows],
+                over_patch_budget=tuple(w.num_over_patch_budget for w in windows),
                 sync=sync_figures(
                     [[s.group for s in rank] for rank in steps], config.budget, packed=config.packed
                 ),
@@ -140,6 +173,7 @@ def simulate(
     *,
     loss_tokens: list[list[int]] | None = None,
     epoch: int = 0,
+    patches: list[list[int]] | None = None,
     **knobs: object,
 ) -> list[list[list[int]]]:
     """Steps every rank emits for one epoch, in order.
@@ -149,6 +183,7 @@ def simulate(
         config: The batching settings (``mode`` ``odb_packed`` budgets real tokens).
         loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
         epoch: Epoch number (changes the step order).
+        patches: Per rank, ViT patches per sample (for ``max_patches``; default none).
         **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
             those of ``config`` (or make a config of their own).
 
@@ -157,7 +192,9 @@ def simulate(
         emits, ``[]`` for an IDLE step. Every rank has the same number of steps.
     """
     resolved = resolve_config(config, knobs)
-    result = simulate_epoch(rank_lengths, resolved, loss_tokens=loss_tokens, epoch=epoch)
+    result = simulate_epoch(
+        rank_lengths, resolved, loss_tokens=loss_tokens, epoch=epoch, patches=patches
+    )
     return [
         [[] if s.group is None else [m.sample_id for m in s.group.samples] for s in rank_steps]
         for rank_steps in result.steps

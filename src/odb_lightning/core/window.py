@@ -136,6 +136,7 @@ class GroupingWindow:
         self.round_index = 0
         self.num_emitted = 0
         self.num_over_budget = 0
+        self.num_over_patch_budget = 0  # single samples over max_patches
         self.num_dropped = 0
         self.num_skipped = 0
         self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
@@ -252,7 +253,16 @@ class GroupingWindow:
         wanted = self.wanted()
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing.
-        groups = group_window(self._buffer, self._budget, packed=self.config.packed) if full else []
+        groups = (
+            group_window(
+                self._buffer,
+                self._budget,
+                packed=self.config.packed,
+                patch_budget=self.config.patch_budget,
+            )
+            if full
+            else []
+        )
         self.num_grouped += len(self._buffer) if full else 0
         groups.sort(key=lambda g: g.age)
         self._groups = groups
@@ -361,6 +371,15 @@ class GroupingWindow:
         self.num_over_budget += sum(
             1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
         )
+        patch_budget = self.config.patch_budget
+        if patch_budget is not None:
+            self.num_over_patch_budget += sum(
+                1
+                for g in kept
+                if g.size == 1
+                and patch_budget.sample_cost(g.samples[0].num_patches, g.samples[0].patch_square_sum)
+                > patch_budget.max_patches
+            )
 
     def _end_epoch(self) -> RoundOutcome:
         self.epoch_over = True

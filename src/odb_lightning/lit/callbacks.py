@@ -242,6 +242,14 @@ class ODBMetricsCallback(pl.Callback):
             self.summary.update(entries)
         if report is not None:
             self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))
+            max_patches = report.batching.max_patches
+            rank_steps = trainer.world_size * self.summary["steps_per_rank"]
+            # Mean ViT patches per rank step over max_patches (image-text data).
+            self.summary["patch_fill"] = (
+                _ratio(self.summary["image_patches"], max_patches * rank_steps)
+                if max_patches
+                else None
+            )
             rows = gather_objects(list(report.skipped_sample_ids), trainer.world_size)
             self.summary["skipped_sample_ids"] = sorted(i for row in rows for i in row)
             self.summary.update(_gather_first_epoch_records(trainer, pl_module, report))

@@ -68,6 +68,39 @@ class SyntheticChatDataset:
         return length - max(1, length // 3)
 
 
+class SyntheticPatchDataset(SyntheticChatDataset):
+    """:class:`SyntheticChatDataset` whose samples also carry one image of a seeded even
+    number of ViT patches (0 for some: text-only), as ``pixel_values`` ``[p, 4]`` and
+    ``image_grid_thw`` ``[[1, 2, p / 2]]``: what the patch budget reads.
+
+    Args:
+        lengths: Token length of each sample.
+        patches: ViT patches of each sample's image (0: no image).
+    """
+
+    def __init__(self, lengths: list[int], patches: list[int], **kwargs: Any) -> None:
+        super().__init__(lengths, **kwargs)
+        if len(patches) != len(lengths) or any(p < 0 or p % 2 for p in patches):
+            raise ValueError("patches: one even count >= 0 per sample")
+        self.patches = patches
+
+    @classmethod
+    def seeded(cls, n: int, seed: int = 0, **kwargs: Any) -> SyntheticPatchDataset:
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(2, 300, (n,), generator=generator).tolist()
+        halves = torch.randint(0, 200, (n,), generator=generator)
+        patches = torch.where(halves < 40, 0, 2 * halves).tolist()  # a fifth text-only
+        return cls(lengths, patches, **kwargs)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sample = super().__getitem__(index)
+        patches = self.patches[index]
+        if patches and sample["input_ids"].numel():
+            sample["pixel_values"] = torch.zeros(patches, 4)
+            sample["image_grid_thw"] = torch.tensor([[1, 2, patches // 2]])
+        return sample
+
+
 def read_fault_marker(path: Path) -> float:
     """The ``time.monotonic()`` a dataset wrote when it reached its fault index."""
     return float(path.read_text())

@@ -269,11 +269,13 @@ def expected_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[
         SkewedShard(tuple(dataset.lengths), job.weights, rank)(epoch) for rank in range(world_size)
     ]
     config = BatchingConfig(**{k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES})
+    patches = getattr(dataset, "patches", None)
     steps = simulate(
         [[dataset.lengths[i] for i in shard] for shard in shards],
         config,
         loss_tokens=[[dataset.num_loss_tokens(i) for i in shard] for shard in shards],
         epoch=epoch,
+        patches=None if patches is None else [[patches[i] for i in shard] for shard in shards],
     )
     return [
         [[shard[p] for p in step] for step in rank_steps]
