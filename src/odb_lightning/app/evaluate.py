@@ -27,7 +27,7 @@ from typing_extensions import override
 from odb_lightning.app.checkpoints import resolve_resume_checkpoint
 from odb_lightning.app.run_config import config_for_resume
 from odb_lightning.app.run_log import full_error_requested, is_user_error, route_library_logs
-from odb_lightning.app.validation import ConfigError, instantiate_checked, validate_config
+from odb_lightning.app.validation import ConfigError, build_parts, validate_config
 from odb_lightning.lit.datamodule import check_split
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
     cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
-    batching = instantiate_checked(cfg.batching, "batching")
-    datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching}
-    )
-    model = instantiate_checked(cfg.model, "model", _convert_="all")
+    _, _, datamodule, model = build_parts(cfg)
     counts = SplitCounts()
     # One process: the split is small next to training, and no launcher is needed.
     trainer: pl.Trainer = hydra.utils.instantiate(

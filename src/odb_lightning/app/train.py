@@ -33,8 +33,8 @@ from odb_lightning.app.run_log import (
     route_library_logs,
 )
 from odb_lightning.app.validation import (
+    build_parts,
     check_launch_environment,
-    instantiate_checked,
     validate_config,
 )
 from odb_lightning.lit.graceful_stop import EXIT_CODES, GracefulStop, requeue_slurm_job
@@ -93,15 +93,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     check_launch_environment()
     # Before the first CUDA allocation: ODB's changing shapes fragment fixed segments.
     enable_expandable_segments()
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
-    batching = instantiate_checked(cfg.batching, "batching")
-    datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching}
-    )
-    # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
-    # torch.load(weights_only=True) then reads without OmegaConf types.
-    model = instantiate_checked(cfg.model, "model", _convert_="all")
+    _, _, datamodule, model = build_parts(cfg)
     # Always on: stop signals are agreed on at step boundaries (lit/graceful_stop.py).
     stop = GracefulStop()
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
