@@ -194,7 +194,6 @@ def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 
-@pytest.mark.slow  # two torchrun processes, about 30 s on 2 cores
 def test_vlm_gradient_with_images_on_one_rank_equals_the_union_gradient(
     ddp_records: list[dict],
 ) -> None:
