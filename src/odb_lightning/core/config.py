@@ -319,6 +319,8 @@ HANDSHAKE_FIELDS = (
     "mode",
     "pad_to_multiple_of",
     "packed_attention",
+    "max_patches",
+    "patch_attention_weight",
 )
 """Fields that change what a round plans: ranks that differ in one of them would diverge."""
 _HANDSHAKE_ENCODE: dict[str, Any] = {
@@ -333,6 +335,8 @@ _HANDSHAKE_ENCODE: dict[str, Any] = {
     "mode": lambda mode: list(BatchingMode).index(mode),
     "pad_to_multiple_of": int,
     "packed_attention": lambda kind: list(PackedAttention).index(kind),
+    "max_patches": lambda patches: patches or 0,
+    "patch_attention_weight": lambda weight: round(weight * 1e9),
 }
 
 

@@ -28,6 +28,7 @@ class LoaderCounters:
     alignment_rounds: int = 0
     image_tokens: int = 0  # tokens standing for images in the emitted samples
     image_patches: int = 0  # ViT patches of the emitted samples' images
+    over_patch_budget_samples: int = 0  # emitted alone: their patches alone > max_patches
 
     @classmethod
     def of(cls, stats: list[EpochStats]) -> LoaderCounters:
@@ -38,6 +39,7 @@ class LoaderCounters:
             alignment_rounds=sum(s.rounds for s in stats),
             image_tokens=sum(s.image_tokens for s in stats),
             image_patches=sum(s.image_patches for s in stats),
+            over_patch_budget_samples=sum(s.over_patch_budget for s in stats),
         )
 
 

@@ -117,6 +117,7 @@ class _EpochLog:
             dropped=window.num_dropped,
             skipped_ids=tuple(self.skipped_ids),
             over_budget=window.num_over_budget,
+            over_patch_budget=window.num_over_patch_budget,
             rounds=len(self.round_latency_s),
             round_latency_s=tuple(self.round_latency_s),
             window_fill_s=self.window_fill_s or 0.0,

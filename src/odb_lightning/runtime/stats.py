@@ -32,6 +32,8 @@ class EpochStats:
             (:func:`is_truncated`); ``None`` where the loader does not count them.
         image_tokens: Tokens standing for images in the emitted samples.
         image_patches: ViT patches of the emitted samples' images.
+        over_patch_budget: Samples emitted alone because their patches alone exceed
+            ``batching.max_patches``.
     """
 
     epoch: int
@@ -49,3 +51,4 @@ class EpochStats:
     truncated: int | None = None
     image_tokens: int = 0
     image_patches: int = 0
+    over_patch_budget: int = 0
