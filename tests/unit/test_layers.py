@@ -28,6 +28,7 @@ THIRD_PARTY = {
         "chitchat_dataset",
         "easy_vqa",
         "PIL",
+        "jinja2",
         "rich",
         "tqdm",
     },

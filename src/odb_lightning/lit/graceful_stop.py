@@ -125,8 +125,11 @@ class GracefulStop(Callback):
             replace_link(str(path), str(directory / "last.ckpt"))
         for callback in trainer.callbacks:
             if isinstance(callback, ModelCheckpoint):
-                # This step is saved: the checkpoint callback's end-of-fit save skips it.
+                # This step is saved: the checkpoint callback's epoch-end save skips it, and
+                # its end-of-fit save_last (which runs when it saved nothing itself) does
+                # not overwrite the last.ckpt link with a copy.
                 callback._last_global_step_saved = trainer.global_step
+                callback._last_checkpoint_saved = str(path)
         trainer.strategy.barrier("odb-graceful-stop")
         return path
 

@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
-from transformers.utils.generic import is_flash_attention_requested
+
+try:
+    from transformers.utils.generic import is_flash_attention_requested
+except ImportError:  # transformers < 5: the flash backends are named flash_attention_*
+
+    def is_flash_attention_requested(*, requested_attention_implementation: str) -> bool:
+        return "flash" in requested_attention_implementation
 
 NOT_BODY_INPUTS = ("labels", "cu_seqlens", "max_seqlen")
 """Batch keys the decoder body does not take (the loss's, and the packed row's bounds)."""
