@@ -192,6 +192,7 @@ def test_fsdp2_resume_emits_the_epoch_exactly_once(tmp_path: Path) -> None:
     assert resumed["emitted_samples"] == 64
 
 
+@pytest.mark.slow  # FSDP2's resume: test_fsdp2_resume_emits_the_epoch_exactly_once in the default tier
 def test_fsdp2_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     """Sharded weights and optimizer state restored: the same model as without the stop.
     ``decay_steps`` is pinned because the stopped run's ``max_steps`` would otherwise be
@@ -225,6 +226,7 @@ def _job_log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(run_dir.glob("*.log")))
 
 
+@pytest.mark.slow  # the fallback's rule: tests/unit/test_checkpoints.py
 def test_dangling_last_ckpt_resumes_from_the_newest_valid_checkpoint(tmp_path: Path) -> None:
     """A kill between deleting the old checkpoint and re-linking last.ckpt left it naming a
     deleted file: the resume takes the newest valid checkpoint beside it, and says so."""
@@ -249,6 +251,7 @@ def test_dangling_last_ckpt_resumes_from_the_newest_valid_checkpoint(tmp_path: P
     assert "it links to epoch=0-step=2.ckpt, which does not exist" in log
 
 
+@pytest.mark.slow
 def test_resume_with_another_budget_and_window_warns_and_is_recorded(tmp_path: Path) -> None:
     overrides = _mode_overrides("odb", tmp_path)
     _, resumed, _, second = stop_and_resume(

@@ -125,6 +125,7 @@ def test_ctrl_c_during_an_epoch_stops_every_rank(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").resolve().name.startswith("stop-")
 
 
+@pytest.mark.slow  # the stop protocol of SIGTERM, which runs in the default tier
 def test_sigusr1_under_slurm_stops_saves_and_requeues(tmp_path: Path) -> None:
     """SLURM's ``--signal=USR1@...`` to rank 1: every rank stops after the same step,
     saves, and rank 0 runs ``scontrol requeue <job>`` (a stub on PATH records it)."""

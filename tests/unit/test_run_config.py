@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from odb_lightning.app.run_config import (
@@ -155,12 +157,18 @@ def test_config_for_resume_of_a_checkpoint_without_config_keeps_the_command_line
 
 
 def test_resume_at_its_own_max_steps_warns_that_nothing_is_left(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entry = {"config": {"trainer": {"max_steps": 3}}, "resolved": {}, "overrides": []}
     torch.save({RUN_CONFIG_KEY: entry, "global_step": 3}, tmp_path / "stopped.ckpt")
     cfg = OmegaConf.create({"trainer": {"max_steps": -1}, "ckpt_path": "x"})
-    with caplog.at_level("WARNING"):
+    # An in-process Hydra run earlier in the session leaves its HydraConfig (the command
+    # line of that run) and may have disabled existing loggers: this resume has neither.
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: False))
+    logger = logging.getLogger("odb_lightning.app.run_config")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level("WARNING", logger=logger.name):
         resumed = config_for_resume(cfg, str(tmp_path / "stopped.ckpt"))
     assert resumed.trainer.max_steps == 3  # the checkpoint's: no command line sets it here
     assert "at step 3 and trainer.max_steps=3" in caplog.text
