@@ -39,3 +39,14 @@ def run_script_on_ranks(script: str, *args: str, ranks: int = 2, timeout_s: floa
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+
+def leave_ranks() -> None:
+    """End a script's ranks in order: every rank meets, then the process group (and its
+    Gloo threads) is destroyed before the interpreter exits. Left to interpreter exit,
+    a rank can abort in teardown ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

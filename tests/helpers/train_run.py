@@ -25,10 +25,7 @@ def train(tmp_path: Path, *overrides: str, timeout_s: float = 300) -> dict:
 def read_audit(tmp_path: Path, world_size: int) -> list[list[list[int]]]:
     """Per rank, the dataset indices of every step (``audit_ids=true``)."""
     return [
-        [
-            json.loads(line)["indices"]
-            for line in (tmp_path / f"emitted_ids_rank{r}.jsonl").open()
-        ]
+        [json.loads(line)["indices"] for line in (tmp_path / f"emitted_ids_rank{r}.jsonl").open()]
         for r in range(world_size)
     ]
 

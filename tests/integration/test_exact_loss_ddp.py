@@ -50,7 +50,7 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from helpers.torchrun import run_script_on_ranks
+from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch
 
@@ -244,3 +244,4 @@ if __name__ == "__main__":
     # (the second fit reuses the process group).
     for module_class in (RecordingModule, PerRankMeanModule):
         fit_on_both_ranks(module_class, Path(sys.argv[1]))
+    leave_ranks()

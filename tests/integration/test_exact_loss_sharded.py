@@ -56,7 +56,7 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from helpers.torchrun import run_script_on_ranks
+from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.fsdp2 import FSDP2Strategy
 from odb_lightning.lit.loss import GradientScaling, check_loss_scaling_trainer
 from odb_lightning.lit.module import CausalLMModule
@@ -344,3 +344,4 @@ if __name__ == "__main__":
     launch, out_dir = sys.argv[1], Path(sys.argv[2])
     for module_class, finetuning, accumulate in LAUNCHES[launch]:
         fit_on_both_ranks(launch, module_class, finetuning, accumulate, out_dir)
+    leave_ranks()

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from helpers.tiny_lm import flat_grad, flat_params, hand_over, quiet_trainer, rel_err
-from helpers.torchrun import run_script_on_ranks
+from helpers.torchrun import leave_ranks, run_script_on_ranks
 from helpers.vlm import model_sample, tiny_vlm_arguments
 from odb_lightning.lit.vlm_module import VisionLanguageModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_samples, pad_collate
@@ -221,3 +221,4 @@ def test_vlm_gradient_with_images_on_one_rank_equals_the_union_gradient(
 
 if __name__ == "__main__":
     fit_on_both_ranks(Path(sys.argv[1]))
+    leave_ranks()

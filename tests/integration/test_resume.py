@@ -192,7 +192,7 @@ def test_fsdp2_resume_emits_the_epoch_exactly_once(tmp_path: Path) -> None:
     assert resumed["emitted_samples"] == 64
 
 
-@pytest.mark.slow  # FSDP2's resume: test_fsdp2_resume_emits_the_epoch_exactly_once in the default tier
+@pytest.mark.slow  # FSDP2 resume: test_fsdp2_resume_emits_the_epoch_exactly_once stays default
 def test_fsdp2_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     """Sharded weights and optimizer state restored: the same model as without the stop.
     ``decay_steps`` is pinned because the stopped run's ``max_steps`` would otherwise be

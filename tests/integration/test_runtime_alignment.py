@@ -86,7 +86,9 @@ def test_patch_budget_two_ranks_matches_simulation() -> None:
     equal the simulator's with the same patch budget, every multi-sample step stays within
     both budgets, and the patch budget binds (more steps than tokens alone give)."""
     dataset = SyntheticPatchDataset.seeded(N_SAMPLES)
-    job = RankJob(dataset, {**LOADER, "num_workers": 1, "max_patches": 700}, weights=(1, 3), epochs=1)
+    job = RankJob(
+        dataset, {**LOADER, "num_workers": 1, "max_patches": 700}, weights=(1, 3), epochs=1
+    )
     outcome = run_ranks(job, world_size=2)
     assert outcome.errors == {}
     _check_epoch(job, outcome.ok, 0)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from helpers.tiny_lm import tiny_arguments, tiny_module
-from helpers.torchrun import run_script_on_ranks
+from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.testing.sharded_setup import fit_setup_only, one_batch_loader
 
@@ -116,6 +116,7 @@ if __name__ == "__main__":
     setup_on_both_ranks(pretrained_dir, out_dir, "lora")
     setup_on_both_ranks(None, out_dir, "full")
     broken_checkpoint_fails_on_every_rank(sys.argv[3], out_dir)
+    leave_ranks()
 
 
 def test_random_init_fills_each_shard_as_the_model_initialises_itself(sharded) -> None:

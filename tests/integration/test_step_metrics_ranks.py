@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from helpers.metered import CONFIG, MeteredModule, metered_batches
 from helpers.tiny_lm import hand_over, quiet_trainer
-from helpers.torchrun import run_script_on_ranks
+from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.flops import ModelFlops
 from odb_lightning.lit.step_metrics import StepMetricsCallback, Window
 
@@ -122,3 +122,4 @@ def test_step_time_max_mean_and_rates_over_two_ranks(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     fit_rank(Path(sys.argv[1]))
+    leave_ranks()

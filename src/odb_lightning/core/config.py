@@ -291,8 +291,7 @@ class BatchingConfig:
             self.token_budget,
             self.attention_weight,
             pad_to_multiple_of=self.pad_to_multiple_of,
-            dense_packed_attention=self.packed
-            and self.packed_attention is PackedAttention.DENSE,
+            dense_packed_attention=self.packed and self.packed_attention is PackedAttention.DENSE,
         )
 
     @property

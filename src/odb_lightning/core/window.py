@@ -373,12 +373,11 @@ class GroupingWindow:
         )
         patch_budget = self.config.patch_budget
         if patch_budget is not None:
+            alone = [g.samples[0] for g in kept if g.size == 1]
             self.num_over_patch_budget += sum(
-                1
-                for g in kept
-                if g.size == 1
-                and patch_budget.sample_cost(g.samples[0].num_patches, g.samples[0].patch_square_sum)
+                patch_budget.sample_cost(s.num_patches, s.patch_square_sum)
                 > patch_budget.max_patches
+                for s in alone
             )
 
     def _end_epoch(self) -> RoundOutcome:

@@ -16,6 +16,7 @@ except ImportError:  # transformers < 5: the flash backends are named flash_atte
     def is_flash_attention_requested(*, requested_attention_implementation: str) -> bool:
         return "flash" in requested_attention_implementation
 
+
 NOT_BODY_INPUTS = ("labels", "cu_seqlens", "max_seqlen")
 """Batch keys the decoder body does not take (the loss's, and the packed row's bounds)."""
 
