@@ -137,6 +137,7 @@ def test_checkpoint_of_two_ranks_resumes_on_one(tmp_path: Path) -> None:
     assert _emitted(first, 2) + _emitted(second, 1) == Counter(TRAIN_INDICES)
 
 
+@pytest.mark.slow  # the data handshake's rule: tests/unit/test_config.py
 def test_checkpoint_of_other_data_is_refused(tmp_path: Path) -> None:
     first = tmp_path / "first"
     train(
