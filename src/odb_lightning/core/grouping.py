@@ -84,56 +84,40 @@ def _best_ends(
     _best_ends(mid + 1, hi, best, col_hi, reach, row, cost, end)
 
 
-def packed_cuts(ordered: list[SampleInfo], budget: Budget, cap: int | None = None) -> list[int]:
-    """Group start positions of the packed partition: each group takes adjacent samples
-    while the row's :meth:`~odb_lightning.core.budget.Budget.packed_cost` fits (packed rows
-    carry no padding, so there is no padding to balance and the greedy cut is final)."""
-    cuts, start = [], 0
-    while start < len(ordered):
-        cuts.append(start)
-        first = ordered[start].length
-        total, squares, size = first, first * first, 1
-        while start + size < len(ordered) and (cap is None or size < cap):
-            length = ordered[start + size].length
-            total, squares = total + length, squares + length * length
-            if budget.packed_cost(total, squares) > budget.token_budget:
-                break
-            size += 1
-        start += size
-    return cuts
-
-
-def patch_budget_cuts(
+def greedy_cuts(
     ordered: list[SampleInfo],
     budget: Budget,
-    patch_budget: PatchBudget,
     *,
     packed: bool = False,
+    patch_budget: PatchBudget | None = None,
     cap: int | None = None,
 ) -> list[int]:
-    """Group start positions within both the token budget (padded ``g x row_cost(L)`` or
-    the packed row's cost) and the patch budget (the group's summed
-    :meth:`~odb_lightning.core.patch_budget.PatchBudget.sample_cost`): each group takes
-    adjacent samples while both fit. Both costs only fall when a sample leaves a group of
-    adjacent samples, so the greedy cut has the fewest groups
-    (:mod:`~odb_lightning.core.patch_budget`). A sample that alone breaks a budget is a
-    group of one."""
+    """Group start positions where each group takes adjacent samples while the token
+    cost fits (padded ``g x row_cost(L)``, or the packed row's
+    :meth:`~odb_lightning.core.budget.Budget.packed_cost`) and, with a ``patch_budget``,
+    the group's summed :meth:`~odb_lightning.core.patch_budget.PatchBudget.sample_cost`.
+    Both costs only fall when a sample leaves a group of adjacent samples, so the greedy
+    cut has the fewest groups (:mod:`~odb_lightning.core.patch_budget`); packed rows carry
+    no padding to balance, so for them it is final. A sample that alone breaks a budget is
+    a group of one."""
     cuts, start = [], 0
     while start < len(ordered):
         cuts.append(start)
         first = ordered[start]
-        total, squares = first.length, first.length * first.length
-        patches = patch_budget.sample_cost(first.num_patches, first.patch_square_sum)
+        total, squares, patches = first.length, first.length * first.length, 0.0
+        if patch_budget is not None:
+            patches = patch_budget.sample_cost(first.num_patches, first.patch_square_sum)
         size = 1
         while start + size < len(ordered) and (cap is None or size < cap):
             nxt = ordered[start + size]
-            patches += patch_budget.sample_cost(nxt.num_patches, nxt.patch_square_sum)
             total, squares = total + nxt.length, squares + nxt.length * nxt.length
             if packed:
                 tokens_fit = budget.packed_cost(total, squares) <= budget.token_budget
             else:
                 tokens_fit = budget.fits(size + 1, first.length)
-            if not tokens_fit or patches > patch_budget.max_patches:
+            if patch_budget is not None:
+                patches += patch_budget.sample_cost(nxt.num_patches, nxt.patch_square_sum)
+            if not tokens_fit or (patch_budget is not None and patches > patch_budget.max_patches):
                 break
             size += 1
         start += size
@@ -148,19 +132,21 @@ def group_window(
     max_group_size: int | None = None,
     patch_budget: PatchBudget | None = None,
 ) -> list[Group]:
-    """Sort the window longest first and cut it into adjacent groups (:func:`padded_cuts`,
-    or :func:`packed_cuts` when ``packed``; :func:`patch_budget_cuts` with a
-    ``patch_budget``). An over-budget sample becomes a group of one; ``max_group_size``
-    caps every group.
+    """Sort the window longest first and cut it into adjacent groups
+    (:func:`padded_cuts` for padded groups on tokens alone, else :func:`greedy_cuts`:
+    packed rows, or a ``patch_budget`` too). An over-budget sample becomes a group of one;
+    ``max_group_size`` caps every group.
 
     Returns:
         Groups in longest-first order, every sample in exactly one group.
     """
     ordered = sort_longest_first(samples)
-    if patch_budget is not None:
-        cuts = patch_budget_cuts(ordered, budget, patch_budget, packed=packed, cap=max_group_size)
+    if packed or patch_budget is not None:
+        cuts = greedy_cuts(
+            ordered, budget, packed=packed, patch_budget=patch_budget, cap=max_group_size
+        )
     else:
-        cuts = (packed_cuts if packed else padded_cuts)(ordered, budget, max_group_size)
+        cuts = padded_cuts(ordered, budget, max_group_size)
     bounds = [*cuts, len(ordered)]
     return [Group(tuple(ordered[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)]
 

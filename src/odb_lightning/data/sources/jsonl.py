@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -100,13 +101,32 @@ def jsonl_records(
         (records whose id an earlier line already had), and ``dropped/bad_record`` when
         skipping.
     """
+    first_line: dict[str | int, int] = {}
+
+    def keep(record: ChatRecord, line_number: int, result: SourceRecords) -> None:
+        _note_duplicate(record["id"], line_number, first_line, result, Path(path))
+
+    return read_jsonl_lines(path, "jsonl", parse_jsonl_line, max_samples, on_bad_record, keep)
+
+
+def read_jsonl_lines(
+    path: str | Path,
+    source: str,
+    parse: Callable[[bytes, str, int], Any],
+    max_samples: int | None,
+    on_bad_record: OnBadRecord | str,
+    keep: Callable[[Any, int, SourceRecords], None] | None = None,
+) -> SourceRecords:
+    """Parse every non-blank line of a JSON Lines file with ``parse(raw, where, line)``
+    into ``source``'s records: at most ``max_samples``, a bad line raised or (``skip``)
+    counted under ``dropped/bad_record`` with its message in ``rejected``; ``keep`` sees
+    each good record before it is kept. Counts ``read`` and ``kept``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
     limit = checked_max_samples(max_samples)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
-    result = SourceRecords("jsonl", [])
-    first_line: dict[str | int, int] = {}
+    result = SourceRecords(source, [])
     with path.open("rb") as file:
         for line_number, raw in enumerate(file, start=1):
             if limit is not None and len(result.records) >= limit:
@@ -115,14 +135,15 @@ def jsonl_records(
                 continue
             result.counts["read"] += 1
             try:
-                record = parse_jsonl_line(raw, f"{path}:{line_number}", line_number)
+                record = parse(raw, f"{path}:{line_number}", line_number)
             except BadRecordError as error:
                 if not skip:
                     raise
                 result.counts["dropped/bad_record"] += 1
                 result.rejected.append(str(error))
                 continue
-            _note_duplicate(record["id"], line_number, first_line, result, path)
+            if keep is not None:
+                keep(record, line_number, result)
             result.records.append(record)
     result.counts["kept"] = len(result.records)
     return result

@@ -23,8 +23,8 @@ from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.data.image_generator import ResolutionProfile, write_images
-from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages
-from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
+from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages, read_jsonl_lines
+from odb_lightning.data.sources.source_records import SourceRecords
 from odb_lightning.data.vision import IMAGE_PLACEHOLDER
 
 LLAVA_RESOLUTIONS = ResolutionProfile(mean_pixels=420_000, cv=0.35)
@@ -72,34 +72,12 @@ def llava_records(
         Records, and counts ``read``, ``kept``, ``images`` (paths over the kept records),
         ``text_only`` (kept records without an image) and ``dropped/bad_record``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
-    limit = checked_max_samples(max_samples)
-    skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
-    result = SourceRecords("llava", [])
-    records: list[Any] = []
-    with path.open("rb") as file:
-        for line_number, raw in enumerate(file, start=1):
-            if limit is not None and len(records) >= limit:
-                break
-            if not raw.strip():
-                continue
-            result.counts["read"] += 1
-            try:
-                record = parse_llava_line(raw, f"{path}:{line_number}", line_number)
-            except BadRecordError as error:
-                if not skip:
-                    raise
-                result.counts["dropped/bad_record"] += 1
-                result.rejected.append(str(error))
-                continue
-            result.counts["images"] += len(record["images"])
-            result.counts["text_only"] += not record["images"]
-            records.append(record)
-    result.records = records
-    result.counts["kept"] = len(records)
-    return result
+
+    def keep(record: dict[str, Any], line_number: int, result: SourceRecords) -> None:
+        result.counts["images"] += len(record["images"])
+        result.counts["text_only"] += not record["images"]
+
+    return read_jsonl_lines(path, "llava", parse_llava_line, max_samples, on_bad_record, keep)
 
 
 def easy_vqa_conversations(seed: int) -> list[tuple[str, list[tuple[str, str]]]]:
