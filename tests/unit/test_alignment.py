@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from odb_lightning.core.alignment import (
@@ -9,6 +11,8 @@ from odb_lightning.core.alignment import (
     PeerFailedError,
     aligned_steps,
     cost_order,
+    deal_caps,
+    deal_counts,
     peel_order,
     plan_round,
 )
@@ -125,8 +129,9 @@ def test_wire_round_trip(max_steps: int) -> None:
         peel_costs=[11, 12, 13, 14][:num_peels],
         peel_savings=[30, 30, 20, 40][:num_peels],
     )
+    original = replace(original, undealt=40, wanted=7, full=False, dealt_cost=950, dealt_samples=9)
     message = encode_report(original, max_steps)
-    assert len(message) == 11 + 6 * max_steps
+    assert len(message) == 13 + 6 * max_steps
     assert decode_report(message, max_steps) == original
 
 
@@ -151,3 +156,43 @@ def test_steps_are_paired_costliest_first_on_every_rank() -> None:
 def test_cost_order_is_costliest_first_and_stable() -> None:
     assert cost_order([5, 9, 5, 1]) == [1, 0, 2, 3]
     assert cost_order([]) == []
+
+
+def dealing(wanted: int, cost: int, samples: int, undealt: int) -> RankReport:
+    return replace(
+        report([], free=8),
+        undealt=undealt,
+        wanted=wanted,
+        full=False,
+        dealt_cost=cost,
+        dealt_samples=samples,
+    )
+
+
+def test_first_deal_is_half_an_equal_share_of_what_is_left() -> None:
+    reports = [dealing(100, 0, 0, 20) for _ in range(3)]
+    assert deal_caps(reports) == [4, 4, 4]
+    assert deal_counts([replace(r, undealt=2) for r in reports]) == (1, 1, 0), (
+        "in rank order while any are left"
+    )
+
+
+def test_deal_levels_the_ranks_work() -> None:
+    # 60 samples of mean cost 10 were dealt, 60 are left: each rank's share of the
+    # epoch's work is 400. Rank 0 holds 500 (more than its share), rank 1 100 (30
+    # samples short), rank 2 nothing (40 short); each gets half of what it lacks, rank 0
+    # nothing.
+    reports = [dealing(50, 500, 50, 60), dealing(50, 100, 10, 60), dealing(50, 0, 0, 60)]
+    assert deal_caps(reports) == [0, 15, 20]
+    assert deal_counts(reports) == (0, 15, 20)
+    # What a rank wants still bounds its deal, and the deal never exceeds what is left.
+    few = [replace(r, wanted=2, undealt=3) for r in reports]
+    assert deal_counts(few) == (0, 2, 1)
+
+
+def test_a_deal_only_round_always_deals() -> None:
+    # Rank 1 lacks work but its window is full; rank 0 wants but is above its share.
+    # Progress: each rank that wants a sample gets one, so the rounds stay bounded.
+    reports = [dealing(5, 10_000, 10, 5), dealing(0, 0, 10, 5), dealing(3, 10_000, 10, 5)]
+    assert deal_caps(reports)[0] == 0 and deal_caps(reports)[1] > 0
+    assert deal_counts(reports) == (1, 0, 1)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import make_rng
+from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate, simulate_dealt_epoch, simulate_epoch
 from odb_lightning.core.sync import group_cost
 
@@ -239,3 +241,22 @@ def test_dealt_by_need_balances_heavy_shards() -> None:
     assert fixed.sync.idle_fraction > 0.5
     assert dealt.sync.idle_fraction < 0.1
     assert len(dealt.steps[0]) < 0.6 * len(fixed.steps[0])
+
+
+@pytest.mark.parametrize("world", [2, 8, 64])
+def test_dealt_by_need_ends_the_epoch_with_level_work(world: int) -> None:
+    # One window holds a whole share of the epoch, so every sample is dealt before the
+    # first step: only the deal decides each rank's work. Heavy tail: lognormal, CV 1.5.
+    lengths = lognormal_lengths(40 * world, 600, 1.5, seed=world, max_len=4096)
+    config = BatchingConfig(token_budget=8192, window_budgets=64, shard_dealing="by_need")
+    result = simulate_dealt_epoch(lengths, world, config)
+    work = [
+        sum(s.length for step in rank if step.group for s in step.group.samples)
+        for rank in result.steps
+    ]
+    # The deals level the ranks' work to within about the costliest sample (the last
+    # deals are single samples); equal counts (every W-th sample) leave them further apart.
+    assert max(work) - min(work) <= 2 * max(lengths)
+    counts = [sum(lengths[r::world]) for r in range(world)]
+    if world >= 8:
+        assert max(work) - min(work) < 0.5 * (max(counts) - min(counts))

@@ -21,9 +21,10 @@ Max-based, bidirectional alignment:
 * Finished ranks fill all ``T`` positions with IDLE steps.
 * Dealing by need (``shard_dealing=by_need``): the epoch has one seeded global order and
   no fixed shards. Every round deals the next undealt samples of it, in rank order, each
-  rank as many as it asked for (:func:`deal_counts`), so every sample goes to exactly one
-  rank, and a rank that emitted heavy samples is topped up with more. A round in which an
-  unfinished rank's window is not yet full only deals (``T = 0``).
+  rank as many as it asked for within a cap that levels the ranks' work
+  (:func:`deal_caps`), so every sample goes to exactly one rank, a rank that emitted heavy
+  samples is topped up with more, and the ranks end the epoch with equal work. A round in
+  which an unfinished rank's window is not yet full only deals (``T = 0``).
 * Cost-aligned steps: each rank's ``T`` steps are put in :func:`cost_order` (costliest
   first), so step position ``t`` pairs the ``t``-th costliest step of every rank. A step
   takes as long as its slowest rank; pairing steps by rank of cost makes the per-step
@@ -149,15 +150,42 @@ def _check_in_step(reports: list[RankReport]) -> None:
             )
 
 
+def deal_caps(reports: list[RankReport]) -> list[int]:
+    """The most samples each rank may be dealt this round, balancing the ranks' work.
+
+    Before any sample arrived: half an equal share, ``ceil(undealt / 2W)``. After: half
+    of what would bring the rank to an equal share of the epoch's work (what every rank
+    received, plus the undealt samples at the mean cost per sample received), rounded up;
+    0 for a rank already at or above its share. Halving lets each round correct the last
+    one's error (a dealt sample's cost is known only once it arrives), so the ranks end
+    the epoch with work equal to within about a sample; dealing ends in
+    ``O(log undealt)`` more rounds than dealing all at once.
+    """
+    world, left = len(reports), reports[0].undealt
+    cost = sum(r.dealt_cost for r in reports)
+    count = sum(r.dealt_samples for r in reports)
+    if cost == 0 or count == 0:
+        return [-(-left // (2 * world))] * world
+    # need_r = (count + left) / W - dealt_cost_r x count / cost samples, halved, in integers.
+    scale = 2 * world * cost
+    return [
+        max(0, -(-((count + left) * cost - world * r.dealt_cost * count) // scale)) for r in reports
+    ]
+
+
 def deal_counts(reports: list[RankReport]) -> tuple[int, ...]:
-    """Samples each rank is dealt: what it wanted, but at most an equal share
-    ``ceil(undealt / W)`` of what is left (so a window bigger than the data cannot starve
-    the ranks after it), in rank order while any are left."""
+    """Samples each rank is dealt: what it wanted, within its :func:`deal_caps` (so a
+    window bigger than the data cannot starve the ranks after it, and the ranks' work
+    stays level), in rank order while any are left. If that deals nothing while some
+    rank wants samples (the ranks below their share have full windows), each rank that
+    wants one gets one: every round that only deals deals a sample."""
     left = reports[0].undealt
-    share = -(-left // len(reports))
+    caps = deal_caps(reports)
+    if not any(min(r.wanted, cap) for r, cap in zip(reports, caps, strict=True)):
+        caps = [1] * len(reports)
     deals = []
-    for report in reports:
-        deal = min(report.wanted, share, left)
+    for report, cap in zip(reports, caps, strict=True):
+        deal = min(report.wanted, cap, left)
         deals.append(deal)
         left -= deal
     return tuple(deals)

@@ -125,14 +125,19 @@ class GroupingWindow:
         self.by_need = config.shard_dealing is ShardDealing.BY_NEED
         self._budget = config.budget
         self._buffer: list[SampleInfo] = []
-        self._buffered_cost = 0.0  # sum of the buffered samples' row costs
-        self._received_cost = 0.0  # ... and of every sample received this epoch
+        # Row costs rounded up to integers, so the sums do not depend on arrival order.
+        self._buffered_cost = 0  # of the buffered samples
+        self._received_cost = 0  # ... and of every sample received this epoch
         self._undealt = shard_size if self.by_need else 0
         self._dealt: deque[range] = deque([] if self.by_need else [range(shard_size)])
         self.num_dealt = 0 if self.by_need else shard_size
         self._pending: set[int] = set()  # requested, not arrived
         self._num_received = 0
         self._groups: list[Group] | None = None
+        # The last grouping of the buffer, reused while the buffer is unchanged (a full
+        # window waits through rounds that only deal to other ranks).
+        self._cached_groups: list[Group] = []
+        self._buffer_changed = True
         self.round_index = 0
         self.num_emitted = 0
         self.num_over_budget = 0
@@ -208,10 +213,14 @@ class GroupingWindow:
         """A requested sample has arrived (in any order)."""
         self._check_requested(sample.position)
         self._buffer.append(sample)
+        self._buffer_changed = True
         self._num_received += 1
-        cost = self._budget.row_cost(sample.length)
+        cost = self._row_cost(sample)
         self._buffered_cost += cost
         self._received_cost += cost
+
+    def _row_cost(self, sample: SampleInfo) -> int:
+        return math.ceil(self._budget.row_cost(sample.length))
 
     def skip(self, position: int) -> None:
         """A requested sample will never arrive (the runtime skipped it as bad input).
@@ -253,18 +262,7 @@ class GroupingWindow:
         wanted = self.wanted()
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing.
-        groups = (
-            group_window(
-                self._buffer,
-                self._budget,
-                packed=self.config.packed,
-                patch_budget=self.config.patch_budget,
-            )
-            if full
-            else []
-        )
-        self.num_grouped += len(self._buffer) if full else 0
-        groups.sort(key=lambda g: g.age)
+        groups = self._grouped() if full else []
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
@@ -287,7 +285,24 @@ class GroupingWindow:
             undealt=self._undealt,
             wanted=wanted,
             full=full,
+            dealt_cost=self._received_cost,
+            dealt_samples=self._num_received - self.num_skipped,
         )
+
+    def _grouped(self) -> list[Group]:
+        """The buffer's groups, oldest first; grouped again only if the buffer changed."""
+        if self._buffer_changed:
+            groups = group_window(
+                self._buffer,
+                self._budget,
+                packed=self.config.packed,
+                patch_budget=self.config.patch_budget,
+            )
+            groups.sort(key=lambda g: g.age)
+            self._cached_groups = groups
+            self._buffer_changed = False
+            self.num_grouped += len(self._buffer)
+        return list(self._cached_groups)
 
     def make_abort_report(self) -> RankReport:
         """The report a failing rank publishes so that its peers raise, not hang."""
@@ -366,7 +381,8 @@ class GroupingWindow:
     def _take(self, kept: list[Group]) -> None:
         emitted = {s.position for g in kept for s in g.samples}
         self._buffer = [s for s in self._buffer if s.position not in emitted]
-        self._buffered_cost = sum(self._budget.row_cost(s.length) for s in self._buffer)
+        self._buffer_changed = True
+        self._buffered_cost = sum(map(self._row_cost, self._buffer))
         self.num_emitted += len(emitted)
         self.num_over_budget += sum(
             1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
@@ -384,7 +400,8 @@ class GroupingWindow:
         self.epoch_over = True
         self.num_dropped = self.num_dealt - self.num_emitted - self.num_skipped
         self._buffer = []
-        self._buffered_cost = 0.0
+        self._buffer_changed = True
+        self._buffered_cost = 0
         return RoundOutcome(epoch_over=True, dropped=self.num_dropped)
 
 

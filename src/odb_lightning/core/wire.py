@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 _HEADER = (
     "version",
     "epoch",
@@ -30,6 +30,8 @@ _HEADER = (
     "undealt",
     "wanted",
     "full",
+    "dealt_cost",
+    "dealt_samples",
 )
 
 
@@ -59,6 +61,9 @@ class RankReport:
             fixed shards); equal on every rank.
         wanted: Samples this rank asks to be dealt (``shard_dealing=by_need``).
         full: The window holds its work (or cannot get more): it may emit.
+        dealt_cost: The cost (the budget's row cost of each sample, rounded up, summed) of
+            every sample this rank received this epoch; ``dealt_samples`` how many. With
+            them the deal balances the ranks' work (:func:`alignment.deal_counts`).
     """
 
     epoch: int
@@ -77,6 +82,8 @@ class RankReport:
     undealt: int = 0
     wanted: int = 0
     full: bool = True
+    dealt_cost: int = 0
+    dealt_samples: int = 0
 
 
 _BODY = (
@@ -114,6 +121,8 @@ def encode_report(report: RankReport, max_steps: int) -> list[int]:
         report.undealt,
         report.wanted,
         int(report.full),
+        report.dealt_cost,
+        report.dealt_samples,
     ]
     body = [value for name in _BODY for value in _padded(getattr(report, name), max_steps, name)]
     return header + body
@@ -149,6 +158,8 @@ def check_message(message: list[int], max_steps: int) -> None:
         "num_groups",
         "undealt",
         "wanted",
+        "dealt_cost",
+        "dealt_samples",
     ):
         if header[name] < 0:
             raise WireFormatError(f"{name} is {header[name]}, expected >= 0")
@@ -188,5 +199,7 @@ def decode_report(message: list[int], max_steps: int) -> RankReport:
         undealt=header["undealt"],
         wanted=header["wanted"],
         full=bool(header["full"]),
+        dealt_cost=header["dealt_cost"],
+        dealt_samples=header["dealt_samples"],
         **columns,
     )
