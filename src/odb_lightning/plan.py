@@ -131,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also simulate odb over N ranks: sync efficiency, utilization, steps/oracle",
     )
     parser.add_argument(
-        "--dealing", choices=["fixed", "by_need"], default="fixed", help="shards for --ranks"
+        "--dealing",
+        choices=["fixed", "by_need"],
+        default=None,
+        help="shards for --ranks (default: the config's)",
     )
     parser.add_argument("--buckets", type=int, default=6, help="k for the bucket optimizer")
     parser.add_argument("--boundaries", type=_int_list, help="fixed bucket edges (no optimizer)")
@@ -276,6 +279,8 @@ def _window_knobs(args: argparse.Namespace) -> dict[str, Any]:
         knobs["outstanding_depth"] = args.window
     if args.window_budgets is not None:
         knobs["window_budgets"] = args.window_budgets or None
+    if getattr(args, "dealing", None) is not None:
+        knobs["shard_dealing"] = args.dealing
     return knobs
 
 
@@ -284,9 +289,7 @@ def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) ->
     epoch's seeded order, scored by its slowest rank (:mod:`odb_lightning.core.sync`)."""
     if args.ranks < 1:
         raise PlanCliError(f"--ranks must be >= 1, got {args.ranks}")
-    config = BatchingConfig(
-        token_budget=budget, seed=args.seed, shard_dealing=args.dealing, **_window_knobs(args)
-    )
+    config = BatchingConfig(token_budget=budget, seed=args.seed, **_window_knobs(args))
     ordered = [lengths[i] for i in epoch_permutation(len(lengths), args.seed, 0)]
     world = args.ranks
     if config.shard_dealing is ShardDealing.BY_NEED:

@@ -41,7 +41,8 @@ def test_defaults_and_enum_coercion() -> None:
     )
     assert config.on_bad_sample is OnBadSample.SKIP
     assert config.multiprocessing_context is StartMethod.SPAWN
-    assert output_slots(config) == 2 * config.max_steps_per_round == 64
+    assert output_slots(config) == 64
+    assert output_slots(BatchingConfig(max_steps_per_round=8)) == 16
     assert config.handshake() == BatchingConfig(token_budget=4096).handshake()
     assert BatchingConfig(boundaries=[0, 10, 20]).boundaries == (0, 10, 20)
 
@@ -163,8 +164,9 @@ def test_user_shards_that_overlap_are_detected_from_sizes_and_digests() -> None:
         (3, 7, "aborted is 7, expected 0 or 1"),
         (6, -5, "buffered is -5"),
         (7, 1 << 40, "num_groups is 1099511627776, more than max_steps_per_round 4"),
-        (12, -1, r"group_sizes\[1\] is -1"),
-        (19, -3, r"peel_loss_tokens\[0\] is -3"),
+        (14, -1, r"group_sizes\[1\] is -1"),
+        (21, -3, r"peel_loss_tokens\[0\] is -3"),
+        (12, -6, "dealt_samples is -6"),
         (10, 2, "full is 2, expected 0 or 1"),
         (8, -4, "undealt is -4"),
     ],
@@ -182,14 +184,31 @@ def test_window_and_dealing_knobs_are_checked_and_shared() -> None:
         BatchingConfig(window_budgets=0)
     with pytest.raises(ValueError, match=r"batching\.shard_dealing must be one of fixed, by_need"):
         BatchingConfig(shard_dealing="round_robin")
-    assert BatchingConfig(shard_dealing="by_need").shard_dealing is ShardDealing.BY_NEED
+    assert BatchingConfig(shard_dealing="fixed").shard_dealing is ShardDealing.FIXED
     assert BatchingConfig(window_budgets=None).window_budgets is None
     one = BatchingConfig()
-    for other in (BatchingConfig(window_budgets=32), BatchingConfig(shard_dealing="by_need")):
+    for other in (BatchingConfig(window_budgets=32), BatchingConfig(shard_dealing="fixed")):
         with pytest.raises(SettingsMismatchError):
             check_settings_agree([one.handshake(), other.handshake()])
 
 
 def test_loader_refuses_fixed_shards_dealt_by_need() -> None:
-    with pytest.raises(ValueError, match="shard_dealing=fixed with shard="):
+    with pytest.raises(ValueError, match="give order= .* or shard_dealing=fixed"):
         ODBLoader([], shard=lambda epoch: [], shard_dealing="by_need", num_workers=0)
+    with pytest.raises(ValueError, match="with shard_dealing=fixed give shard="):
+        ODBLoader([], order=lambda epoch: [], shard_dealing="fixed", num_workers=0)
+
+
+def test_ranks_dealt_by_need_must_give_the_same_order() -> None:
+    def orders(*per_rank: list[int]) -> list[list[int]]:
+        config = BatchingConfig().handshake()
+        return [config + DataHandshake.of(6, None, 1, o, order=True).encode() for o in per_rank]
+
+    check_data_agree(orders([5, 1, 0, 2, 3, 4], [5, 1, 0, 2, 3, 4]))
+    with pytest.raises(SettingsMismatchError, match=r"order= indices \(size\): rank 0: 6"):
+        check_data_agree(orders([5, 1, 0, 2, 3, 4], [5, 1, 0]))
+    with pytest.raises(SettingsMismatchError, match=r"order= indices \(digest\)"):
+        check_data_agree(orders([5, 1, 0, 2, 3, 4], [5, 1, 0, 2, 3, 3]))
+    fixed = BatchingConfig().handshake() + DataHandshake.of(6, None, 1, [0, 1, 2]).encode()
+    with pytest.raises(SettingsMismatchError, match=r"shard= \(or order=\) on every rank"):
+        check_data_agree([orders([5, 1, 0, 2, 3, 4])[0], fixed])

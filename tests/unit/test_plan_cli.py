@@ -17,7 +17,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
-from odb_lightning.core.simulate import simulate_epoch
+from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
 from odb_lightning.plan import main
 
 ALL_MODES = "standard,sorted,bucketed,oracle,odb,odb_packed"
@@ -182,15 +182,18 @@ def test_ranks_scores_odb_by_its_slowest_rank(tmp_path, capsys) -> None:
     config = BatchingConfig(token_budget=16384)
     order = epoch_permutation(len(lengths), 0, 0)
     ordered = [lengths[i] for i in order]
-    expected = simulate_epoch([ordered[r::4] for r in range(4)], config)
-    assert ranks["world_size"] == 4 and ranks["shard_dealing"] == "fixed"
+    expected = simulate_dealt_epoch(ordered, 4, config)
+    assert ranks["world_size"] == 4 and ranks["shard_dealing"] == "by_need"
     assert ranks["steps_per_rank"] == len(expected.steps[0])
     assert ranks["sync_efficiency"] == pytest.approx(expected.sync.sync_efficiency)
     assert ranks["utilization"] == pytest.approx(expected.sync.utilization)
     assert 0 < ranks["utilization"] <= ranks["sync_efficiency"] <= 1
     oracle = len(plan_epoch(lengths, mode="oracle", token_budget=16384)) / 4
     assert ranks["steps_vs_oracle"] == pytest.approx(ranks["steps_per_rank"] / oracle)
-    dealt = _run_json(
-        capsys, "--lengths", str(path), "--modes", "odb", "--ranks", "4", "--dealing", "by_need"
+    assert ranks["idle_fraction"] <= 0.05
+    fixed = _run_json(
+        capsys, "--lengths", str(path), "--modes", "odb", "--ranks", "4", "--dealing", "fixed"
     )["budgets"][0]["ranks"]
-    assert dealt["shard_dealing"] == "by_need" and dealt["idle_fraction"] <= 0.05
+    expected = simulate_epoch([ordered[r::4] for r in range(4)], config)
+    assert fixed["shard_dealing"] == "fixed"
+    assert fixed["utilization"] == pytest.approx(expected.sync.utilization)

@@ -42,7 +42,12 @@ def _lengths(n: int, seed: int = 0) -> list[int]:
 def test_single_rank_matches_simulation(epoch: int) -> None:
     dataset = LengthDataset(_lengths(300))
     with ODBLoader(
-        dataset, token_budget=800, outstanding_depth=48, num_workers=0, seed=5
+        dataset,
+        token_budget=800,
+        outstanding_depth=48,
+        num_workers=0,
+        seed=5,
+        shard_dealing="fixed",
     ) as loader:
         loader.set_epoch(epoch)
         batches = list(loader)

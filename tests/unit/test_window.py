@@ -10,7 +10,10 @@ from odb_lightning.core.order import make_rng
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round
 
-SETTINGS = BatchingConfig(token_budget=64, outstanding_depth=6, max_steps_per_round=4)
+# Fixed shards: the window requests from its own shard (dealt by need, see test_simulate).
+SETTINGS = BatchingConfig(
+    token_budget=64, outstanding_depth=6, max_steps_per_round=4, shard_dealing="fixed"
+)
 LENGTHS = [9, 30, 2, 17, 5, 40, 8, 3, 12, 21]
 
 
@@ -80,7 +83,13 @@ def test_empty_shard_is_finished_at_once() -> None:
     assert outcome.epoch_over and outcome.dropped == 0
 
 
-WORK = BatchingConfig(token_budget=32, outstanding_depth=8, window_budgets=2, max_steps_per_round=4)
+WORK = BatchingConfig(
+    token_budget=32,
+    outstanding_depth=8,
+    window_budgets=2,
+    max_steps_per_round=4,
+    shard_dealing="fixed",
+)
 
 
 def fill(window: GroupingWindow, arrival_seed: int | None = None) -> list[int]:
@@ -107,7 +116,9 @@ def test_window_sized_in_work_fills_to_its_budgets() -> None:
 
 
 def test_window_sized_in_work_stops_at_the_sample_cap() -> None:
-    capped = BatchingConfig(token_budget=32, outstanding_depth=3, window_budgets=8)
+    capped = BatchingConfig(
+        token_budget=32, outstanding_depth=3, window_budgets=8, shard_dealing="fixed"
+    )
     window = GroupingWindow(capped, shard_size=len(LENGTHS))
     fill(window)
     assert window.num_buffered == 3

@@ -141,13 +141,14 @@ class BatchingConfig:
             rank (the whole window when ``window_budgets`` is ``None``).
         window_budgets: ODB window sized in work: it fills until its samples' row costs
             sum to this many ``token_budget``s (about as many full batches), within
-            ``outstanding_depth`` samples; ``None``: the window is ``D`` samples. Keep it
-            at least twice ``max_steps_per_round``: a round emits up to that many
-            budgets' worth, and a window it drains groups the rest poorly.
-        shard_dealing: ``fixed`` shards per rank, or ``by_need``: one seeded global order
-            dealt each round to the windows that lack work, so ranks finish together on
-            heavy-tailed data (a loader given ``shard=`` needs ``fixed``).
-        max_steps_per_round: ``Q``: most steps one alignment round emits per rank.
+            ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
+        shard_dealing: ``by_need``: one seeded global order dealt each round to the
+            windows that lack work, levelling the ranks' work so they finish together
+            (a loader takes the order as ``order=``); ``fixed``: each rank owns a shard
+            (every ``W``-th index, or ``shard=``).
+        max_steps_per_round: ``Q``: most steps one alignment round emits per rank (as
+            many as the window holds budgets: a round may drain it, and each sample is
+            grouped about once).
         join: Every sample once per epoch (IDLE steps for finished ranks), or end the
             epoch at the first finished rank and count the rest as dropped.
         seed: Seed of the shard order, the step order in a round and the planned shuffles.
@@ -179,9 +180,9 @@ class BatchingConfig:
     mode: BatchingMode = BatchingMode.ODB
     token_budget: int | str = 16384
     outstanding_depth: int = 8192
-    window_budgets: int | None = 64
-    shard_dealing: ShardDealing = ShardDealing.FIXED
-    max_steps_per_round: int = 32
+    window_budgets: int | None = 128
+    shard_dealing: ShardDealing = ShardDealing.BY_NEED
+    max_steps_per_round: int = 128
     join: bool = True
     seed: int = 0
     attention_weight: float = 0.0
@@ -357,8 +358,8 @@ def check_settings_agree(messages: list[list[int]]) -> None:
 
 UNKNOWN = -1
 """A :class:`DataHandshake` integer a rank does not know (never compared)."""
-_DEFAULT_SHARD, _USER_SHARD = 0, 1
-_SHARD_KIND = {_DEFAULT_SHARD: "default", _USER_SHARD: "shard="}
+_DEFAULT_SHARD, _USER_SHARD, _USER_ORDER = 0, 1, 2
+_SHARD_KIND = {_DEFAULT_SHARD: "default", _USER_SHARD: "shard=", _USER_ORDER: "order="}
 _PRIME = (1 << 61) - 1
 _WEIGHTS = (0x1D2C3B4A5968778, 0x0F1E2D3C4B5A697, 0x123456789ABCDEF)  # fixed, arbitrary
 
@@ -398,6 +399,8 @@ class DataHandshake:
         epoch: The epoch the shard below belongs to.
         shard_size: ``len(shard(epoch))`` with ``user_shard``, else ``UNKNOWN``.
         shard_digest: :func:`shard_digest` of ``shard(epoch)`` with ``user_shard``.
+        user_order: The indices are ``order(epoch)``, the epoch's global order dealt by
+            need, the same on every rank (else this rank's ``shard(epoch)``).
     """
 
     dataset_len: int = UNKNOWN
@@ -406,20 +409,30 @@ class DataHandshake:
     epoch: int = UNKNOWN
     shard_size: int = UNKNOWN
     shard_digest: int = 0
+    user_order: bool = False
 
     @classmethod
     def of(
-        cls, dataset_len: int, max_seq_len: int | None, epoch: int, shard: list[int] | None
+        cls,
+        dataset_len: int,
+        max_seq_len: int | None,
+        epoch: int,
+        shard: list[int] | None,
+        *,
+        order: bool = False,
     ) -> DataHandshake:
-        """The handshake of a loader; ``shard``: this rank's ``shard(epoch)``, or ``None``
-        for the default sharding."""
+        """The handshake of a loader; ``shard``: this rank's ``shard(epoch)`` (``order``:
+        the epoch's global ``order(epoch)``), or ``None`` for the default sharding."""
         if shard is None:
             return cls(dataset_len, max_seq_len, user_shard=False, epoch=epoch)
-        return cls(dataset_len, max_seq_len, True, epoch, len(shard), shard_digest(shard))
+        digest = shard_digest(shard)
+        return cls(dataset_len, max_seq_len, True, epoch, len(shard), digest, user_order=order)
 
     def encode(self) -> list[int]:
         """Exactly ``len(DATA_HANDSHAKE_FIELDS)`` integers (``max_seq_len`` ``None``: 0)."""
         kind = UNKNOWN if self.user_shard is None else int(self.user_shard)
+        if self.user_shard and self.user_order:
+            kind = _USER_ORDER
         max_seq_len = UNKNOWN if self.dataset_len == UNKNOWN else (self.max_seq_len or 0)
         return [
             self.dataset_len,
@@ -467,7 +480,16 @@ def check_data_agree(messages: list[list[int]]) -> None:
     kinds = [row["sharding"] for row in rows if row["sharding"] != UNKNOWN]
     if len(set(kinds)) > 1:
         shown = [_SHARD_KIND.get(row["sharding"], "unknown") for row in rows]
-        raise _disagree("sharding", shown, "give shard= on every rank or on none")
+        raise _disagree("sharding", shown, "give shard= (or order=) on every rank or on none")
+    if kinds and kinds[0] == _USER_ORDER:
+        for name in ("size", "digest"):
+            if len({row[name] for row in rows if row["sharding"] == _USER_ORDER}) > 1:
+                raise _disagree(
+                    f"the order= indices ({name})",
+                    [row[name] for row in rows],
+                    "dealt by need, every rank must give the same order(epoch)",
+                )
+        return
     if not kinds or kinds[0] != _USER_SHARD or len(kinds) != len(rows):
         return
     _check_shards_partition(rows)

@@ -9,7 +9,7 @@ instantly; the runtime waits for them instead, which changes timing but not the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig, ShardDealing, resolve_config
@@ -81,10 +81,11 @@ def simulate_epoch(
     patch_squares: list[list[int]] | None = None,
 ) -> SimulationResult:
     """Simulate one epoch of fixed shards; sample ids are positions in each rank's list.
+    ``rank_lengths`` are the shards, so the windows run with ``shard_dealing=fixed``
+    whatever ``config`` says (:func:`simulate_dealt_epoch` deals one order by need).
     ``patches`` (and ``patch_squares``): per rank, each sample's ViT patches (and its
     images' squared patch counts summed), for ``batching.max_patches``."""
-    if config.shard_dealing is ShardDealing.BY_NEED:
-        raise ValueError("shard_dealing=by_need has no fixed shards: use simulate_dealt_epoch")
+    config = replace(config, shard_dealing=ShardDealing.FIXED)
     losses = loss_tokens if loss_tokens is not None else rank_lengths
     if len(losses) != len(rank_lengths):
         raise ValueError("loss_tokens must have one list per rank")
@@ -179,7 +180,7 @@ def simulate(
     """Steps every rank emits for one epoch, in order.
 
     Args:
-        rank_lengths: Per rank, the token lengths of its shard in arrival order.
+        rank_lengths: Per rank, the token lengths of its fixed shard in arrival order.
         config: The batching settings (``mode`` ``odb_packed`` budgets real tokens).
         loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
         epoch: Epoch number (changes the step order).

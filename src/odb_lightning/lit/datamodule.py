@@ -10,7 +10,12 @@ import lightning.pytorch as pl
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
-from odb_lightning.core.config import LENGTH_PASS_MODES, ONLINE_MODES, BatchingConfig
+from odb_lightning.core.config import (
+    LENGTH_PASS_MODES,
+    ONLINE_MODES,
+    BatchingConfig,
+    ShardDealing,
+)
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.data import (
     Augmentation,
@@ -23,7 +28,7 @@ from odb_lightning.data.length_pass import exact_lengths
 from odb_lightning.data.sizes import check_size, kept_records, records_to_read, validation_count
 from odb_lightning.data.template import resolve_template_name
 from odb_lightning.lit.idle_steps import check_weights_idle_steps
-from odb_lightning.lit.loaders import LightningLoader, TrainShard
+from odb_lightning.lit.loaders import LightningLoader, TrainOrder, TrainShard
 from odb_lightning.lit.planned_mode import epoch_plan, in_order_plan
 from odb_lightning.lit.resume_state import (
     batching_settings,
@@ -296,10 +301,15 @@ class ODBDataModule(pl.LightningDataModule):
     def _build_train_loader(self) -> ODBLoader | PlannedLoader:
         if self.batching.mode in ONLINE_MODES:
             rendezvous, store = self._metadata("train")
+            seed = self.batching.seed
+            if self.batching.shard_dealing is ShardDealing.BY_NEED:
+                indices = {"order": TrainOrder(self.train_indices, seed)}
+            else:
+                indices = {"shard": TrainShard(self.train_indices, *self._world(), seed)}
             return ODBLoader(
                 self.dataset,
                 self.batching,
-                shard=TrainShard(self.train_indices, *self._world(), self.batching.seed),
+                **indices,
                 rendezvous=rendezvous,
                 metadata_store=store,
                 pad_id=self.tokenizer.pad_id,

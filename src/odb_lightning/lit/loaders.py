@@ -1,5 +1,6 @@
 """The iterables the data module hands Lightning: a rank's shard of the training indices
-for the ODB loader, and a plain-iterable wrapper with the ``sampler`` handle through which
+(or the epoch's global order of them, dealt by need) for the ODB loader, and a
+plain-iterable wrapper with the ``sampler`` handle through which
 Lightning sets the epoch."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from odb_lightning.core.order import shard_indices
+from odb_lightning.core.order import epoch_permutation, shard_indices
 from odb_lightning.runtime.batch import ODBBatch
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlannedLoader
@@ -32,6 +33,18 @@ class TrainShard:
         positions = shard_indices(
             len(self.train_indices), self.world_size, self.rank, self.seed, epoch
         )
+        return [self.train_indices[p] for p in positions]
+
+
+class TrainOrder:
+    """``order(epoch)`` for the ODB loader dealt by need (``shard_dealing=by_need``): the
+    epoch's seeded order of the training indices, the same on every rank."""
+
+    def __init__(self, train_indices: list[int], seed: int) -> None:
+        self.train_indices, self.seed = train_indices, seed
+
+    def __call__(self, epoch: int) -> list[int]:
+        positions = epoch_permutation(len(self.train_indices), self.seed, epoch)
         return [self.train_indices[p] for p in positions]
 
 

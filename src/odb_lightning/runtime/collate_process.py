@@ -1,6 +1,7 @@
 """The collate process of one rank: owns the grouping window and the metadata channel,
 and runs each epoch with :class:`~odb_lightning.runtime.engine.EpochRunner`. Output
-capacity is a semaphore of ``2 Q`` slots; the main process releases one per batch it takes.
+capacity is a semaphore of :func:`~odb_lightning.runtime.pipeline.output_slots` slots; each
+batch takes one before it is collated and the main process releases one per batch it takes.
 
 It counts its progress in a shared counter (a sample received, an all-gather done, a
 batch queued). Each of its waits is bounded (``timeout_s`` per sample, ``alignment_timeout_s``
@@ -122,7 +123,7 @@ class CollateProcessSpec:
         generation: Index of the channel among those this loader opened.
         requests: One request queue per worker; ``results`` is shared by all workers.
         outputs: Batches and epoch ends to the main process.
-        slots: The ``2 Q`` output slots.
+        slots: The output slots (:func:`~odb_lightning.runtime.pipeline.output_slots`).
         progress: Counter of this process's progress, read by the main process.
     """
 

@@ -3,10 +3,11 @@ steps. The same code runs in the collate process and, with ``num_workers=0``, in
 main process; only where samples come from and where batches go differ.
 
 Determinism: a round starts only when the window is ready (every requested sample has
-arrived) and this rank holds ``Q = max_steps_per_round`` free output slots, and every
-rank always publishes ``free_slots = Q``. What a round sees therefore never depends on
-timing, and the steps equal :func:`odb_lightning.core.simulate.simulate` for the same
-per-rank inputs.
+arrived), and every rank always publishes ``free_slots = Q``. What a round sees
+therefore never depends on timing, and the steps equal
+:func:`odb_lightning.core.simulate.simulate` for the same per-rank inputs. Back-pressure
+is per batch: each step takes an output slot before it is collated, so a round of many
+steps waits, uncollated, for the consumer.
 """
 
 from __future__ import annotations
@@ -240,12 +241,10 @@ class EpochRunner:
             log.round_latency_s.append(time.monotonic() - started)
             return gathered
 
-        self._slots.acquire(max_steps)
-        outcome = exchange_round(window, exchange, free_slots=max_steps)
-        self._slots.release(max_steps - len(outcome.steps))
-        return outcome
+        return exchange_round(window, exchange, free_slots=max_steps)
 
     def _collate(self, step: Step, log: _EpochLog) -> ODBBatch:
+        self._slots.acquire(1)
         if step.group is None:
             samples = idle_samples(self._pad_id)
         else:

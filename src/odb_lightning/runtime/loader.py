@@ -71,8 +71,12 @@ class ODBLoader:
             ``odb_packed`` emits groups padding-free with :func:`pack_collate`.
         collate_fn: Builds model inputs from a list of samples (default: pad to the
             longest, or pack for ``odb_packed``).
-        shard: ``shard(epoch) -> indices`` of this rank; default: a seeded shuffle split
-            by rank (:func:`~odb_lightning.core.order.shard_indices`).
+        shard: ``shard(epoch) -> indices`` of this rank (``shard_dealing=fixed``);
+            default: a seeded shuffle split by rank
+            (:func:`~odb_lightning.core.order.shard_indices`).
+        order: ``order(epoch) -> indices``, the epoch's global order that
+            ``shard_dealing=by_need`` deals, the same on every rank; default: a seeded
+            shuffle of the whole dataset (:func:`~odb_lightning.core.order.epoch_permutation`).
         rendezvous: The metadata channel's store address and this rank's place.
         metadata_store: This rank's handle on that store, which makes rank 0 fork its
             processes before the other ranks (see
@@ -96,6 +100,7 @@ class ODBLoader:
         *,
         collate_fn: CollateFn | None = None,
         shard: ShardFn | None = None,
+        order: ShardFn | None = None,
         rendezvous: Rendezvous | None = None,
         metadata_store: MetadataStore | None = None,
         pad_id: int = 0,
@@ -124,12 +129,18 @@ class ODBLoader:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._pin = pins_memory(self.config)
-        if shard is not None and self.config.shard_dealing is ShardDealing.BY_NEED:
+        by_need = self.config.shard_dealing is ShardDealing.BY_NEED
+        if shard is not None and by_need:
             raise ValueError(
                 "shard= gives every rank fixed indices, batching.shard_dealing=by_need deals "
-                "one global order: use shard_dealing=fixed with shard="
+                "one global order: give order= (the epoch's order), or shard_dealing=fixed"
             )
-        self._shard = shard
+        if order is not None and not by_need:
+            raise ValueError(
+                "order= is the global order that batching.shard_dealing=by_need deals; "
+                "with shard_dealing=fixed give shard= (this rank's indices)"
+            )
+        self._shard = shard if shard is not None else order
         self._store = metadata_store
         if rendezvous is None:
             world_size, rank = default_world()
@@ -222,18 +233,22 @@ class ODBLoader:
 
     def _indices(self, epoch: int) -> list[int]:
         """This rank's shard for ``epoch``; dealt by need, the epoch's global order."""
-        if self._shard is not None:
+        if self._shard is not None:  # shard= or order=
             return list(self._shard(epoch))
         if self.config.shard_dealing is ShardDealing.BY_NEED:
             return epoch_permutation(len(self.dataset), self.config.seed, epoch)
         return shard_indices(len(self.dataset), self.world_size, self.rank, self.config.seed, epoch)
 
     def _data_handshake(self) -> DataHandshake:
-        """What the channel's handshake compares across ranks (``shard=``: this epoch's)."""
+        """What the channel's handshake compares across ranks (``shard=`` or ``order=``:
+        this epoch's)."""
         shard = None
         if self._shard is not None and self.world_size > 1:
             shard = self._indices(self._epoch)
-        return DataHandshake.of(len(self.dataset), self.max_seq_len, self._epoch, shard)
+        by_need = self.config.shard_dealing is ShardDealing.BY_NEED
+        return DataHandshake.of(
+            len(self.dataset), self.max_seq_len, self._epoch, shard, order=by_need
+        )
 
     def _begin_epoch(self, epoch: int) -> tuple[EpochRecord, list[int]]:
         """The record of this iteration and this rank's indices for ``epoch``, without

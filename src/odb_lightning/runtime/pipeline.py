@@ -51,10 +51,16 @@ def start_method(config: BatchingConfig) -> str | None:
     return None
 
 
+OUTPUT_SLOTS = 64
+"""Batches the collate process may have queued for the main process: enough to hide a
+round's exchange and the refill of the window behind training. The steps of a round
+beyond them wait uncollated (their samples are already in memory)."""
+
+
 def output_slots(config: BatchingConfig) -> int:
-    """Batches the collate process may have queued for the main process: ``2 Q``, so a
-    round of ``Q`` steps can be collated while the last one is consumed."""
-    return 2 * config.max_steps_per_round
+    """Collated batches queued at most: :data:`OUTPUT_SLOTS`, or one round of ``Q`` steps
+    when that is fewer."""
+    return min(OUTPUT_SLOTS, 2 * config.max_steps_per_round)
 
 
 def _describe_exit(exitcode: int | None) -> str:

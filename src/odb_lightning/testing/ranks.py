@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from odb_lightning.core.config import FIELD_NAMES, BatchingConfig
+from odb_lightning.core.config import FIELD_NAMES, BatchingConfig, ShardDealing
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.simulate import simulate, simulate_dealt_epoch
 from odb_lightning.runtime import MetadataChannelError, ODBLoader, Rendezvous
@@ -91,10 +91,19 @@ def _inject(kill: Kill, loader: ODBLoader, results: Any) -> None:
     os.kill(loader.child_pids()[kill.target.value], signal.SIGKILL)
 
 
+def _job_config(job: RankJob) -> BatchingConfig:
+    """The job's batching settings; skewed shards (``weights``) are fixed shards."""
+    fields = {k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES}
+    if job.weights is not None:
+        fields.setdefault("shard_dealing", "fixed")
+    return BatchingConfig(**fields)
+
+
 def _run_loader(rank: int, job: RankJob, results: Any) -> list[dict[str, Any]]:
     kwargs = {**job.loader_kwargs, **job.rank_kwargs.get(rank, {})}
     if job.weights is not None:
         kwargs["shard"] = SkewedShard(tuple(job.dataset.lengths), job.weights, rank)
+        kwargs.setdefault("shard_dealing", "fixed")
     kill = job.kill if job.kill is not None and job.kill.rank == rank else None
     epochs = []
     with ODBLoader(job.dataset, **kwargs) as loader:
@@ -262,13 +271,16 @@ def _collect(message: tuple[Any, ...], outcome: RankOutcome) -> None:
 
 
 def expected_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[int]]]:
-    """``core.simulate`` on the ranks' :class:`SkewedShard` shards, mapped to dataset
-    indices."""
+    """The simulator's steps for the job, mapped to dataset indices: ``core.simulate`` on
+    the ranks' :class:`SkewedShard` (or default) fixed shards, or, dealt by need,
+    :func:`expected_dealt_steps`."""
+    config = _job_config(job)
+    if config.shard_dealing is ShardDealing.BY_NEED:
+        return expected_dealt_steps(job, world_size, epoch)
     dataset = job.dataset
     shards = [
         SkewedShard(tuple(dataset.lengths), job.weights, rank)(epoch) for rank in range(world_size)
     ]
-    config = BatchingConfig(**{k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES})
     patches = getattr(dataset, "patches", None)
     steps = simulate(
         [[dataset.lengths[i] for i in shard] for shard in shards],
@@ -287,7 +299,7 @@ def expected_dealt_steps(job: RankJob, world_size: int, epoch: int) -> list[list
     """``core.simulate_dealt_epoch`` on the loader's seeded epoch order
     (``shard_dealing=by_need``, default sharding), mapped to dataset indices."""
     dataset = job.dataset
-    config = BatchingConfig(**{k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES})
+    config = _job_config(job)
     order = epoch_permutation(len(dataset), config.seed, epoch)
     result = simulate_dealt_epoch(
         [dataset.lengths[i] for i in order],
