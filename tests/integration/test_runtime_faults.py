@@ -220,7 +220,9 @@ def test_ranks_with_different_dataset_lengths_fail_naming_the_lengths() -> None:
 
 def test_overlapping_shard_functions_fail_naming_the_shard_sizes() -> None:
     dataset = SyntheticChatDataset.seeded(50)
-    outcomes = _epoch_ids([dataset, dataset], shard=lambda epoch: list(range(30)))
+    outcomes = _epoch_ids(
+        [dataset, dataset], shard=lambda epoch: list(range(30)), shard_dealing="fixed"
+    )
     for error in outcomes:
         assert isinstance(error, SettingsMismatchError), outcomes
         assert "overlap in epoch 0: shard sizes (rank 0: 30, rank 1: 30) sum to 60" in str(error)
@@ -234,6 +236,7 @@ def test_overlapping_shard_functions_fail_naming_the_shard_sizes() -> None:
                 num_workers=0,
                 rendezvous=rendezvous,
                 shard=lambda epoch: halves[rendezvous.rank],
+                shard_dealing="fixed",
             )
             for i in batch.meta.sample_ids
         )

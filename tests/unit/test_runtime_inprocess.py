@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from odb_lightning.core.order import shard_indices
-from odb_lightning.core.simulate import simulate
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import epoch_permutation, shard_indices
+from odb_lightning.core.simulate import simulate, simulate_dealt_epoch
 from odb_lightning.runtime import BadSampleError, ODBLoader, SampleFetchError
+from odb_lightning.runtime.messages import FetchRequest
+from odb_lightning.runtime.worker import fetch_sample
 
 
 class LengthDataset:
@@ -74,6 +77,33 @@ def test_single_rank_matches_simulation(epoch: int) -> None:
         0,
         0,
     )
+
+
+def test_byte_capped_window_dealt_by_need_matches_simulation() -> None:
+    # Samples of 1-400 tokens serialize to about 6 KiB at most: a 64 KiB cap holds a
+    # few dozen, far fewer than 16 budgets of 800 tokens, so the cap sizes every window.
+    dataset = LengthDataset(_lengths(300, seed=2))
+    knobs = {"token_budget": 800, "window_budgets": 16, "window_max_mib": 1 / 16, "seed": 3}
+    with ODBLoader(dataset, num_workers=0, **knobs) as loader:
+        loader.set_epoch(1)
+        batches = list(loader)
+    order = epoch_permutation(300, 3, 1)
+    sizes = [
+        len(fetch_sample(dataset, FetchRequest(0, i, 1), "raise", None).payload) for i in order
+    ]
+    config = BatchingConfig(**knobs)
+    capped = simulate_dealt_epoch(
+        [dataset.lengths[i] for i in order],
+        1,
+        config,
+        loss_tokens=[dataset.num_loss_tokens(i) for i in order],
+        epoch=1,
+        sample_bytes=sizes,
+    )
+    expected = [[order[s.sample_id] for s in step.group.samples] for step in capped.steps[0]]
+    assert [list(b.meta.sample_ids) for b in batches] == expected
+    uncapped = simulate_dealt_epoch([dataset.lengths[i] for i in order], 1, config, epoch=1)
+    assert capped.rounds > uncapped.rounds, "the cap made the windows smaller"
 
 
 def test_abandoned_epoch_restarts_cleanly() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from odb_lightning.core.alignment import AlignmentError, plan_round
@@ -122,6 +124,29 @@ def test_window_sized_in_work_stops_at_the_sample_cap() -> None:
     window = GroupingWindow(capped, shard_size=len(LENGTHS))
     fill(window)
     assert window.num_buffered == 3
+
+
+def test_window_sized_in_work_stops_at_the_byte_cap() -> None:
+    def asks(cap_mib: float | None) -> tuple[list[int], GroupingWindow]:
+        # 40 samples of 4 tokens, 100 KiB each: 8 budgets of 32 tokens would take all.
+        config = BatchingConfig(
+            token_budget=32, window_budgets=8, window_max_mib=cap_mib, shard_dealing="fixed"
+        )
+        window = GroupingWindow(config, shard_size=40)
+        asked = []
+        while positions := list(window.request()):
+            asked.append(len(positions))
+            for p in positions:
+                window.add(SampleInfo(p, 4, 2, p, num_bytes=100 * 1024))
+        return asked, window
+
+    # Blind first ask (window_budgets samples: 800 KiB); then the 224 KiB left hold 2
+    # samples at the mean size; then one more passes the cap by less than a sample.
+    asked, window = asks(1.0)
+    assert asked == [8, 2, 1] and window.is_ready()
+    assert window.num_buffered_bytes == 1100 * 1024 < 2**20 + 100 * 1024
+    asked, window = asks(None)
+    assert window.num_buffered == 40, "without the cap the budgets bind: every sample"
 
 
 def test_window_sized_in_work_is_independent_of_arrival_order() -> None:

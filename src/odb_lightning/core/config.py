@@ -142,6 +142,9 @@ class BatchingConfig:
         window_budgets: ODB window sized in work: it fills until its samples' row costs
             sum to this many ``token_budget``s (about as many full batches), within
             ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
+        window_max_mib: Most MiB of serialized samples the window sized in work holds
+            (images make samples heavy: the cap binds before the budgets do); ``None``:
+            no cap. Text at the defaults holds tens of MiB.
         shard_dealing: ``by_need``: one seeded global order dealt each round to the
             windows that lack work, levelling the ranks' work so they finish together
             (a loader takes the order as ``order=``); ``fixed``: each rank owns a shard
@@ -181,6 +184,7 @@ class BatchingConfig:
     token_budget: int | str = 16384
     outstanding_depth: int = 8192
     window_budgets: int | None = 128
+    window_max_mib: float | None = 1024.0
     shard_dealing: ShardDealing = ShardDealing.BY_NEED
     max_steps_per_round: int = 128
     join: bool = True
@@ -229,6 +233,11 @@ class BatchingConfig:
             _positive_int("max_batch_size", self.max_batch_size)
         if self.window_budgets is not None:
             _positive_int("window_budgets", self.window_budgets)
+        mib = self.window_max_mib
+        if mib is not None and not (_is_number(mib) and math.isfinite(mib) and mib > 0):
+            raise ValueError(
+                f"{_key('window_max_mib')} must be a positive number of MiB or null, got {mib!r}"
+            )
         if self.max_patches is not None:
             _positive_int("max_patches", self.max_patches)
         patch_weight = self.patch_attention_weight
@@ -302,6 +311,11 @@ class BatchingConfig:
             return None
         return PatchBudget(self.max_patches, self.patch_attention_weight)
 
+    @property
+    def window_max_bytes(self) -> int | None:
+        """``window_max_mib`` in bytes (``None``: no cap)."""
+        return None if self.window_max_mib is None else int(self.window_max_mib * 2**20)
+
     def handshake(self) -> list[int]:
         """The knobs every rank must share, as integers (``attention_weight`` in 1e-9)."""
         return [_HANDSHAKE_ENCODE[name](getattr(self, name)) for name in HANDSHAKE_FIELDS]
@@ -311,6 +325,7 @@ HANDSHAKE_FIELDS = (
     "token_budget",
     "outstanding_depth",
     "window_budgets",
+    "window_max_mib",
     "shard_dealing",
     "max_steps_per_round",
     "join",
@@ -327,6 +342,7 @@ _HANDSHAKE_ENCODE: dict[str, Any] = {
     "token_budget": int,
     "outstanding_depth": int,
     "window_budgets": lambda budgets: budgets or 0,
+    "window_max_mib": lambda mib: 0 if mib is None else round(mib * 1024),  # KiB
     "shard_dealing": lambda dealing: list(ShardDealing).index(dealing),
     "max_steps_per_round": int,
     "join": int,

@@ -55,6 +55,7 @@ def _fill(
     loss_tokens: list[int],
     patches: list[int] | None = None,
     patch_squares: list[int] | None = None,
+    sample_bytes: list[int] | None = None,
 ) -> None:
     # Requests arrive at once; a window sized in work may ask again once they have.
     while positions := window.request():
@@ -67,6 +68,7 @@ def _fill(
                     position=position,
                     num_patches=0 if patches is None else patches[position],
                     patch_square_sum=0 if patch_squares is None else patch_squares[position],
+                    num_bytes=0 if sample_bytes is None else sample_bytes[position],
                 )
             )
 
@@ -79,12 +81,14 @@ def simulate_epoch(
     epoch: int = 0,
     patches: list[list[int]] | None = None,
     patch_squares: list[list[int]] | None = None,
+    sample_bytes: list[list[int]] | None = None,
 ) -> SimulationResult:
     """Simulate one epoch of fixed shards; sample ids are positions in each rank's list.
     ``rank_lengths`` are the shards, so the windows run with ``shard_dealing=fixed``
     whatever ``config`` says (:func:`simulate_dealt_epoch` deals one order by need).
     ``patches`` (and ``patch_squares``): per rank, each sample's ViT patches (and its
-    images' squared patch counts summed), for ``batching.max_patches``."""
+    images' squared patch counts summed), for ``batching.max_patches``; ``sample_bytes``:
+    per rank, each sample's serialized size, for ``batching.window_max_mib``."""
     config = replace(config, shard_dealing=ShardDealing.FIXED)
     losses = loss_tokens if loss_tokens is not None else rank_lengths
     if len(losses) != len(rank_lengths):
@@ -103,6 +107,7 @@ def simulate_epoch(
         sum(map(len, rank_lengths)),
         patches=patches,
         patch_squares=patch_squares,
+        sample_bytes=sample_bytes,
     )
 
 
@@ -113,9 +118,11 @@ def simulate_dealt_epoch(
     *,
     loss_tokens: list[int] | None = None,
     epoch: int = 0,
+    sample_bytes: list[int] | None = None,
 ) -> SimulationResult:
     """Simulate one epoch dealt by need from one global order (``lengths`` in that
-    order, as the loader's seeded epoch order gives them); sample ids are positions in it."""
+    order, as the loader's seeded epoch order gives them); sample ids are positions in it.
+    ``sample_bytes``: each sample's serialized size, for ``batching.window_max_mib``."""
     if config.shard_dealing is not ShardDealing.BY_NEED:
         raise ValueError("simulate_dealt_epoch needs shard_dealing=by_need")
     if world_size < 1:
@@ -124,7 +131,15 @@ def simulate_dealt_epoch(
     if len(losses) != len(lengths):
         raise ValueError("loss_tokens must have one entry per sample")
     windows = [GroupingWindow(config, len(lengths), rank=r, epoch=epoch) for r in range(world_size)]
-    return _run(windows, [lengths] * world_size, [losses] * world_size, config, len(lengths))
+    per_rank = None if sample_bytes is None else [sample_bytes] * world_size
+    return _run(
+        windows,
+        [lengths] * world_size,
+        [losses] * world_size,
+        config,
+        len(lengths),
+        sample_bytes=per_rank,
+    )
 
 
 def _run(
@@ -136,6 +151,7 @@ def _run(
     *,
     patches: list[list[int]] | None = None,
     patch_squares: list[list[int]] | None = None,
+    sample_bytes: list[list[int]] | None = None,
 ) -> SimulationResult:
     steps: list[list[Step]] = [[] for _ in windows]
     max_steps = config.max_steps_per_round
@@ -148,7 +164,8 @@ def _run(
         ):
             rank_patches = None if patches is None else patches[rank]
             squares = None if patch_squares is None else patch_squares[rank]
-            _fill(window, lengths, loss, rank_patches, squares)
+            sizes = None if sample_bytes is None else sample_bytes[rank]
+            _fill(window, lengths, loss, rank_patches, squares, sizes)
         messages = [encode_report(w.make_report(max_steps), max_steps) for w in windows]
         plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.join)
         for window, rank_steps in zip(windows, steps, strict=True):

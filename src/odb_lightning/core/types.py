@@ -21,6 +21,8 @@ class SampleInfo:
         num_image_tokens: Of ``length``, the tokens that stand for images.
         patch_square_sum: ``sum(p**2)`` over its images of ``p`` patches (the patch
             budget's per-image quadratic term).
+        num_bytes: Size of the serialized sample the runtime holds until it is collated
+            (for ``batching.window_max_mib``; 0: not counted).
     """
 
     sample_id: int
@@ -30,6 +32,7 @@ class SampleInfo:
     num_patches: int = 0
     num_image_tokens: int = 0
     patch_square_sum: int = 0
+    num_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,8 @@ class GroupingWindow:
         # Row costs rounded up to integers, so the sums do not depend on arrival order.
         self._buffered_cost = 0  # of the buffered samples
         self._received_cost = 0  # ... and of every sample received this epoch
+        self._buffered_bytes = 0  # serialized sizes, for window_max_mib
+        self._received_bytes = 0
         self._undealt = shard_size if self.by_need else 0
         self._dealt: deque[range] = deque([] if self.by_need else [range(shard_size)])
         self.num_dealt = 0 if self.by_need else shard_size
@@ -162,6 +164,11 @@ class GroupingWindow:
         return sum(len(block) for block in self._dealt)
 
     @property
+    def num_buffered_bytes(self) -> int:
+        """Serialized bytes of the samples in the window."""
+        return self._buffered_bytes
+
+    @property
     def target_cost(self) -> float | None:
         """The work the window fills to: ``window_budgets`` token budgets (``None``: the
         window is ``outstanding_depth`` samples)."""
@@ -173,21 +180,29 @@ class GroupingWindow:
 
         A window sized in work decides only when nothing is in flight, from the samples it
         holds: it lacks the missing work divided by the mean row cost of the samples seen
-        this epoch (``window_budgets`` samples before any arrived). Each decision is a
-        function of samples that arrived, never of how fast they did, so the window a
-        round sees is the same in production and in the simulator.
+        this epoch (``window_budgets`` samples before any arrived), and no more than the
+        bytes left under ``window_max_mib`` hold at their mean size (at least one while
+        any are left, so the cap may be passed by one sample). Each decision is a function
+        of samples that arrived, never of how fast they did, so the window a round sees is
+        the same in production and in the simulator.
         """
         room = self.config.outstanding_depth - self.num_buffered - self.num_in_flight
         target = self.target_cost
         if target is None or room <= 0:
             return max(0, room)
-        if self.num_in_flight or self._buffered_cost >= target:
+        cap = self.config.window_max_bytes
+        over_bytes = cap is not None and self._buffered_bytes >= cap
+        if self.num_in_flight or self._buffered_cost >= target or over_bytes:
             return 0
         seen = self._num_received - self.num_skipped
         if seen == 0:
             return min(room, self.config.window_budgets)
         missing = target - self._buffered_cost
-        return min(room, max(1, math.ceil(missing * seen / self._received_cost)))
+        wanted = max(1, math.ceil(missing * seen / self._received_cost))
+        if cap is not None and self._received_bytes:
+            fits = (cap - self._buffered_bytes) * seen // self._received_bytes
+            wanted = min(wanted, max(1, fits))
+        return min(room, wanted)
 
     def num_to_request(self) -> int:
         """How many samples to request now: dealt ones at once, else up to the
@@ -218,6 +233,8 @@ class GroupingWindow:
         cost = self._row_cost(sample)
         self._buffered_cost += cost
         self._received_cost += cost
+        self._buffered_bytes += sample.num_bytes
+        self._received_bytes += sample.num_bytes
 
     def _row_cost(self, sample: SampleInfo) -> int:
         return math.ceil(self._budget.row_cost(sample.length))
@@ -383,6 +400,7 @@ class GroupingWindow:
         self._buffer = [s for s in self._buffer if s.position not in emitted]
         self._buffer_changed = True
         self._buffered_cost = sum(map(self._row_cost, self._buffer))
+        self._buffered_bytes = sum(s.num_bytes for s in self._buffer)
         self.num_emitted += len(emitted)
         self.num_over_budget += sum(
             1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
@@ -402,6 +420,7 @@ class GroupingWindow:
         self._buffer = []
         self._buffer_changed = True
         self._buffered_cost = 0
+        self._buffered_bytes = 0
         return RoundOutcome(epoch_over=True, dropped=self.num_dropped)
 
 

@@ -209,6 +209,7 @@ class EpochRunner:
                     num_patches=result.num_patches,
                     num_image_tokens=result.num_image_tokens,
                     patch_square_sum=result.patch_square_sum,
+                    num_bytes=len(result.payload),
                 )
                 window.add(info)
                 log.payloads[result.position] = result.payload
