@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from odb_lightning.core.alignment import AlignmentError, plan_round
