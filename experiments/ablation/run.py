@@ -55,9 +55,11 @@ SWEEPS = ("token_budget", "outstanding_depth")
 # budget of the sweep valid (max_seq_len <= token_budget).
 BASE = {"batching.token_budget": 8192, "batching.outstanding_depth": 256}
 COMMON = [
-    # The study sweeps a window of D samples, 8 steps a round (its measured settings).
+    # The study sweeps a window of D samples, 8 steps a round, fixed shards (its measured
+    # settings).
     "batching.window_budgets=null",
     "batching.max_steps_per_round=8",
+    "batching.shard_dealing=fixed",
     "model=cpu_bench",
     "logger=csv",
     "data.regime=first_exchange",

@@ -31,6 +31,7 @@ LOADER = {
     "token_budget": 4096,
     "outstanding_depth": 64,
     "max_steps_per_round": 8,
+    "shard_dealing": "fixed",  # its measured settings
     "num_workers": 2,
     "multiprocessing_context": "fork",
     "max_seq_len": 2048,

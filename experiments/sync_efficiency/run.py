@@ -11,6 +11,10 @@ single-rank oracle, and IDLE steps. Default batching settings except the token b
   At 8 ranks the whole set is dealt as the loader deals it (one seeded shuffle, every
   W-th index); at 64 ranks each rank gets as many samples as at 8, a seeded bootstrap.
 * Oracle: global longest-first packing of all lengths under the budget, divided by W.
+* Per-rank floor: the sorted lengths dealt round robin (rank ``r`` takes every W-th from
+  the ``r``-th longest; it needs every length up front), each rank's share grouped as a
+  window groups it; the most groups of a rank over the oracle. No schedule in which each
+  rank groups its own samples does much better.
 * ``--reference``: the same shards grouped by the reference package's
   ``odb.grouping.grouping_data`` (its real code, ``online-dynamic-batching``), one
   thread per rank, its all-gather served in memory (see ``reference.py``).
@@ -89,6 +93,20 @@ def shards_of(ordered: list[int], world: int) -> list[list[int]]:
     return [ordered[rank::world] for rank in range(world)]
 
 
+def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> int:
+    """Most groups of a rank when the sorted lengths are dealt round robin."""
+    from odb_lightning.core.grouping import group_window
+    from odb_lightning.core.types import SampleInfo
+
+    ordered = sorted(lengths, reverse=True)
+    counts = []
+    for rank in range(world):
+        share = ordered[rank::world]
+        samples = [SampleInfo(i, n, 1, i) for i, n in enumerate(share)]
+        counts.append(len(group_window(samples, config.budget, packed=config.packed)))
+    return max(counts)
+
+
 def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     everything = ordered
     started = time.perf_counter()
@@ -109,6 +127,7 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
         "steps_per_rank": steps,
         "oracle_steps_per_rank": oracle,
         "steps_vs_oracle": steps / oracle,
+        "per_rank_floor_vs_oracle": per_rank_floor(everything, world, config) / oracle,
         "utilization": sync["utilization"],
         "sync_efficiency": sync["sync_efficiency"],
         "idle_fraction": sync["idle_fraction"],
@@ -128,15 +147,17 @@ def _value(text: str) -> int | str | None:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| set | budget | ranks | grouping | utilization | sync eff. | steps / oracle | IDLE | "
-        "pad. eff. | groupings / sample | ms / step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| set | budget | ranks | grouping | utilization | sync eff. | steps / oracle | "
+        "per-rank floor / oracle | IDLE | pad. eff. | groupings / sample | ms / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         grouped = r.get("groupings_per_sample")
+        floor = r.get("per_rank_floor_vs_oracle")
         lines.append(
             f"| {r['set']} | {r['token_budget']:,} | {r['world_size']} | {r['grouping']} | "
             f"{r['utilization']:.3f} | {r['sync_efficiency']:.3f} | {r['steps_vs_oracle']:.3f} | "
+            f"{'-' if floor is None else f'{floor:.3f}'} | "
             f"{100 * r['idle_fraction']:.1f} % | {r['padding_efficiency']:.3f} | "
             f"{'-' if grouped is None else f'{grouped:.2f}'} | "
             f"{r['simulation_ms_per_step']:.2f} |"
