@@ -33,6 +33,9 @@ def jobs(draw: st.DrawFn) -> dict:
         "token_budget": draw(st.sampled_from([16, 100, 512, 2048])),
         "window": draw(st.integers(1, 40)),
         "window_budgets": draw(st.one_of(st.none(), st.integers(1, 6))),
+        # A byte cap of a few samples' worth (each 1-64 KiB) or none.
+        "window_max_mib": draw(st.sampled_from([None, 1 / 64, 1 / 8, 1.0])),
+        "sample_bytes": [[rng.randint(1, 64) * 1024 for _ in lengths] for lengths in rank_lengths],
         "max_steps_per_round": draw(st.integers(1, 8)),
         "seed": seed,
     }
@@ -43,11 +46,17 @@ def run(job: dict, *, join: bool):
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         window_budgets=job.get("window_budgets"),
+        window_max_mib=job.get("window_max_mib"),
         max_steps_per_round=job["max_steps_per_round"],
         join=join,
         seed=job["seed"],
     )
-    return simulate_epoch(job["rank_lengths"], settings_, loss_tokens=job["loss_tokens"])
+    return simulate_epoch(
+        job["rank_lengths"],
+        settings_,
+        loss_tokens=job["loss_tokens"],
+        sample_bytes=job.get("sample_bytes"),
+    )
 
 
 def check_steps_aligned(result, job: dict) -> None:
@@ -181,6 +190,7 @@ def run_dealt(job: dict, *, join: bool):
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         window_budgets=job.get("window_budgets"),
+        window_max_mib=job.get("window_max_mib"),
         max_steps_per_round=job["max_steps_per_round"],
         join=join,
         seed=job["seed"],
@@ -188,8 +198,9 @@ def run_dealt(job: dict, *, join: bool):
     )
     lengths = [n for rank in job["rank_lengths"] for n in rank]
     losses = [n for rank in job["loss_tokens"] for n in rank]
+    sizes = [n for rank in job["sample_bytes"] for n in rank]
     world = len(job["rank_lengths"])
-    result = simulate_dealt_epoch(lengths, world, settings_, loss_tokens=losses)
+    result = simulate_dealt_epoch(lengths, world, settings_, loss_tokens=losses, sample_bytes=sizes)
     return result, lengths
 
 
