@@ -18,6 +18,7 @@ from odb_lightning.app.run_config import (
     leaves,
     merge_resume_config,
     nest,
+    replaced_groups,
     saved_run_config,
     shape_conflict,
 )
@@ -57,7 +58,8 @@ def _merge(overrides: list[str], baseline: dict | None = None) -> tuple[dict, li
         return leaves(baseline)
 
     set_keys, deleted = command_line_keys(overrides, GROUPS, current, compose_baseline)
-    return merge_resume_config(SAVED, current, set_keys, deleted)
+    replaced = replaced_groups(overrides, GROUPS, current)
+    return merge_resume_config(SAVED, current, set_keys, deleted, replaced)
 
 
 def test_leaves_and_nest_round_trip() -> None:
@@ -74,6 +76,21 @@ def test_resume_without_overrides_takes_the_checkpoint_config() -> None:
     assert merged["new_knob"] == 7  # a key the checkpoint's config predates
     assert "wandb" not in merged["logger"]  # the run had no W&B logger: none added
     assert changed == ["ckpt_path"]
+
+
+def test_a_group_override_takes_the_whole_group_even_when_it_is_the_default() -> None:
+    # The checkpoint ran under DDP; trainer=cpu (the default: nothing differs from the
+    # baseline) must still resume in one process, without the saved strategy.
+    saved = {**SAVED, "trainer": {"max_epochs": 1, "devices": 2, "strategy": {"_target_": "DDP"}}}
+    current = leaves(CURRENT)
+    overrides = ["ckpt_path=x", "trainer=cpu"]
+    set_keys, deleted = command_line_keys(overrides, GROUPS, current, lambda: dict(current))
+    replaced = replaced_groups(overrides, GROUPS, current)
+    assert replaced == {"trainer"}
+    merged, changed = merge_resume_config(saved, current, set_keys, deleted, replaced)
+    assert merged["trainer"] == CURRENT["trainer"]
+    assert {"trainer.devices", "trainer.strategy._target_", "trainer.max_epochs"} <= set(changed)
+    assert merged["model"] == SAVED["model"], "other groups stay the checkpoint's"
 
 
 def test_command_line_keys_win() -> None:

@@ -6,12 +6,13 @@ run's directory), the same resolved (the record), and the command line's overrid
 
 A resume (``ckpt_path=...``) starts from the checkpoint's config, and what its own command
 line sets wins (:func:`merge_resume_config`): the keys its ``key=value`` overrides name,
-and every key a group override (``experiment=...``, ``model=...``) changes from the config
-composed without overrides. ``paths`` are always this run's, and keys the checkpoint's
-config lacks come from this run. So ``python train.py ckpt_path=<run>/checkpoints/last.ckpt``
-resumes the run as it was started, and ``trainer.max_epochs=3`` on that line still
-trains longer. A command line that changes the model's shapes fails at load naming the
-key (:func:`shape_conflict`).
+every key a group override (``experiment=...``, ``model=...``) changes from the config
+composed without overrides, and the whole node of an overridden group that has one
+(``trainer=cpu`` resumes a DDP run in one process, though ``cpu`` is the default).
+``paths`` are always this run's, and keys the checkpoint's config lacks come from this
+run. So ``python train.py ckpt_path=<run>/checkpoints/last.ckpt`` resumes the run as it
+was started, and ``trainer.max_epochs=3`` on that line still trains longer. A command
+line that changes the model's shapes fails at load naming the key (:func:`shape_conflict`).
 """
 
 from __future__ import annotations
@@ -149,21 +150,45 @@ def command_line_keys(
     return set_keys, deleted
 
 
+def replaced_groups(
+    overrides: Iterable[str], groups: Iterable[str], current: dict[str, Any]
+) -> set[str]:
+    """The overridden groups whose node is in ``current`` (``trainer=cpu``: ``trainer``;
+    ``experiment=...``, a global package, has none): the resume takes them whole."""
+    groups = set(groups)
+    named = {
+        item.key_or_group
+        for item in OverridesParser.create().parse_overrides(list(overrides))
+        if item.key_or_group in groups
+    }
+    return {g for g in named if any(_under(k, g) for k in current)}
+
+
 def merge_resume_config(
-    saved: dict[str, Any], current: dict[str, Any], set_keys: set[str], deleted: set[str]
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    set_keys: set[str],
+    deleted: set[str],
+    replaced: Iterable[str] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """The resume's config: ``saved`` (the checkpoint's, unresolved), with ``current``'s
-    value for every key in ``set_keys``, under :data:`ALWAYS_THIS_RUN`, or missing from
-    ``saved`` (outside :data:`ENTRIES_OF_THE_RUN`); keys in ``deleted`` removed. Returns it
-    nested, and the keys this run set that differ from the checkpoint's."""
+    value for every key in ``set_keys``, under :data:`ALWAYS_THIS_RUN`, under a group in
+    ``replaced`` (whose saved keys are dropped first), or missing from ``saved`` (outside
+    :data:`ENTRIES_OF_THE_RUN`); keys in ``deleted`` removed. Returns it nested, and the
+    keys this run set that differ from the checkpoint's."""
     merged = leaves(saved)
-    changed: list[str] = []
+    replaced = set(replaced)
+    before = dict(merged)
+    for key in [k for k in merged if any(_under(k, g) for g in replaced)]:
+        del merged[key]
+    set_keys = set_keys | {k for k in current if any(_under(k, g) for g in replaced)}
+    changed = [k for k in before if k not in merged and k not in current]  # dropped
     for key, value in current.items():
         group = key.split(".")[0]
         missing = key not in merged and group not in ENTRIES_OF_THE_RUN
         if not (missing or key in set_keys or group in ALWAYS_THIS_RUN):
             continue
-        if key in merged and merged[key] != value and group not in ALWAYS_THIS_RUN:
+        if key in before and before[key] != value and group not in ALWAYS_THIS_RUN:
             changed.append(key)
         # A leaf replaces a subtree and the other way round (``callbacks.x: null``).
         for other in [k for k in merged if _under(k, key) or _under(key, k)]:
@@ -227,7 +252,8 @@ def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
         groups = list(HydraConfig.get().runtime.choices)
     current = leaves(OmegaConf.to_container(cfg, resolve=False))
     set_keys, deleted = command_line_keys(overrides, groups, current, _composed_without_overrides)
-    merged, changed = merge_resume_config(saved["config"], current, set_keys, deleted)
+    replaced = replaced_groups(overrides, groups, current)
+    merged, changed = merge_resume_config(saved["config"], current, set_keys, deleted, replaced)
     log.info(
         "resuming with the config saved in %s (its overrides: %s); this command line changes %s",
         ckpt_path,
