@@ -209,6 +209,9 @@ def test_ranks_dealt_by_need_must_give_the_same_order() -> None:
         check_data_agree(orders([5, 1, 0, 2, 3, 4], [5, 1, 0]))
     with pytest.raises(SettingsMismatchError, match=r"order= indices \(digest\)"):
         check_data_agree(orders([5, 1, 0, 2, 3, 4], [5, 1, 0, 2, 3, 3]))
+    # The same indices in another order deal different samples to each rank: refused.
+    with pytest.raises(SettingsMismatchError, match=r"order= indices \(digest\)"):
+        check_data_agree(orders([5, 1, 0, 2, 3, 4], [0, 1, 2, 3, 4, 5]))
     fixed = BatchingConfig().handshake() + DataHandshake.of(6, None, 1, [0, 1, 2]).encode()
     with pytest.raises(SettingsMismatchError, match=r"shard= \(or order=\) on every rank"):
         check_data_agree([orders([5, 1, 0, 2, 3, 4])[0], fixed])

@@ -154,3 +154,31 @@ def test_non_join_single_rank_emits_everything_and_custom_collate() -> None:
         batches = list(loader)
     assert sum(int(b.inputs["rows"]) for b in batches) == 64
     assert loader.last_epoch_stats is not None and loader.last_epoch_stats.dropped == 0
+
+
+def test_dealt_by_need_the_refill_is_dealt_before_the_steps_are_collated(monkeypatch) -> None:
+    from odb_lightning.runtime.engine import EpochRunner
+
+    events: list[tuple[str, int]] = []
+    align, collate = EpochRunner._align, EpochRunner._collate
+
+    def logged_align(self, window, log):
+        outcome = align(self, window, log)
+        events.append(("round", len(outcome.steps)))
+        return outcome
+
+    def logged_collate(self, step, log):
+        events.append(("collate", step.round_index))
+        return collate(self, step, log)
+
+    monkeypatch.setattr(EpochRunner, "_align", logged_align)
+    monkeypatch.setattr(EpochRunner, "_collate", logged_collate)
+    dataset = LengthDataset(_lengths(300, seed=4))
+    with ODBLoader(dataset, token_budget=800, window_budgets=4, num_workers=0) as loader:
+        assert sorted(i for b in loader for i in b.meta.sample_ids) == list(range(300))
+    rounds = [i for i, (kind, _) in enumerate(events) if kind == "round"]
+    emitting = [i for i in rounds if events[i][1] > 0]
+    assert len(emitting) > 1, "several windows in the epoch"
+    for i in emitting[:-1]:
+        # The next event after an emitting round is the round that deals the refill.
+        assert events[i + 1] == ("round", 0), events[i : i + 3]

@@ -9,6 +9,8 @@ validated in ``__post_init__``, and nowhere else.
 
 from __future__ import annotations
 
+import array
+import hashlib
 import math
 import multiprocessing
 import operator
@@ -144,7 +146,8 @@ class BatchingConfig:
             ``outstanding_depth`` samples; ``None``: the window is ``D`` samples.
         window_max_mib: Most MiB of serialized samples the window sized in work holds
             (images make samples heavy: the cap binds before the budgets do); ``None``:
-            no cap. Text at the defaults holds tens of MiB.
+            no cap. Text at the defaults holds tens of MiB. The emitted steps waiting to
+            be collated (at most one round's) and the queued batches come on top.
         shard_dealing: ``by_need``: one seeded global order dealt each round to the
             windows that lack work, levelling the ranks' work so they finish together
             (a loader takes the order as ``order=``); ``fixed``: each rank owns a shard
@@ -397,6 +400,13 @@ def shard_digest(ids: Iterable[int]) -> int:
     return _digest_of_sums(sum(ids), sum(squares), sum(map(operator.mul, ids, squares)))
 
 
+def order_digest(ids: Iterable[int]) -> int:
+    """Digest of a sequence of dataset indices that depends on their order: a BLAKE2 hash
+    of the int64 values, cut to 60 bits (ranks dealt by need must walk the same order)."""
+    data = array.array("q", map(int, ids)).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 4
+
+
 def range_digest(n: int) -> int:
     """:func:`shard_digest` of ``range(n)``, in closed form."""
     s1 = n * (n - 1) // 2
@@ -414,7 +424,8 @@ class DataHandshake:
             partition of ``range(dataset_len)`` when the lengths and seeds agree).
         epoch: The epoch the shard below belongs to.
         shard_size: ``len(shard(epoch))`` with ``user_shard``, else ``UNKNOWN``.
-        shard_digest: :func:`shard_digest` of ``shard(epoch)`` with ``user_shard``.
+        shard_digest: :func:`shard_digest` of ``shard(epoch)`` with ``user_shard``
+            (:func:`order_digest` of ``order(epoch)`` with ``user_order``).
         user_order: The indices are ``order(epoch)``, the epoch's global order dealt by
             need, the same on every rank (else this rank's ``shard(epoch)``).
     """
@@ -441,7 +452,7 @@ class DataHandshake:
         the epoch's global ``order(epoch)``), or ``None`` for the default sharding."""
         if shard is None:
             return cls(dataset_len, max_seq_len, user_shard=False, epoch=epoch)
-        digest = shard_digest(shard)
+        digest = order_digest(shard) if order else shard_digest(shard)
         return cls(dataset_len, max_seq_len, True, epoch, len(shard), digest, user_order=order)
 
     def encode(self) -> list[int]:
@@ -476,8 +487,9 @@ def _disagree(name: str, values: list[Any], hint: str) -> SettingsMismatchError:
 
 
 def check_data_agree(messages: list[list[int]]) -> None:
-    """Raise naming the field when the ranks' :class:`DataHandshake` parts disagree, or
-    when their ``shard=`` indices provably overlap (see :func:`shard_digest`).
+    """Raise naming the field when the ranks' :class:`DataHandshake` parts disagree, when
+    their ``shard=`` indices provably overlap (see :func:`shard_digest`), or when their
+    ``order=`` orders differ in size or in order (see :func:`order_digest`).
 
     Ranks that sent ``UNKNOWN`` for a field are left out of its comparison. With
     ``shard=`` the check is exact when the shard sizes sum to ``len(dataset)`` or more;

@@ -164,6 +164,11 @@ class GroupingWindow:
         return sum(len(block) for block in self._dealt)
 
     @property
+    def num_undealt(self) -> int:
+        """Positions of the epoch's global order not dealt yet (0 with fixed shards)."""
+        return self._undealt
+
+    @property
     def num_buffered_bytes(self) -> int:
         """Serialized bytes of the samples in the window."""
         return self._buffered_bytes

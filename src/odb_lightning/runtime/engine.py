@@ -4,10 +4,14 @@ main process; only where samples come from and where batches go differ.
 
 Determinism: a round starts only when the window is ready (every requested sample has
 arrived), and every rank always publishes ``free_slots = Q``. What a round sees
-therefore never depends on timing, and the steps equal
-:func:`odb_lightning.core.simulate.simulate` for the same per-rank inputs. Back-pressure
-is per batch: each step takes an output slot before it is collated, so a round of many
-steps waits, uncollated, for the consumer.
+therefore never depends on timing, and the steps equal the simulator's for the same
+inputs (:func:`odb_lightning.core.simulate.simulate_epoch` for fixed shards,
+:func:`~odb_lightning.core.simulate.simulate_dealt_epoch` dealt by need, each given the
+samples' serialized sizes when ``window_max_mib`` binds). Back-pressure is per batch:
+each step takes an output slot before it is collated, so a round of many steps waits,
+uncollated, for the consumer. Dealt by need, the round after an emitting one (it deals
+the refill, as every window now lacks work) runs before that round's steps are collated,
+so the workers fetch the next window while the steps are collated and trained.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class EpochRunner:
     Args:
         config: Batching settings (identical on every rank: the handshake checked it).
         channel: The metadata exchange, already past its settings handshake.
-        slots: Output capacity; ``Q`` slots are held across each round.
+        slots: Output capacity; each batch takes one slot just before it is collated.
         collate_fn: Builds model inputs from one step's samples.
         pad_id: Token id of the IDLE dummy sample.
     """
@@ -180,15 +184,24 @@ class EpochRunner:
     def _rounds(
         self, window: GroupingWindow, indices: Sequence[int], log: _EpochLog
     ) -> Iterator[ODBBatch]:
+        pending: deque[Step] = deque()
         while True:
             self._fill(window, indices, log)
             outcome = self._align(window, log)
             if outcome.epoch_over:
-                return
+                break
             # Ask for the next window's samples before collating, so workers overlap.
             self._request(window, indices)
-            for step in outcome.steps:
-                yield self._collate(step, log)
+            pending.extend(outcome.steps)
+            if outcome.steps and window.num_undealt:
+                # Dealt by need, the refill is dealt next: run that round first. Every
+                # rank takes this branch in the same round (T and the undealt count are
+                # the same on every rank), so the rounds stay in step.
+                continue
+            while pending:
+                yield self._collate(pending.popleft(), log)
+        while pending:
+            yield self._collate(pending.popleft(), log)
 
     def _request(self, window: GroupingWindow, indices: Sequence[int]) -> None:
         for position in window.request():

@@ -58,8 +58,8 @@ beyond them wait uncollated (their samples are already in memory)."""
 
 
 def output_slots(config: BatchingConfig) -> int:
-    """Collated batches queued at most: :data:`OUTPUT_SLOTS`, or one round of ``Q`` steps
-    when that is fewer."""
+    """Collated batches queued at most: :data:`OUTPUT_SLOTS`, or ``2 Q`` when that is
+    fewer."""
     return min(OUTPUT_SLOTS, 2 * config.max_steps_per_round)
 
 
