@@ -64,7 +64,7 @@ def _emitted(run_dir: Path, world_size: int) -> Counter[int]:
     "mode",
     [
         "odb",
-        # standard's default-tier check: test_resumed_standard_run_equals_the_uninterrupted_run
+        # standard's default-tier resume check (every sample once): test_resume_lightning.py
         pytest.param("standard", marks=pytest.mark.slow),
         pytest.param("bucketed", marks=pytest.mark.slow),
     ],
@@ -87,6 +87,7 @@ def _final_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
     return checkpoint["state_dict"], checkpoint["lr_schedulers"][0], checkpoint
 
 
+@pytest.mark.slow  # the in-process check: tests/integration/test_resume_lightning.py
 def test_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     """Same batches, same optimizer and LR state: the same model as without the stop."""
     overrides = ("experiment=sharegpt_standard", "model.decay_steps=12", "model.warmup_steps=2")
@@ -157,6 +158,7 @@ def test_checkpoint_of_other_data_is_refused(tmp_path: Path) -> None:
     assert "max_samples: 80 -> 72" in done.stderr
 
 
+@pytest.mark.slow  # the in-process check: test_resume_lightning.py, epoch_end_* scenarios
 def test_checkpoint_at_epoch_end_resumes_with_the_next_epoch_in_full(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     train(first, "audit_ids=true")  # last.ckpt is written at the end of the epoch

@@ -61,7 +61,11 @@ def write_skewed_jsonl(path: Path, num_records: int, seed: int) -> None:
             out.write(json.dumps(record) + "\n")
 
 
-@pytest.mark.parametrize("trainer", ["ddp_cpu", "fsdp_cpu"])
+@pytest.mark.parametrize(
+    "trainer",
+    # FSDP2's default-tier runs: its resume and its IDLE validation batch.
+    ["ddp_cpu", pytest.param("fsdp_cpu", marks=pytest.mark.slow)],
+)
 def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path) -> None:
     # fsdp_cpu: the same data path under FSDP2 (sharded module, IDLE steps through it).
     data = tmp_path / "skewed.jsonl"
