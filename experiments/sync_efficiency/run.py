@@ -34,6 +34,7 @@ from pathlib import Path
 from experiments.common import results_meta
 from experiments.scale.shards import draw_lengths
 from odb_lightning.core.config import BatchingConfig, ShardDealing
+from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.profiles import lognormal_lengths
@@ -95,16 +96,11 @@ def shards_of(ordered: list[int], world: int) -> list[list[int]]:
 
 def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> int:
     """Most groups of a rank when the sorted lengths are dealt round robin."""
-    from odb_lightning.core.grouping import group_window
-    from odb_lightning.core.types import SampleInfo
-
     ordered = sorted(lengths, reverse=True)
-    counts = []
-    for rank in range(world):
-        share = ordered[rank::world]
-        samples = [SampleInfo(i, n, 1, i) for i, n in enumerate(share)]
-        counts.append(len(group_window(samples, config.budget, packed=config.packed)))
-    return max(counts)
+    return max(
+        len(group_lengths(ordered[rank::world], config.budget, packed=config.packed))
+        for rank in range(world)
+    )
 
 
 def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
