@@ -4,10 +4,10 @@ import hydra
 from omegaconf import DictConfig
 
 from odb_lightning.app.evaluate import main as evaluate
-from odb_lightning.app.run_dir import register_run_name_resolver
+from odb_lightning.app.config_store import prepare_composition
 
-# Before Hydra composes: the run directory is named with ${odb.run_name:...}.
-register_run_name_resolver()
+# Before Hydra composes: the generated config nodes and the ${odb.run_name:...} resolver.
+prepare_composition()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")

@@ -3,11 +3,11 @@
 import hydra
 from omegaconf import DictConfig
 
-from odb_lightning.app.run_dir import register_run_name_resolver
+from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.train import main as run_job
 
-# Before Hydra composes: conf/train.yaml names the run directory with ${odb.run_name:...}.
-register_run_name_resolver()
+# Before Hydra composes: the generated config nodes and the ${odb.run_name:...} resolver.
+prepare_composition()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -67,6 +67,9 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from odb_lightning.app.config_store import prepare_composition
+
+    prepare_composition()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         return hydra_compose("train", overrides=overrides)
 

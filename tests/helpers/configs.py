@@ -9,7 +9,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from odb_lightning.app.run_dir import register_run_name_resolver
+from odb_lightning.app.config_store import prepare_composition
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
@@ -17,7 +17,7 @@ SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 
 def compose_train(tmp_path: Path, overrides: list[str]) -> DictConfig:
     """``conf/train.yaml`` with ``overrides``, its output and root directories in ``tmp_path``."""
-    register_run_name_resolver()  # as train.py does before Hydra composes
+    prepare_composition()  # as train.py does before Hydra composes
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)

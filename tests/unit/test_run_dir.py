@@ -18,7 +18,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from odb_lightning.app import run_dir
-from odb_lightning.app.run_dir import RunDirError, register_run_name_resolver, run_name
+from odb_lightning.app.config_store import prepare_composition
+from odb_lightning.app.run_dir import RunDirError, run_name
 from odb_lightning.runtime.errors import MetadataChannelError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -120,7 +121,7 @@ def test_train_yaml_resolves_one_run_dir(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
     run_dir._run_name_once.cache_clear()
-    register_run_name_resolver()
+    prepare_composition()
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = compose("train", return_hydra_config=True)
@@ -161,7 +162,7 @@ def test_train_yaml_puts_a_resume_into_its_run_dir(
     for name in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
     run_dir.resume_tag.cache_clear()
-    register_run_name_resolver()
+    prepare_composition()
     (tmp_path / "checkpoints").mkdir()
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
     GlobalHydra.instance().clear()
@@ -184,7 +185,7 @@ def test_train_yaml_puts_a_resume_into_its_run_dir(
 def test_wandb_run_name_is_the_experiment_and_the_overrides(tmp_path: Path) -> None:
     from helpers.configs import compose_train
 
-    register_run_name_resolver()
+    prepare_composition()
     overrides = ["experiment=sharegpt_standard", "batching.token_budget=8192", "ckpt_path=c"]
     cfg = compose_train(tmp_path, overrides)
     # experiment= is in the name already, ckpt_path is no part of what the run is.

@@ -23,7 +23,7 @@ from odb_lightning.app.run_config import (
     saved_run_config,
     shape_conflict,
 )
-from odb_lightning.app.run_dir import register_run_name_resolver
+from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_log import (
     failed_marker,
     full_error_requested,
@@ -42,7 +42,7 @@ from odb_lightning.lit.memory import enable_expandable_segments
 
 # conf/train.yaml's run directory and Hydra file names use these resolvers: whoever runs
 # the application composes that config after importing this module.
-register_run_name_resolver()
+prepare_composition()
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 """Exit status of a run stopped by SIGTERM (the shell's convention)."""
