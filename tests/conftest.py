@@ -1,7 +1,7 @@
 """Fixtures shared by every tier: process-group teardown and the Qwen tokenizer.
 
 Shared helpers that are not fixtures live in ``tests/helpers/``; what experiments share
-with the tests lives in :mod:`odb_lightning.testing`.
+with the tests lives in :mod:`experiments.harness`.
 """
 
 from __future__ import annotations

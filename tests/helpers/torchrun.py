@@ -14,14 +14,15 @@ LAUNCHER_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_POR
 
 
 def launcher_free_env(**extra: str) -> dict[str, str]:
-    """This environment without the variables of a launcher, with ``tests/`` (the
-    helpers) on ``PYTHONPATH`` and ``extra`` on top."""
+    """This environment without the variables of a launcher, with the checkout's root
+    (``experiments``) and ``tests/`` (the helpers) on ``PYTHONPATH`` and ``extra`` on top."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)
     }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
+    paths = [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return {**env, **extra}
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from odb_lightning.testing.datasets import SyntheticChatDataset
-from odb_lightning.testing.ranks import RankJob, run_ranks
+from experiments.harness.datasets import SyntheticChatDataset
+from experiments.harness.ranks import RankJob, run_ranks
 
 EPOCHS = 10
 MIB = 1 << 20

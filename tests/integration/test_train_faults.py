@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.harness.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 from helpers.train_run import read_audit, train
-from odb_lightning.testing.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 
 PROCESSES = 6  # 2 ranks, each with 1 loader worker (debug=smoke) and 1 collate process
 GLOO_PEER_GONE = "Connection closed by peer"  # the training group's all-reduce on rank 0

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "odb_lightning"
+EXPERIMENTS = SRC.parents[1] / "experiments"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 # Third-party roots each layer may import (besides the stdlib and the layers below it).
@@ -51,12 +52,8 @@ OWN_LAYERS = {
     "runtime": {"core", "sample", "runtime"},
     "data": {"core", "sample", "data"},
     "lit": {"core", "sample", "runtime", "data", "lit"},
-    # What tests and experiments share (process harness, fault injection); nothing in the
-    # package imports it.
-    "testing": {"core", "sample", "runtime", "data", "lit", "testing"},
 }
 THIRD_PARTY["sample"] = {"torch"}
-THIRD_PARTY["testing"] = {"torch", "psutil", "lightning", "typing_extensions"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -96,14 +93,29 @@ def test_layer_imports_only_downwards(layer: str) -> None:
     assert violations(layer) == []
 
 
-def test_nothing_but_testing_imports_testing() -> None:
-    outside = [p for p in SRC.rglob("*.py") if "testing" not in p.relative_to(SRC).parts]
+def test_package_imports_neither_experiments_nor_tests() -> None:
+    """The wheel ships ``src/`` alone: what the tests and the studies share (the harness,
+    the fault tools) lives in ``experiments/`` and ``tests/helpers/``."""
     importers = [
-        str(p.relative_to(SRC))
-        for p in outside
-        if any(n.startswith("odb_lightning.testing") for n in imported_roots(p))
+        f"{p.relative_to(SRC)} imports {n}"
+        for p in SRC.rglob("*.py")
+        for n in imported_roots(p)
+        if n.split(".")[0] in {"experiments", "tests", "helpers"}
     ]
     assert importers == []
+
+
+def test_experiments_import_no_tests_and_leave_sys_path() -> None:
+    """Tests may run the studies' code; a study never reaches into ``tests/`` or edits
+    ``sys.path`` to find anything."""
+    found = []
+    for path in sorted(EXPERIMENTS.rglob("*.py")):
+        name = path.relative_to(EXPERIMENTS)
+        roots = {n.split(".")[0] for n in imported_roots(path)}
+        found += [f"{name} imports {root}" for root in sorted(roots & {"tests", "helpers"})]
+        if "sys.path" in path.read_text():
+            found.append(f"{name} edits sys.path")
+    assert found == []
 
 
 def test_data_never_imports_the_runtime() -> None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from odb_lightning.testing.datasets import SyntheticChatDataset, read_fault_marker
-from odb_lightning.testing.processes import kill_leftovers, wait_all_gone
-from odb_lightning.testing.ranks import Kill, KillTarget, RankJob, run_ranks
+from experiments.harness.datasets import SyntheticChatDataset, read_fault_marker
+from experiments.harness.processes import kill_leftovers, wait_all_gone
+from experiments.harness.ranks import Kill, KillTarget, RankJob, run_ranks
 
 NUM_SAMPLES = 600
 LOADER = {

@@ -1,6 +1,6 @@
-"""Faults in a real 2-rank ``python train.py trainer=ddp_cpu`` run of a source checkout:
+"""Faults in a real 2-rank ``python train.py trainer=ddp_cpu`` run of this checkout:
 the run is a subprocess in its own session, as a user or a scheduler starts it; the fault
-comes from :class:`~odb_lightning.testing.fault_injection.FaultInjectingModule` inside it.
+comes from :class:`~experiments.harness.fault_injection.FaultInjectingModule` inside it.
 
 A result gives the exit code, the output of both ranks (rank 1 writes to rank 0's
 stdout and stderr), the seconds from the fault until every process of the job (both
@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from odb_lightning.testing.processes import kill_leftovers, wait_all_gone
+from experiments.common import ROOT
+from experiments.harness.processes import kill_leftovers, wait_all_gone
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[3] / "train.py"
-"""``train.py`` of the checkout this package is installed from (editable): the script and
-its ``conf/`` are not part of the package."""
-FAULT_MODULE = "odb_lightning.testing.fault_injection.FaultInjectingModule"
+TRAIN_SCRIPT = ROOT / "train.py"
+"""``train.py`` of this checkout (the script and its ``conf/`` are not part of the package)."""
+FAULT_MODULE = "experiments.harness.fault_injection.FaultInjectingModule"
 EXIT_BOUND_S = 30.0
 """Every process of the job exits within this many seconds of the fault."""
 
@@ -115,28 +115,25 @@ def run_train_fault(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     timeout_s: float = 180.0,
-    train_script: Path = TRAIN_SCRIPT,
 ) -> TrainFaultResult:
-    """Run ``train_script`` with ``fault`` on ``fault_rank`` at ``fault_step`` (``"none"``:
+    """Run :data:`TRAIN_SCRIPT` with ``fault`` on ``fault_rank`` at ``fault_step`` (``"none"``:
     no fault, the seconds are then counted from the run's exit).
 
     The run writes into ``work_dir/run`` (its Hydra output directory), probes into
     ``work_dir/probe``; its output goes to ``work_dir/output.log``. It runs in ``cwd``
-    (default: the script's directory) with ``env`` over this process's environment. A run
+    (default: the checkout's root) with ``env`` over this process's environment. A run
     still going after ``timeout_s`` is killed with its whole session, and the error says so.
     """
-    if not train_script.is_file():
-        raise FileNotFoundError(f"no train.py at {train_script}: the run needs a source checkout")
     run_dir, probe_dir = work_dir / "run", work_dir / "probe"
     probe_dir.mkdir(parents=True, exist_ok=True)
     command = train_command(
-        train_script, run_dir, probe_dir, fault, fault_rank, fault_step, overrides
+        TRAIN_SCRIPT, run_dir, probe_dir, fault, fault_rank, fault_step, overrides
     )
     environment = {**os.environ, **(env or {})}
     log_path = work_dir / "output.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, cwd=cwd or train_script.parent, env=environment, stdout=log,
+            command, cwd=cwd or ROOT, env=environment, stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C (SIGINT to the process group) reaches the job only
             # A shell starts background jobs with SIGINT ignored, and Python then keeps it
