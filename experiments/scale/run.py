@@ -62,7 +62,7 @@ def plan_seconds(world: int, settings: BatchingConfig) -> float:
             window.add(SampleInfo(position, length, length // 2, position))
         windows.append(window)
     q = settings.max_steps_per_round
-    messages = [encode_report(w.make_report(q), q) for w in windows]
+    messages = [encode_report(w.make_report(), q) for w in windows]
     started = time.perf_counter()
     repeats = 20
     for _ in range(repeats):

@@ -6,9 +6,9 @@ worker-side pipeline (image files read, Qwen2-VL processor, placeholder expansio
 records each sample's LLM length and ViT patches. Part 2 plans one epoch per mode on
 those lengths with the planners and the multi-rank simulator the runtime shares (odb
 also at 1, 8 and 64 ranks on 256 samples per rank drawn from the measured ones) and
-scores every step's patches against ``max_patches``; the patch-budget rule
-(``core/patch_budget.py``) is shown on each ODB-sized window of the epoch order, one
-rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on CPU with the tiny
+scores every step's patches against ``max_patches``; the window's grouping under the
+patch budget (``core/grouping.py``) is shown on each ODB-sized window of the epoch order,
+one rank. Part 3 trains ``experiment=<set>_odb`` and ``<set>_standard`` on CPU with the tiny
 Qwen2-VL (token ids folded) and reads emitted samples/s from each run's summary.json.
 
     python -m experiments.vlm.run [--samples 1000] [--train-samples 96] [--repeats 3]
@@ -27,10 +27,11 @@ from typing import Any
 from experiments.common import bench_lock, command_line, results_meta, run_train
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.patch_budget import cut_groups
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.simulate import simulate
+from odb_lightning.core.types import SampleInfo
 from odb_lightning.data import QwenTokenizer
 from odb_lightning.data.sources.llava import build_llava_set, llava_records
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
@@ -95,20 +96,23 @@ def score(batches: list[list[int]], measured: dict[str, list], budget: BatchingC
 
 
 def window_patch_groups(measured: dict[str, list], config: BatchingConfig) -> list[list[int]]:
-    """The patch-budget rule on each ``outstanding_depth`` window of the epoch order,
-    sorted longest first (one rank, no carry-over between windows)."""
+    """The window's grouping under the patch budget on each ``outstanding_depth`` window of
+    the epoch order (one rank, no carry-over between windows)."""
     order = epoch_permutation(len(measured["lengths"]), config.seed, 0)
     depth, groups = config.outstanding_depth, []
     for start in range(0, len(order), depth):
-        window = sorted(order[start : start + depth], key=lambda i: -measured["lengths"][i])
-        cuts = cut_groups(
-            [measured["lengths"][i] for i in window],
-            [measured["patches"][i] for i in window],
-            Budget(config.token_budget),
-            config.patch_budget,
-            [measured["patch_squares"][i] for i in window],
-        )
-        groups += [[window[k] for k in g] for g in cuts.groups()]
+        window = [
+            SampleInfo(
+                i,
+                measured["lengths"][i],
+                position=k,
+                num_patches=measured["patches"][i],
+                patch_square_sum=measured["patch_squares"][i],
+            )
+            for k, i in enumerate(order[start : start + depth])
+        ]
+        cut = group_window(window, Budget(config.token_budget), patch_budget=config.patch_budget)
+        groups += [[s.sample_id for s in g.samples] for g in cut]
     return groups
 
 

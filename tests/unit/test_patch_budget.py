@@ -1,4 +1,5 @@
-"""The patch budget: fewest groups of adjacent samples within the token and patch budgets."""
+"""The patch budget: fewest groups of adjacent samples within the token and patch budgets
+(``greedy_cuts``, what the window runs when ``batching.max_patches`` is set)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,21 @@ import pytest
 
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.patch_budget import PatchBudget, cut_groups
+from odb_lightning.core.grouping import greedy_cuts
+from odb_lightning.core.patch_budget import PatchBudget
+from odb_lightning.core.types import SampleInfo
+
+
+def group_ends(lengths, patches, budget, patch_budget=None, squares=None) -> tuple[int, ...]:
+    """The end (exclusive) of each group ``greedy_cuts`` makes of a window given longest
+    first, from each sample's length, patches and summed patch squares."""
+    squares = squares or [0] * len(lengths)
+    ordered = [
+        SampleInfo(i, n, position=i, num_patches=p, patch_square_sum=q)
+        for i, (n, p, q) in enumerate(zip(lengths, patches, squares, strict=True))
+    ]
+    starts = greedy_cuts(ordered, budget, patch_budget=patch_budget)
+    return (*starts[1:], len(ordered))
 
 
 def image_cost(images: tuple[int, ...], budget: PatchBudget) -> float:
@@ -61,42 +76,31 @@ def test_cuts_are_within_both_budgets_and_fewest(weight: float) -> None:
     for _ in range(200):
         lengths, images = random_window(rng, rng.randint(1, 14))
         patches, squares = totals(images)
-        cuts = cut_groups(lengths, patches, budget, patch_budget, squares)
-        groups = cuts.groups()
+        ends = group_ends(lengths, patches, budget, patch_budget, squares)
+        groups = [range(a, b) for a, b in zip((0, *ends[:-1]), ends, strict=True)]
         assert [i for g in groups for i in g] == list(range(len(lengths)))  # each once
-        over_tokens = over_patches = 0
         for group in groups:
             cost = sum(image_cost(images[i], patch_budget) for i in group)
             if len(group) > 1:
                 assert budget.fits(len(group), lengths[group.start])
                 assert cost <= patch_budget.max_patches
-            else:
-                over_tokens += budget.is_over_budget(lengths[group.start])
-                over_patches += cost > patch_budget.max_patches
-        assert (cuts.over_token_budget, cuts.over_patch_budget) == (over_tokens, over_patches)
         assert len(groups) == fewest_groups(lengths, images, budget, patch_budget)
 
 
 def test_the_patch_budget_splits_what_the_token_budget_allows() -> None:
     lengths = [300, 290, 280, 270]
     patches, squares = totals([(1000,), (1000,), (), (1000,)])
-    tokens_only = cut_groups(lengths, patches, Budget(4096))
-    assert tokens_only.ends == (4,)
-    both = cut_groups(lengths, patches, Budget(4096), PatchBudget(max_patches=2000))
-    assert both.ends == (3, 4)  # 1000 + 1000 + 0, then the last image
-    quadratic = cut_groups(lengths, patches, Budget(4096), PatchBudget(2000, 1e-3), squares)
-    assert quadratic.ends == (1, 3, 4)  # each image now costs 1000 + 1000
-    over = cut_groups([100, 90], [5000, 10], Budget(4096), PatchBudget(2000))
-    assert over.ends == (1, 2) and over.over_patch_budget == 1 and over.over_token_budget == 0
+    tokens_only = group_ends(lengths, patches, Budget(4096))
+    assert tokens_only == (4,)
+    both = group_ends(lengths, patches, Budget(4096), PatchBudget(max_patches=2000))
+    assert both == (3, 4)  # 1000 + 1000 + 0, then the last image
+    quadratic = group_ends(lengths, patches, Budget(4096), PatchBudget(2000, 1e-3), squares)
+    assert quadratic == (1, 3, 4)  # each image now costs 1000 + 1000
+    over = group_ends([100, 90], [5000, 10], Budget(4096), PatchBudget(2000))
+    assert over == (1, 2)  # the 5,000-patch sample alone
 
 
 def test_bad_windows_and_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="sorted longest first"):
-        cut_groups([10, 20], [0, 0], Budget(100))
-    with pytest.raises(ValueError, match="2 lengths, 1 patch counts"):
-        cut_groups([20, 10], [0], Budget(100))
-    with pytest.raises(ValueError, match="needs the samples' patch_squares"):
-        cut_groups([20, 10], [5, 5], Budget(100), PatchBudget(10, 0.1))
     with pytest.raises(ValueError, match="max_patches"):
         PatchBudget(0)
     with pytest.raises(ValueError, match="patch_attention_weight"):

@@ -11,8 +11,8 @@ import pytest
 
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.grouping import group_window
-from odb_lightning.core.patch_budget import PatchBudget, cut_groups
+from odb_lightning.core.grouping import greedy_cuts, group_window, sort_longest_first
+from odb_lightning.core.patch_budget import PatchBudget
 from odb_lightning.core.simulate import simulate_epoch
 from odb_lightning.core.types import SampleInfo
 
@@ -74,10 +74,10 @@ def test_window_grouping_agrees_with_the_pure_rule() -> None:
     ]
     budget, patch_budget = Budget(2048), PatchBudget(900)
     groups = group_window(samples, budget, patch_budget=patch_budget)
-    ordered = [s for g in groups for s in g.samples]
-    cuts = cut_groups(
-        [s.length for s in ordered], [s.num_patches for s in ordered], budget, patch_budget
-    )
-    assert [len(r) for r in cuts.groups()] == [g.size for g in groups]
+    ordered = sort_longest_first(samples)
+    starts = greedy_cuts(ordered, budget, patch_budget=patch_budget)
+    ends = (*starts[1:], len(ordered))
+    assert [b - a for a, b in zip(starts, ends, strict=True)] == [g.size for g in groups]
+    assert [s for g in groups for s in g.samples] == ordered
     # Without the patch budget the same window needs fewer groups: the bound binds.
     assert len(group_window(samples, budget)) < len(groups)

@@ -30,7 +30,7 @@ def drain(window: GroupingWindow, arrival_seed: int | None) -> list[list[int]]:
             make_rng(arrival_seed, window.round_index).shuffle(positions)
         for position in positions:
             window.add(info(position))
-        outcome = exchange_round(window, lambda message: [message], free_slots=4)
+        outcome = exchange_round(window, lambda message: [message])
         emitted += [[s.sample_id for s in step.group.samples] for step in outcome.steps]
     return emitted
 
@@ -58,7 +58,7 @@ def test_unrequested_sample_and_early_report_are_refused() -> None:
         window.add(info(0))
     window.request()
     with pytest.raises(RuntimeError, match="not ready"):
-        window.make_report(4)
+        window.make_report()
 
 
 def test_apply_checks_its_row_of_the_plan() -> None:
@@ -68,9 +68,9 @@ def test_apply_checks_its_row_of_the_plan() -> None:
     other = GroupingWindow(SETTINGS, shard_size=1, rank=0)
     other.request()
     other.add(SampleInfo(0, 5, 1, 0))
-    mine = window.make_report(4)
+    mine = window.make_report()
     # A plan computed from someone else's report must not be silently accepted.
-    plan = plan_round([other.make_report(4)], join=True)
+    plan = plan_round([other.make_report()], join=True)
     with pytest.raises(AlignmentError, match="plan says"):
         window.apply(plan)
     assert mine.buffered == 6
@@ -79,7 +79,7 @@ def test_apply_checks_its_row_of_the_plan() -> None:
 def test_empty_shard_is_finished_at_once() -> None:
     window = GroupingWindow(SETTINGS, shard_size=0)
     assert window.is_ready() and window.is_finished()
-    outcome = exchange_round(window, lambda message: [message], free_slots=4)
+    outcome = exchange_round(window, lambda message: [message])
     assert outcome.epoch_over and outcome.dropped == 0
 
 
@@ -153,7 +153,7 @@ def test_window_sized_in_work_is_independent_of_arrival_order() -> None:
         emitted = []
         while not window.epoch_over:
             fill(window, arrival_seed)
-            outcome = exchange_round(window, lambda message: [message], free_slots=4)
+            outcome = exchange_round(window, lambda message: [message])
             emitted += [[s.sample_id for s in step.group.samples] for step in outcome.steps]
         return emitted
 

@@ -40,8 +40,6 @@ from odb_lightning.core.planners import (
 
 # Below this probability the rest of the histogram cannot move E[max] by a visible amount.
 _TAIL_MASS = 1e-13
-# Grid search refuses beyond this many combinations (it is the test baseline, not a tool).
-_MAX_GRID_COMBINATIONS = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,42 +266,6 @@ def _best_cuts(cost: list[list[float]], buckets: int) -> list[int]:
         j = arg[j]
         cuts.append(j)
     return cuts[-2::-1]  # drop position 0, lowest cut first
-
-
-def grid_search_boundaries(
-    lengths: Sequence[int],
-    k: int,
-    *,
-    token_budget: int,
-    max_batch_size: int,
-    num_candidates: int = 128,
-    bin_width: float = 0.005,
-) -> list[int]:
-    """Exhaustive search over every choice of ``k - 1`` cuts from the same candidates.
-
-    The baseline the dynamic program is tested against; only feasible for small
-    candidate sets (raises ``ValueError`` beyond a few million combinations).
-    """
-    _check_args(lengths, k, token_budget, max_batch_size, num_candidates)
-    candidates = candidate_edges(lengths, num_candidates)
-    model = _LengthModel(lengths, candidates, bin_width)
-    cuts = [model.bin_at(c) for c in candidates]
-    choose = min(k - 1, len(cuts))
-    if math.comb(len(cuts), choose) > _MAX_GRID_COMBINATIONS:
-        raise ValueError(
-            f"grid search over C({len(cuts)}, {choose}) combinations is infeasible; "
-            "lower num_candidates or k"
-        )
-    best_cost, best_combo = math.inf, ()
-    for combo in itertools.combinations(cuts, choose):
-        bounds = [0, *combo, model.num_bins]
-        total = sum(
-            model.bucket_cost(a, z, token_budget, max_batch_size)
-            for a, z in itertools.pairwise(bounds)
-        )
-        if total < best_cost:
-            best_cost, best_combo = total, combo
-    return _edges(model, best_combo, k, max(lengths))
 
 
 def _exact_model(lengths: Sequence[int], boundaries: Sequence[int]) -> _LengthModel:

@@ -166,7 +166,7 @@ def _run(
             squares = None if patch_squares is None else patch_squares[rank]
             sizes = None if sample_bytes is None else sample_bytes[rank]
             _fill(window, lengths, loss, rank_patches, squares, sizes)
-        messages = [encode_report(w.make_report(max_steps), max_steps) for w in windows]
+        messages = [encode_report(w.make_report(), max_steps) for w in windows]
         plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.join)
         for window, rank_steps in zip(windows, steps, strict=True):
             rank_steps.extend(window.apply(plan).steps)

@@ -56,15 +56,14 @@ class RoundOutcome:
     """What one round did on this rank.
 
     Attributes:
-        steps: Steps to emit, in order (``T`` of them; none if skipped or epoch over).
+        steps: Steps to emit, in order (``T`` of them; none if the round only dealt or
+            ended the epoch).
         epoch_over: No more rounds this epoch.
-        skipped: A rank had no free output slot; retry later.
         dropped: Samples of this rank's shard never emitted (non-join end of epoch).
     """
 
     steps: tuple[Step, ...] = ()
     epoch_over: bool = False
-    skipped: bool = False
     dropped: int = 0
 
 
@@ -276,8 +275,12 @@ class GroupingWindow:
         return self.shortfall() if self.by_need and self._undealt else 0
 
     # -- one round -------------------------------------------------------------------
-    def make_report(self, free_slots: int) -> RankReport:
-        """Group the window and describe it for the exchange (see :mod:`wire`)."""
+    def make_report(self) -> RankReport:
+        """Group the window and describe it for the exchange (see :mod:`wire`).
+
+        Its ``free_slots`` is always ``max_steps_per_round``: back-pressure is per batch in
+        the runtime (a step takes an output slot when it is collated), so what a round
+        sees never depends on how fast the consumer is."""
         if not self.is_ready():
             raise RuntimeError("the window is not ready: samples are still in flight")
         max_steps = self.config.max_steps_per_round
@@ -295,7 +298,7 @@ class GroupingWindow:
             round_index=self.round_index,
             aborted=False,
             finished=self.is_finished(),
-            free_slots=min(free_slots, max_steps),
+            free_slots=max_steps,
             buffered=len(self._buffer),
             num_groups=min(len(groups), max_steps),
             group_sizes=tuple(g.size for g in shown),
@@ -346,8 +349,6 @@ class GroupingWindow:
         if plan.epoch_over:
             return self._end_epoch()
         self.round_index += 1
-        if plan.skipped:
-            return RoundOutcome(skipped=True)
         self._receive_deal(plan.deals)
         if plan.target_steps == 0:
             return RoundOutcome()
@@ -429,9 +430,9 @@ class GroupingWindow:
         return RoundOutcome(epoch_over=True, dropped=self.num_dropped)
 
 
-def exchange_round(window: GroupingWindow, exchange: Exchange, free_slots: int) -> RoundOutcome:
+def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
     """One round as the runtime runs it: report, all-gather, plan, act."""
     max_steps = window.config.max_steps_per_round
-    message = encode_report(window.make_report(free_slots), max_steps)
+    message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
     return window.apply(plan_round(reports, join=window.config.join))

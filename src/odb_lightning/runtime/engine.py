@@ -3,7 +3,7 @@ steps. The same code runs in the collate process and, with ``num_workers=0``, in
 main process; only where samples come from and where batches go differ.
 
 Determinism: a round starts only when the window is ready (every requested sample has
-arrived), and every rank always publishes ``free_slots = Q``. What a round sees
+arrived), and every window publishes ``free_slots = Q``. What a round sees
 therefore never depends on timing, and the steps equal the simulator's for the same
 inputs (:func:`odb_lightning.core.simulate.simulate_epoch` for fixed shards,
 :func:`~odb_lightning.core.simulate.simulate_dealt_epoch` dealt by need, each given the
@@ -246,7 +246,6 @@ class EpochRunner:
         raise error from (RemoteTraceback(result.traceback) if result.traceback else None)
 
     def _align(self, window: GroupingWindow, log: _EpochLog) -> RoundOutcome:
-        max_steps = self._config.max_steps_per_round
         context = f"epoch {window.epoch} round {window.round_index}"
 
         def exchange(message: list[int]) -> list[list[int]]:
@@ -255,7 +254,7 @@ class EpochRunner:
             log.round_latency_s.append(time.monotonic() - started)
             return gathered
 
-        return exchange_round(window, exchange, free_slots=max_steps)
+        return exchange_round(window, exchange)
 
     def _collate(self, step: Step, log: _EpochLog) -> ODBBatch:
         self._slots.acquire(1)
