@@ -1,4 +1,5 @@
-"""The DGAP alignment rule: one pure function of all ranks' reports.
+"""The DGAP (Distributed Group Alignment Problem) rule: one pure function of all ranks'
+reports.
 
 Every rank calls :func:`plan_round` on the same gathered reports, so every rank computes
 the same :class:`RoundPlan` and acts on its own row: prediction and action are one call.
