@@ -17,12 +17,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from helpers.configs import CONF
 from odb_lightning.app import run_dir
 from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_dir import RunDirError, run_name
 from odb_lightning.runtime.errors import MetadataChannelError
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 PATTERN = "%Y-%m-%d_%H-%M-%S.%f"  # microseconds: two clocks never format alike here
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1", "SLURM_NTASKS": "16"}
 
