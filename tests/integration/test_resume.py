@@ -138,7 +138,7 @@ def test_checkpoint_of_two_ranks_resumes_on_one(tmp_path: Path) -> None:
     assert _emitted(first, 2) + _emitted(second, 1) == Counter(TRAIN_INDICES)
 
 
-@pytest.mark.slow  # the data handshake's rule: tests/unit/test_config.py
+@pytest.mark.slow  # the data handshake's rule: tests/unit/core/test_config.py
 def test_checkpoint_of_other_data_is_refused(tmp_path: Path) -> None:
     first = tmp_path / "first"
     train(
@@ -229,7 +229,7 @@ def _job_log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(run_dir.glob("*.log")))
 
 
-@pytest.mark.slow  # the fallback's rule: tests/unit/test_checkpoints.py
+@pytest.mark.slow  # the fallback's rule: tests/unit/lit/test_checkpoints.py
 def test_dangling_last_ckpt_resumes_from_the_newest_valid_checkpoint(tmp_path: Path) -> None:
     """A kill between deleting the old checkpoint and re-linking last.ckpt left it naming a
     deleted file: the resume takes the newest valid checkpoint beside it, and says so."""
