@@ -1,4 +1,5 @@
-"""Fixtures shared by every tier: process-group teardown and the Qwen tokenizer.
+"""Fixtures shared by every tier: process-group teardown, the Qwen tokenizer and the
+composed ``train`` config.
 
 Shared helpers that are not fixtures live in ``tests/helpers/``; what experiments share
 with the tests lives in :mod:`experiments.harness`.
@@ -6,13 +7,16 @@ with the tests lives in :mod:`experiments.harness`.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
+    from helpers.configs import ComposeConfig
     from odb_lightning.data import QwenTokenizer
 
 
@@ -35,3 +39,12 @@ def tokenizer() -> QwenTokenizer:
     tokenizer = QwenTokenizer()
     tokenizer.encode_text("warm")
     return tokenizer
+
+
+@pytest.fixture
+def compose_cfg(tmp_path: Path) -> ComposeConfig:
+    """``compose_cfg(overrides)``: ``conf/train.yaml`` composed as ``train.py`` composes it,
+    its output and root directories in this test's ``tmp_path``."""
+    from helpers.configs import compose_train  # imported here: most tests compose nothing
+
+    return functools.partial(compose_train, tmp_path)

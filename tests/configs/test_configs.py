@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 import pytest
 from omegaconf import DictConfig
 
-from helpers.configs import CONF, SWEEPS, compose_train
+from helpers.configs import CONF, SWEEPS, ComposeConfig
 from odb_lightning.app.validation import ConfigError, instantiate_checked, validate_config
 from odb_lightning.core.config import BatchingConfig, BatchingMode
 
@@ -24,11 +22,11 @@ def test_every_config_group_is_covered() -> None:
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_experiment_composes_and_instantiates(experiment: str, tmp_path: Path) -> None:
+def test_experiment_composes_and_instantiates(experiment: str, compose_cfg: ComposeConfig) -> None:
     overrides = [f"experiment={experiment}"]
     if experiment.startswith("ultrachat"):
         overrides.append("data.path=/nonexistent/ultrachat")
-    cfg = compose_train(tmp_path, overrides)
+    cfg = compose_cfg(overrides)
     validate_config(cfg)
     batching = instantiate_checked(cfg.batching, "batching")
     assert isinstance(batching, BatchingConfig)
@@ -42,8 +40,8 @@ def test_experiment_composes_and_instantiates(experiment: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_trainer_preset_composes(trainer: str, tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, [f"trainer={trainer}"])
+def test_trainer_preset_composes(trainer: str, compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg([f"trainer={trainer}"])
     assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
     strategies = {
         "ddp_cpu": "DDPStrategy",
@@ -58,14 +56,14 @@ def test_trainer_preset_composes(trainer: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
-def test_sweep_composes(sweep: str, tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, [f"sweep={sweep}"])
+def test_sweep_composes(sweep: str, compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg([f"sweep={sweep}"])
     params = cfg.hydra.sweeper.params
     assert len(params) == 1 and "," in next(iter(params.values()))
 
 
-def test_default_run_is_sharegpt_odb_on_cpu(tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, [])
+def test_default_run_is_sharegpt_odb_on_cpu(compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg([])
     assert cfg.experiment_name == "sharegpt_odb"
     assert cfg.batching.mode == "odb" and cfg.trainer.accelerator == "cpu"
     assert cfg.logger.wandb.offline is True
@@ -97,8 +95,10 @@ def startup_checks(cfg: DictConfig) -> None:
         ("data.max_samples=0", "data.max_samples"),
     ],
 )
-def test_out_of_range_value_names_the_hydra_key(override: str, key: str, tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, [override])
+def test_out_of_range_value_names_the_hydra_key(
+    override: str, key: str, compose_cfg: ComposeConfig
+) -> None:
+    cfg = compose_cfg([override])
     field = key.split(".")[-1]
     with pytest.raises(ConfigError) as info:
         startup_checks(cfg)
@@ -106,7 +106,7 @@ def test_out_of_range_value_names_the_hydra_key(override: str, key: str, tmp_pat
     assert key in message and field in message.removeprefix(f"invalid config '{key}': ")
 
 
-def test_max_seq_len_over_budget_fails_at_startup(tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, ["data.max_seq_len=8192", "batching.token_budget=4096"])
+def test_max_seq_len_over_budget_fails_at_startup(compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg(["data.max_seq_len=8192", "batching.token_budget=4096"])
     with pytest.raises(ConfigError, match=r"data.max_seq_len \(8192\).*batching.token_budget"):
         validate_config(cfg)

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from omegaconf import OmegaConf
 
-from helpers.configs import CONF, SWEEPS, compose_train
+from helpers.configs import CONF, SWEEPS, ComposeConfig
 from odb_lightning.app.validation import instantiate_checked, validate_config
 
 
@@ -28,8 +26,10 @@ def test_sweeps_cover_the_ablation_ranges() -> None:
 
 
 @pytest.mark.parametrize(("sweep", "key", "value"), POINTS)
-def test_sweep_point_validates(sweep: str, key: str, value: str, tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, [f"sweep={sweep}", f"{key}={value}"])
+def test_sweep_point_validates(
+    sweep: str, key: str, value: str, compose_cfg: ComposeConfig
+) -> None:
+    cfg = compose_cfg([f"sweep={sweep}", f"{key}={value}"])
     validate_config(cfg)  # e.g. data.max_seq_len <= batching.token_budget at every budget
     batching = instantiate_checked(cfg.batching, "batching")
     assert getattr(batching, key.split(".")[-1]) == int(value)

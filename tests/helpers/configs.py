@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -13,6 +14,8 @@ from odb_lightning.app.config_store import prepare_composition
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
+ComposeConfig = Callable[[list[str]], DictConfig]
+"""What the ``compose_cfg`` fixture gives: overrides in, the composed ``train`` config out."""
 
 
 def compose_train(tmp_path: Path, overrides: list[str]) -> DictConfig:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.configs import compose_train
+from helpers.configs import ComposeConfig
 from helpers.train_run import ROOT
 from odb_lightning.app.train import main
 from odb_lightning.app.validation import ConfigError
@@ -57,11 +57,11 @@ def test_config_error_is_its_message_on_the_console_and_its_trace_in_the_log(
 
 @pytest.mark.parametrize("full_error", ["0", "1"])
 def test_config_error_exits_1_or_raises_with_hydra_full_error(
-    full_error: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    full_error: str, tmp_path: Path, compose_cfg: ComposeConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In process: ``HYDRA_FULL_ERROR=1`` gets the error itself (Hydra prints its trace)."""
     monkeypatch.setenv("HYDRA_FULL_ERROR", full_error)
-    cfg = compose_train(tmp_path, ["debug=smoke", "batching.token_budget=512"])
+    cfg = compose_cfg(["debug=smoke", "batching.token_budget=512"])
     expected = ConfigError if full_error == "1" else SystemExit
     with pytest.raises(expected) as raised:
         main(cfg)

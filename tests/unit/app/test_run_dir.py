@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from helpers.configs import CONF
+from helpers.configs import CONF, ComposeConfig
 from odb_lightning.app import run_dir
 from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_dir import RunDirError, run_name
@@ -182,12 +182,10 @@ def test_train_yaml_puts_a_resume_into_its_run_dir(
     assert OmegaConf.select(evaluation, "hydra.output_subdir") == ".hydra"
 
 
-def test_wandb_run_name_is_the_experiment_and_the_overrides(tmp_path: Path) -> None:
-    from helpers.configs import compose_train
-
+def test_wandb_run_name_is_the_experiment_and_the_overrides(compose_cfg: ComposeConfig) -> None:
     prepare_composition()
     overrides = ["experiment=sharegpt_standard", "batching.token_budget=8192", "ckpt_path=c"]
-    cfg = compose_train(tmp_path, overrides)
+    cfg = compose_cfg(overrides)
     # experiment= is in the name already, ckpt_path is no part of what the run is.
     assert cfg.logger.wandb.name == "sharegpt_standard batching.token_budget=8192"
-    assert compose_train(tmp_path, []).logger.wandb.name == "sharegpt_odb"
+    assert compose_cfg([]).logger.wandb.name == "sharegpt_odb"

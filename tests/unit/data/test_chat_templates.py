@@ -18,7 +18,7 @@ from helpers.chat_tokenizers import (
     write_family_tokenizer,
     write_llama3_tokenizer,
 )
-from helpers.configs import compose_train
+from helpers.configs import ComposeConfig
 from odb_lightning.app.validation import ConfigError, instantiate_checked
 from odb_lightning.data import BadSampleError, ChatDataset, HFTokenizer, QwenTokenizer
 from odb_lightning.data.chat_formats import TemplateName
@@ -143,9 +143,9 @@ def test_gemma_refuses_turns_that_do_not_alternate(tokenizer_dirs: dict[str, Pat
         template.tokenize([CHAT[1], CHAT[2], CHAT[2]])
 
 
-def test_auto_picks_chatml_for_the_bundled_qwen_tokenizer() -> None:
-    assert resolve_template_name(QwenTokenizer(), "auto") is TemplateName.CHATML
-    assert build_chat_template(QwenTokenizer()).name is TemplateName.CHATML
+def test_auto_picks_chatml_for_the_bundled_qwen_tokenizer(tokenizer: QwenTokenizer) -> None:
+    assert resolve_template_name(tokenizer, "auto") is TemplateName.CHATML
+    assert build_chat_template(tokenizer).name is TemplateName.CHATML
 
 
 @pytest.mark.parametrize(
@@ -167,13 +167,17 @@ def test_auto_picks_chatml_for_the_bundled_qwen_tokenizer() -> None:
     ],
 )
 def test_wrong_template_fails_at_startup_naming_the_key(
-    tokenizer_dirs: dict[str, Path], tokenizer_key: str, template: str, message: str, tmp_path: Path
+    tokenizer_dirs: dict[str, Path],
+    tokenizer_key: str,
+    template: str,
+    message: str,
+    tmp_path: Path,
+    compose_cfg: ComposeConfig,
 ) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_template_name(HFTokenizer(tokenizer_dirs[tokenizer_key]), template)
     # The data module checks at construction, and the error names data.template.
-    cfg = compose_train(
-        tmp_path,
+    cfg = compose_cfg(
         ["data=jsonl", f"data.path={tmp_path / 'chats.jsonl'}", f"data.template={template}"],
     )
     with pytest.raises(ConfigError, match=r"invalid config 'data.template'"):

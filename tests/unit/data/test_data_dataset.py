@@ -33,8 +33,8 @@ RECORDS = [
 
 
 @pytest.fixture(scope="module")
-def chat_dataset() -> ChatDataset:
-    return ChatDataset(RECORDS, QwenTokenizer(), max_seq_len=20)
+def chat_dataset(tokenizer: QwenTokenizer) -> ChatDataset:
+    return ChatDataset(RECORDS, tokenizer, max_seq_len=20)
 
 
 def test_chat_dataset_items(chat_dataset: ChatDataset) -> None:
@@ -69,15 +69,15 @@ def test_chat_dataset_in_spawned_workers(chat_dataset: ChatDataset) -> None:
     assert spawned == [chat_dataset[i]["input_ids"].tolist() for i in range(len(chat_dataset))]
 
 
-def test_chat_dataset_bad_record_names_index_and_field() -> None:
+def test_chat_dataset_bad_record_names_index_and_field(tokenizer: QwenTokenizer) -> None:
     records = [*RECORDS[:2], {"id": "x", "messages": [{"role": "bot", "content": "?"}]}]
-    dataset = ChatDataset(records, QwenTokenizer(), max_seq_len=64)
+    dataset = ChatDataset(records, tokenizer, max_seq_len=64)
     with pytest.raises(BadSampleError) as info:
         dataset[2]
     assert (info.value.index, info.value.field) == (2, "messages[0].role")
     assert "sample 2" in str(info.value)
     with pytest.raises(BadSampleError, match="'messages'"):
-        ChatDataset([{"id": 1}], QwenTokenizer(), max_seq_len=8)[0]
+        ChatDataset([{"id": 1}], tokenizer, max_seq_len=8)[0]
 
 
 def test_tokenized_dataset() -> None:
@@ -103,8 +103,10 @@ def test_synthetic_dataset_is_deterministic_and_valid() -> None:
 GOOD = {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])}
 
 
-def test_chat_dataset_marks_truncated_samples(chat_dataset: ChatDataset) -> None:
-    full = ChatDataset(RECORDS, QwenTokenizer(), max_seq_len=4096)
+def test_chat_dataset_marks_truncated_samples(
+    chat_dataset: ChatDataset, tokenizer: QwenTokenizer
+) -> None:
+    full = ChatDataset(RECORDS, tokenizer, max_seq_len=4096)
     for index in range(len(chat_dataset)):
         sample, whole = chat_dataset[index], full[index]
         length, full_length = sample["input_ids"].numel(), whole["input_ids"].numel()
@@ -114,13 +116,13 @@ def test_chat_dataset_marks_truncated_samples(chat_dataset: ChatDataset) -> None
     assert is_truncated(chat_dataset[5], 20)
 
 
-def test_chat_dataset_finds_records_without_assistant_turn() -> None:
+def test_chat_dataset_finds_records_without_assistant_turn(tokenizer: QwenTokenizer) -> None:
     records = [
         *RECORDS[:2],
         {"id": "u", "messages": [{"role": "user", "content": "hi"}]},
         {"id": "s", "messages": [{"role": "system", "content": "be brief"}]},
         {"id": "bad", "messages": None},
     ]
-    dataset = ChatDataset(records, QwenTokenizer(), max_seq_len=64)
+    dataset = ChatDataset(records, tokenizer, max_seq_len=64)
     assert dataset.unsupervised_indices(range(5)) == [2, 3, 4]
     assert dataset.unsupervised_indices([0, 1, 3]) == [3]

@@ -34,8 +34,8 @@ def chats(tmp_path: Path) -> Path:
     return path
 
 
-def test_lengths_match_the_template(chats: Path) -> None:
-    template = ChatMLTemplate(QwenTokenizer())
+def test_lengths_match_the_template(chats: Path, tokenizer: QwenTokenizer) -> None:
+    template = ChatMLTemplate(tokenizer)
     records = load_source("jsonl", path=chats).records
     expected = [template.tokenize(r["messages"]).length for r in records]
     assert source_lengths("jsonl", path=chats, max_seq_len=10_000) == expected

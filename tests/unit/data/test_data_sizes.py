@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.configs import compose_train
+from helpers.configs import ComposeConfig
 from odb_lightning.app.validation import ConfigError, validate_config
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import QwenTokenizer
@@ -41,19 +41,19 @@ def test_kept_records() -> None:
 
 
 @pytest.mark.parametrize("value", [-1, 0.0, 1.0, 1.5, "all", True])
-def test_bad_sizes_are_refused_naming_the_key(value, tmp_path: Path) -> None:
+def test_bad_sizes_are_refused_naming_the_key(value, compose_cfg: ComposeConfig) -> None:
     with pytest.raises(ValueError, match=r"^val_samples must be null, an integer >= 0"):
         check_size("val_samples", value, least=0)
-    cfg = compose_train(tmp_path, [f"data.max_samples={json.dumps(value)}"])
+    cfg = compose_cfg([f"data.max_samples={json.dumps(value)}"])
     with pytest.raises(ConfigError, match=r"^data.max_samples must be null, an integer >= 1"):
         validate_config(cfg)
 
 
-def test_a_file_of_ten_records_trains_on_nine(tmp_path: Path) -> None:
+def test_a_file_of_ten_records_trains_on_nine(tmp_path: Path, compose_cfg: ComposeConfig) -> None:
     path = tmp_path / "ten.jsonl"
     turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     path.write_text("".join(json.dumps({"id": k, "messages": turns}) + "\n" for k in range(10)))
-    cfg = compose_train(tmp_path, ["data=jsonl", f"data.path={path}"])
+    cfg = compose_cfg(["data=jsonl", f"data.path={path}"])
     assert cfg.data.max_samples is None and cfg.data.val_samples == 0.05
     data = ODBDataModule(
         "jsonl", QwenTokenizer(), BatchingConfig(), path=str(path),

@@ -23,8 +23,8 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def template() -> ChatMLTemplate:
-    return ChatMLTemplate(QwenTokenizer())
+def template(tokenizer: QwenTokenizer) -> ChatMLTemplate:
+    return ChatMLTemplate(tokenizer)
 
 
 def supervised_spans(labels: list[int]) -> list[list[int]]:

@@ -3,13 +3,11 @@ presets for large models."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 import pytest
 import torch
 
-from helpers.configs import compose_train
+from helpers.configs import ComposeConfig
 from helpers.tiny_lm import tiny_module
 from odb_lightning.lit.model_setup import (
     Finetuning,
@@ -37,10 +35,12 @@ def test_lora_on_a_bfloat16_base_trains_float32_adapters() -> None:
 
 @pytest.mark.parametrize("trainer", ["gpu8", "gpu8_fsdp"])
 @pytest.mark.parametrize("model", ["qwen2_0_5b", "qwen2_5_1_5b", "qwen2_5_7b"])
-def test_gpu_presets_keep_float32_master_weights(model: str, trainer: str, tmp_path: Path) -> None:
+def test_gpu_presets_keep_float32_master_weights(
+    model: str, trainer: str, compose_cfg: ComposeConfig
+) -> None:
     """The combination a user gets from the presets passes the guard (the earlier 0.5B
     preset, bfloat16 parameters under bf16-mixed, would raise here)."""
-    cfg = compose_train(tmp_path, [f"model={model}", f"trainer={trainer}"])
+    cfg = compose_cfg([f"model={model}", f"trainer={trainer}"])
     finetuning = Finetuning(cfg.model.finetuning)
     check_master_weights(ModelDType(cfg.model.model_dtype), cfg.trainer.precision, finetuning)
 
