@@ -30,13 +30,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from odb_lightning.core.config import BatchingConfig, BatchingMode
-from odb_lightning.core.planners import (
-    bucket_of,
-    plan_epoch,
-    summarize_plan,
-    validate_lengths,
-)
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.planners import plan_epoch, summarize_plan
+from odb_lightning.core.plans import bucket_of, validate_lengths
 
 # Below this probability the rest of the histogram cannot move E[max] by a visible amount.
 _TAIL_MASS = 1e-13
@@ -346,8 +342,8 @@ def _bucketed_plans(
     seed: int,
     epochs: int,
 ) -> list[list[int]]:
-    config = BatchingConfig(
-        mode=BatchingMode.BUCKETED,
+    config = BatchingConfig.of(
+        mode="bucketed",
         token_budget=token_budget,
         max_batch_size=max_batch_size,
         boundaries=tuple(boundaries),

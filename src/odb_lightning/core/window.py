@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
 from odb_lightning.core.budget import Budget
-from odb_lightning.core.config import BatchingConfig, ShardDealing
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
+from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.core.order import make_rng
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
@@ -119,10 +120,11 @@ class GroupingWindow:
         if shard_size < 0:
             raise ValueError(f"shard_size must be >= 0, got {shard_size}")
         self.config = config
+        self.policy: OnlinePolicy = config.policy  # type: ignore[assignment]
         self.shard_size = shard_size
         self.rank = rank
         self.epoch = epoch
-        self.by_need = config.shard_dealing is ShardDealing.BY_NEED
+        self.by_need = self.policy.by_need
         self._budget = config.budget
         self._buffer: list[SampleInfo] = []
         # Row costs rounded up to integers, so the sums do not depend on arrival order.
@@ -177,7 +179,7 @@ class GroupingWindow:
     def target_cost(self) -> float | None:
         """The work the window fills to: ``window_budgets`` token budgets (``None``: the
         window is ``outstanding_depth`` samples)."""
-        budgets = self.config.window_budgets
+        budgets = self.policy.window_budgets
         return None if budgets is None else budgets * self._budget.token_budget
 
     def shortfall(self) -> int:
@@ -191,17 +193,17 @@ class GroupingWindow:
         of samples that arrived, never of how fast they did, so the window a round sees is
         the same in production and in the simulator.
         """
-        room = self.config.outstanding_depth - self.num_buffered - self.num_in_flight
+        room = self.policy.outstanding_depth - self.num_buffered - self.num_in_flight
         target = self.target_cost
         if target is None or room <= 0:
             return max(0, room)
-        cap = self.config.window_max_bytes
+        cap = self.policy.window_max_bytes
         over_bytes = cap is not None and self._buffered_bytes >= cap
         if self.num_in_flight or self._buffered_cost >= target or over_bytes:
             return 0
         seen = self._num_received - self.num_skipped
         if seen == 0:
-            return min(room, self.config.window_budgets)
+            return min(room, self.policy.window_budgets)
         missing = target - self._buffered_cost
         wanted = max(1, math.ceil(missing * seen / self._received_cost))
         if cap is not None and self._received_bytes:
@@ -280,7 +282,7 @@ class GroupingWindow:
         """Group the window and describe it for the exchange (see :mod:`wire`)."""
         if not self.is_ready():
             raise RuntimeError("the window is not ready: samples are still in flight")
-        max_steps = self.config.max_steps_per_round
+        max_steps = self.policy.max_steps_per_round
         wanted = self.wanted()
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing.
@@ -288,7 +290,7 @@ class GroupingWindow:
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
-        packed = self.config.packed
+        packed = self.config.rows.packs
         peels = peel_figures(groups, num_peels, self._budget, packed=packed)
         return RankReport(
             epoch=self.epoch,
@@ -317,7 +319,7 @@ class GroupingWindow:
             groups = group_window(
                 self._buffer,
                 self._budget,
-                packed=self.config.packed,
+                packed=self.config.rows.packs,
                 patch_budget=self.config.patch_budget,
             )
             groups.sort(key=lambda g: g.age)
@@ -431,7 +433,7 @@ class GroupingWindow:
 
 def exchange_round(window: GroupingWindow, exchange: Exchange, free_slots: int) -> RoundOutcome:
     """One round as the runtime runs it: report, all-gather, plan, act."""
-    max_steps = window.config.max_steps_per_round
+    max_steps = window.policy.max_steps_per_round
     message = encode_report(window.make_report(free_slots), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
-    return window.apply(plan_round(reports, join=window.config.join))
+    return window.apply(plan_round(reports, join=window.policy.join))
