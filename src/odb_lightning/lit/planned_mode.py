@@ -9,14 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries
-from odb_lightning.core.config import LENGTH_PASS_MODES, BatchingConfig, BatchingMode
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.policy import BucketedPolicy
 from odb_lightning.core.planners import plan_epoch
 
 log = logging.getLogger(__name__)
 
 PlanFn = Callable[[int], list[list[int]]]
-
-DEFAULT_MAX_BATCH_SIZE = 64
 
 
 def in_order_plan(num_samples: int, batch_size: int) -> PlanFn:
@@ -28,24 +27,26 @@ def in_order_plan(num_samples: int, batch_size: int) -> PlanFn:
     return lambda epoch: [list(batch) for batch in batches]
 
 
-def resolve_boundaries(lengths: Sequence[int], batching: BatchingConfig) -> list[int]:
+def resolve_boundaries(
+    lengths: Sequence[int], policy: BucketedPolicy, token_budget: int
+) -> list[int]:
     """The configured bucket edges, or edges optimized on the cached lengths (logged as a
     table: range, count, mean length, batch size, efficiency)."""
-    max_batch_size = batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-    if batching.boundaries:
-        edges = list(batching.boundaries)
+    max_batch_size = policy.max_batch_size
+    if policy.boundaries:
+        edges = list(policy.boundaries)
         how = "configured"
     else:
         started = time.perf_counter()
         edges = optimize_boundaries(
             lengths,
-            batching.num_buckets,
-            token_budget=batching.token_budget,
+            policy.num_buckets,
+            token_budget=token_budget,
             max_batch_size=max_batch_size,
         )
         how = f"optimized in {time.perf_counter() - started:.2f} s"
     rows = bucket_table(
-        lengths, edges, token_budget=batching.token_budget, max_batch_size=max_batch_size
+        lengths, edges, token_budget=token_budget, max_batch_size=max_batch_size
     )
     log.info("bucket edges %s (%s)", edges, how)
     log.info("%16s %8s %9s %6s %11s", "range", "count", "mean len", "batch", "efficiency")
@@ -66,18 +67,18 @@ def epoch_plan(lengths: Sequence[int], batching: BatchingConfig, num_samples: in
 
     Args:
         lengths: Exact lengths (length-pass modes); ignored by ``standard``.
-        batching: The mode and its knobs; ``bucketed`` without boundaries gets optimized
-            ones, and a cap of :data:`DEFAULT_MAX_BATCH_SIZE` when it has none.
+        batching: The policy and its knobs; ``bucketed`` without boundaries gets
+            optimized ones.
         num_samples: Samples in the training set.
     """
-    mode = batching.mode
-    if mode in LENGTH_PASS_MODES and len(lengths) != num_samples:
-        raise ValueError(f"mode '{mode}' needs {num_samples} lengths, got {len(lengths)}")
-    if mode is BatchingMode.BUCKETED:
-        batching = replace(
-            batching,
-            boundaries=tuple(resolve_boundaries(lengths, batching)),
-            max_batch_size=batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+    policy = batching.policy
+    if policy.needs_length_pass and len(lengths) != num_samples:
+        raise ValueError(
+            f"mode '{batching.mode}' needs {num_samples} lengths, got {len(lengths)}"
         )
-    plan_lengths = list(lengths) if mode in LENGTH_PASS_MODES else [1] * num_samples
+    if isinstance(policy, BucketedPolicy):
+        budget: int = batching.token_budget  # type: ignore[assignment]
+        edges = tuple(resolve_boundaries(lengths, policy, budget))
+        batching = replace(batching, policy=replace(policy, boundaries=edges))
+    plan_lengths = list(lengths) if policy.needs_length_pass else [1] * num_samples
     return lambda epoch: plan_epoch(plan_lengths, batching, epoch=epoch)

@@ -6,12 +6,14 @@ tensors and passes the integers through (it refuses frozen dataclasses).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.rows import PackedRows, PaddedRows, RowLayout
 from odb_lightning.core.window import Step
 from odb_lightning.runtime.vlm_batch import (
     has_image_fields,
@@ -89,7 +91,7 @@ def pin_batch(inputs: dict[str, torch.Tensor | int]) -> dict[str, torch.Tensor |
 
 def pins_memory(config: BatchingConfig) -> bool:
     """Batches are pinned: ``batching.pin_memory`` is set and CUDA is available."""
-    return config.pin_memory and torch.cuda.is_available()
+    return config.loader.pin_memory and torch.cuda.is_available()
 
 
 def round_up(length: int, multiple: int) -> int:
@@ -259,3 +261,17 @@ def pack_collate(
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(lengths.max()),
     }
+
+
+ROW_COLLATES: dict[type[RowLayout], Callable[..., dict[str, Any]]] = {
+    PaddedRows: pad_collate,
+    PackedRows: pack_collate,
+}
+"""The collate of each row layout (its rows as tensors)."""
+
+
+def collate_of(rows: RowLayout, pad_id: int) -> CollateFn:
+    """The collate that builds ``rows``' layout, padding with ``pad_id`` to a multiple of
+    ``rows.pad_to_multiple_of``."""
+    collate = ROW_COLLATES[type(rows)]
+    return functools.partial(collate, pad_id=pad_id, pad_to_multiple_of=rows.pad_to_multiple_of)
