@@ -47,7 +47,7 @@ def main() -> None:
         "data.val_samples=0",
         f"data.length_cache_dir={cache_dir}",
         f"batching.token_budget={args.token_budget}",
-        "batching.outstanding_depth=256",
+        "batching.policy.outstanding_depth=256",
     ]
     runs: dict[str, dict[str, list[dict]]] = {r: {m: [] for m in modes} for r in REGIMES}
     for repeat in range(args.repeats):

@@ -53,7 +53,7 @@ def main() -> None:
         f"data.max_samples={args.samples}",
         "data.val_samples=0",
         f"batching.token_budget={args.token_budget}",
-        "batching.outstanding_depth=256",
+        "batching.policy.outstanding_depth=256",
     ]
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for repeat in range(args.repeats):

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from experiments.common import results_meta
 from experiments.scale.shards import draw_lengths
-from odb_lightning.core.config import BatchingConfig, ShardDealing
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
@@ -189,7 +190,7 @@ def main() -> None:
     for world in (int(w) for w in args.worlds.split(",")):
         for name, budget in cases:
             ordered = epoch_lengths(lengths[name], world)
-            config = replace(BatchingConfig(**knobs), token_budget=budget)
+            config = replace(BatchingConfig.of(**knobs), token_budget=budget)
             rows.append({"set": name, "grouping": args.label} | measure(ordered, world, config))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
             if args.reference:

@@ -113,7 +113,7 @@ def window_patch_groups(measured: dict[str, list], config: BatchingConfig) -> li
 
 
 def modes_table(measured: dict[str, list], token_budget: int, max_patches: int) -> list[dict]:
-    base = BatchingConfig(
+    base = BatchingConfig.of(
         token_budget=token_budget, outstanding_depth=256, max_patches=max_patches, batch_size=8
     )
     lengths = measured["lengths"]
@@ -152,7 +152,7 @@ def throughput(name: str, samples: int, out_dir: Path, repeats: int, lock: Path 
         f"data.set_dir={out_dir}",
         "model.token_id_fold=4096",
         "trainer.max_epochs=1",
-        "batching.num_workers=1",
+        "batching.loader.num_workers=1",
     ]
     keys = (
         "emitted_samples",

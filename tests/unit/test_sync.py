@@ -41,7 +41,7 @@ def test_cost_model_is_the_budgets() -> None:
 
 def test_summary_figures_equal_the_simulators() -> None:
     lengths = lognormal_lengths(1200, 700.0, 0.9, seed=2, max_len=4096)
-    config = BatchingConfig(token_budget=8192, window_budgets=8)
+    config = BatchingConfig.of(token_budget=8192, window_budgets=8)
     result = simulate_epoch([lengths[r::3] for r in range(3)], config)
     totals = [RankTotals() for _ in range(3)]
     for rank, steps in enumerate(result.steps):
@@ -57,10 +57,10 @@ def test_summary_figures_equal_the_simulators() -> None:
 def test_grouped_counts_the_planners_work() -> None:
     lengths = [[(i * 37) % 500 + 20 for i in range(300)]]
     # A round that may emit every group of the window groups each sample once.
-    drained = simulate_epoch(lengths, BatchingConfig(token_budget=2000, max_steps_per_round=512))
+    drained = simulate_epoch(lengths, BatchingConfig.of(token_budget=2000, max_steps_per_round=512))
     assert drained.grouped == [300]
     # Two steps a round regroup what the window kept: each sample is grouped many times.
     kept = simulate_epoch(
-        lengths, BatchingConfig(token_budget=2000, window_budgets=16, max_steps_per_round=2)
+        lengths, BatchingConfig.of(token_budget=2000, window_budgets=16, max_steps_per_round=2)
     )
     assert kept.grouped[0] > 3 * 300

@@ -13,14 +13,17 @@ import hashlib
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from odb_lightning.core.modes import MODES
 from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.rows import PackedAttention
 
-if TYPE_CHECKING:
-    from odb_lightning.core.config import BatchingConfig
+
+class Knobs(Protocol):
+    """Reads a knob by its flat name (:meth:`~odb_lightning.core.config.BatchingConfig.knob`)."""
+
+    def knob(self, name: str) -> Any: ...
 
 
 class SettingsMismatchError(RuntimeError):
@@ -54,12 +57,12 @@ HANDSHAKE_FIELDS = tuple(SHARED_SETTINGS)
 """The names of the settings part of the handshake message, in order."""
 
 
-def settings_message(config: BatchingConfig) -> list[int]:
+def settings_message(config: Knobs) -> list[int]:
     """The shared settings of ``config`` as integers (weights in 1e-9, MiB in KiB)."""
     return [encode(_shared_value(config, name)) for name, encode in SHARED_SETTINGS.items()]
 
 
-def _shared_value(config: BatchingConfig, name: str) -> Any:
+def _shared_value(config: Knobs, name: str) -> Any:
     value = config.knob(name)
     return PackedAttention.VARLEN if name == "packed_attention" and value is None else value
 
@@ -180,7 +183,7 @@ DATA_HANDSHAKE_FIELDS = ("len(dataset)", "max_seq_len", "sharding", "epoch", "si
 """The integers of :meth:`DataHandshake.encode`, after the ``HANDSHAKE_FIELDS``."""
 
 
-def handshake_message(config: BatchingConfig, data: DataHandshake | None) -> list[int]:
+def handshake_message(config: Knobs, data: DataHandshake | None) -> list[int]:
     """The channel's one handshake message: settings, then data (``UNKNOWN`` when
     ``data`` is ``None``); its length is the same on every rank."""
     return settings_message(config) + (data or DataHandshake()).encode()

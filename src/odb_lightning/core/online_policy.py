@@ -3,17 +3,12 @@ round size of the ODB runtime, which forms batches while the epoch runs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from odb_lightning.core.checks import check_bool, check_positive, check_positive_int, enum_member
-from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.policy import POLICY_KEY, Policy
-
-if TYPE_CHECKING:
-    from odb_lightning.core.config import BatchingConfig
 
 
 class ShardDealing(StrEnum):
@@ -73,16 +68,3 @@ class OnlinePolicy(Policy):
     def by_need(self) -> bool:
         """Samples are dealt by need from one global order."""
         return self.shard_dealing is ShardDealing.BY_NEED
-
-    def plan_epoch(
-        self, lengths: Sequence[int], batching: BatchingConfig, epoch: int
-    ) -> list[list[int]]:
-        """The single-rank simulator over the epoch permutation: what the runtime emits."""
-        # The simulator runs the window, which reads the whole configuration: imported
-        # here, since the configuration imports this module.
-        from odb_lightning.core.simulate import simulate
-
-        order = epoch_permutation(len(lengths), batching.seed, epoch)
-        (steps,) = simulate([[lengths[i] for i in order]], batching, epoch=epoch)
-        # One rank never idles: T never exceeds its own group count.
-        return [[order[j] for j in step] for step in steps]

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.plans import validate_lengths
+from odb_lightning.core.simulate import simulate
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +51,9 @@ def plan_epoch(
     epoch: int = 0,
     **knobs: object,
 ) -> list[list[int]]:
-    """Plan one epoch on one rank with ``config``'s policy (see each policy's
-    ``plan_epoch``; fields a policy does not hold are not read).
+    """Plan one epoch on one rank with ``config``'s policy: a planned policy's own
+    ``plan_epoch`` (:mod:`~odb_lightning.core.policy`), or the online runtime replayed by
+    the single-rank simulator.
 
     Args:
         lengths: Token length of every sample (positive integers).
@@ -68,7 +71,17 @@ def plan_epoch(
     """
     config = BatchingConfig.of(config, **knobs)
     validate_lengths(lengths)
-    return config.policy.plan_epoch(lengths, config, epoch)
+    if config.policy.online:
+        return _replay_online(lengths, config, epoch)
+    return config.policy.plan_epoch(lengths, config.budget, config.seed, epoch)
+
+
+def _replay_online(lengths: Sequence[int], config: BatchingConfig, epoch: int) -> list[list[int]]:
+    """The online policy's plan: the single-rank simulator over the epoch permutation."""
+    order = epoch_permutation(len(lengths), config.seed, epoch)
+    (steps,) = simulate([[lengths[i] for i in order]], config, epoch=epoch)
+    # One rank never idles: T never exceeds its own group count.
+    return [[order[j] for j in step] for step in steps]
 
 
 def summarize_plan(

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from odb_lightning.core.budget import Budget
 from odb_lightning.core.checks import check_positive_int, is_int
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.plans import chunk, plan_bucketed, plan_oracle, shuffled
-
-if TYPE_CHECKING:
-    from odb_lightning.core.config import BatchingConfig
 
 POLICY_KEY = "batching.policy"
 """The Hydra key of the policy: every message names ``batching.policy.<field>``."""
@@ -40,10 +38,11 @@ class Policy:
         return None
 
     def plan_epoch(
-        self, lengths: Sequence[int], batching: BatchingConfig, epoch: int
+        self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
     ) -> list[list[int]]:
-        """One epoch's batches on one rank: indices into ``lengths``, each exactly once."""
-        raise NotImplementedError(f"{type(self).__name__} has no epoch plan")
+        """One epoch's batches on one rank: indices into ``lengths``, each exactly once
+        (the online policy's plan is the runtime's replay, ``core/planners.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} forms its batches online")
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,9 @@ class StandardPolicy(_FixedSizePolicy):
     """``standard``: ``batch_size`` samples in a fresh random order each epoch."""
 
     def plan_epoch(
-        self, lengths: Sequence[int], batching: BatchingConfig, epoch: int
+        self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
     ) -> list[list[int]]:
-        return chunk(epoch_permutation(len(lengths), batching.seed, epoch), self.batch_size)
+        return chunk(epoch_permutation(len(lengths), seed, epoch), self.batch_size)
 
 
 @dataclass(frozen=True)
@@ -75,10 +74,10 @@ class SortedPolicy(_FixedSizePolicy):
     needs_length_pass: ClassVar[bool] = True
 
     def plan_epoch(
-        self, lengths: Sequence[int], batching: BatchingConfig, epoch: int
+        self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
     ) -> list[list[int]]:
         order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-        return shuffled(chunk(order, self.batch_size), batching.seed, epoch)
+        return shuffled(chunk(order, self.batch_size), seed, epoch)
 
 
 @dataclass(frozen=True)
@@ -120,11 +119,10 @@ class BucketedPolicy(_BudgetedPolicy):
         object.__setattr__(self, "boundaries", edges)
 
     def plan_epoch(
-        self, lengths: Sequence[int], batching: BatchingConfig, epoch: int
+        self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
     ) -> list[list[int]]:
         if not self.boundaries:
             raise ValueError(f"{POLICY_KEY}.boundaries are required for mode 'bucketed'")
-        budget, seed = batching.budget, batching.seed
         return plan_bucketed(lengths, self.boundaries, budget, self.max_batch_size, seed, epoch)
 
 
@@ -134,7 +132,6 @@ class OraclePolicy(_BudgetedPolicy):
     the batch order shuffled (the offline upper bound of token-budget batching)."""
 
     def plan_epoch(
-        self, lengths: Sequence[int], batching: BatchingConfig, epoch: int
+        self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
     ) -> list[list[int]]:
-        budget, seed = batching.budget, batching.seed
         return plan_oracle(lengths, budget, self.max_batch_size, seed, epoch)

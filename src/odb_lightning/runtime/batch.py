@@ -90,7 +90,7 @@ def pin_batch(inputs: dict[str, torch.Tensor | int]) -> dict[str, torch.Tensor |
 
 
 def pins_memory(config: BatchingConfig) -> bool:
-    """Batches are pinned: ``batching.pin_memory`` is set and CUDA is available."""
+    """Batches are pinned: ``batching.loader.pin_memory`` is set and CUDA is available."""
     return config.loader.pin_memory and torch.cuda.is_available()
 
 

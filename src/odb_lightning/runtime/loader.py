@@ -123,12 +123,12 @@ class ODBLoader:
         by_need = self.config.policy.by_need
         if shard is not None and by_need:
             raise ValueError(
-                "shard= gives every rank fixed indices, batching.shard_dealing=by_need deals "
+                "shard= gives every rank fixed indices, batching.policy.shard_dealing=by_need deals "
                 "one global order: give order= (the epoch's order), or shard_dealing=fixed"
             )
         if order is not None and not by_need:
             raise ValueError(
-                "order= is the global order that batching.shard_dealing=by_need deals; "
+                "order= is the global order that batching.policy.shard_dealing=by_need deals; "
                 "with shard_dealing=fixed give shard= (this rank's indices)"
             )
         self._shard = shard if shard is not None else order

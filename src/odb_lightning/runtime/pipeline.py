@@ -41,7 +41,7 @@ process's bounded waits) before one that makes no progress counts as stuck."""
 
 
 def start_method(config: BatchingConfig) -> str | None:
-    """The start method of the loader's processes: ``batching.multiprocessing_context``,
+    """The start method of the loader's processes: ``batching.loader.multiprocessing_context``,
     else ``forkserver`` once CUDA is initialized in this process (a forked child would
     inherit a CUDA context it cannot use), else the platform's default."""
     method = config.loader.multiprocessing_context
