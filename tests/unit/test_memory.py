@@ -28,7 +28,7 @@ MAX_SEQ_LEN = 64
 
 
 def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
-    padded = BatchingConfig.of(token_budget=1024, pad_to_multiple_of=8, max_batch_size=None)
+    padded = BatchingConfig.of(token_budget=1024, pad_to_multiple_of=8)
     shapes = {s.name: (s.rows, s.tokens) for s in worst_case_shapes(padded, MAX_SEQ_LEN)}
     assert shapes == {
         "one sample of max_seq_len=64": (1, 64),
@@ -36,7 +36,7 @@ def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
         # The shortest sample with a target has 2 tokens, padded to 8: 1024 // 8 rows.
         "the largest group of the shortest samples": (128, 8),
     }
-    capped = replace(padded, max_batch_size=32)
+    capped = BatchingConfig.of(padded, mode="oracle", max_batch_size=32)  # a capped policy
     assert worst_case_shapes(capped, MAX_SEQ_LEN)[-1].rows == 32
     packed = BatchingConfig.of(mode="odb_packed", token_budget=1000, pad_to_multiple_of=64)
     (row,) = worst_case_shapes(packed, MAX_SEQ_LEN)
