@@ -34,7 +34,6 @@ from pathlib import Path
 from experiments.common import results_meta
 from experiments.scale.shards import draw_lengths
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
@@ -99,7 +98,7 @@ def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> in
     """Most groups of a rank when the sorted lengths are dealt round robin."""
     ordered = sorted(lengths, reverse=True)
     return max(
-        len(group_lengths(ordered[rank::world], config.budget, packed=config.packed))
+        len(group_lengths(ordered[rank::world], config.budget, packed=config.rows.packs))
         for rank in range(world)
     )
 
@@ -107,7 +106,7 @@ def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> in
 def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     everything = ordered
     started = time.perf_counter()
-    if config.shard_dealing is ShardDealing.BY_NEED:
+    if config.policy.by_need:
         result = simulate_dealt_epoch(ordered, world, config)
     else:
         result = simulate_epoch(shards_of(ordered, world), config)

@@ -98,7 +98,7 @@ def window_patch_groups(measured: dict[str, list], config: BatchingConfig) -> li
     """The patch-budget rule on each ``outstanding_depth`` window of the epoch order,
     sorted longest first (one rank, no carry-over between windows)."""
     order = epoch_permutation(len(measured["lengths"]), config.seed, 0)
-    depth, groups = config.outstanding_depth, []
+    depth, groups = config.policy.outstanding_depth, []
     for start in range(0, len(order), depth):
         window = sorted(order[start : start + depth], key=lambda i: -measured["lengths"][i])
         cuts = cut_groups(

@@ -111,10 +111,7 @@ def test_handshake_names_the_first_setting_that_differs() -> None:
     with pytest.raises(SettingsMismatchError, match="'mode'"):
         check_settings_agree([one.handshake(), packed.handshake()])
     # Knobs that do not change the plan may differ between ranks.
-    check_settings_agree(
-        [one.handshake(), BatchingConfig.of(one, num_workers=0).handshake()]
-    )
-
+    check_settings_agree([one.handshake(), BatchingConfig.of(one, num_workers=0).handshake()])
 
 
 def _data_messages(*data: DataHandshake | None) -> list[list[int]]:
@@ -180,9 +177,13 @@ def test_garbage_reports_fail_naming_the_field(field: int, value: int, expected:
 
 
 def test_window_and_dealing_knobs_are_checked_and_shared() -> None:
-    with pytest.raises(ValueError, match=r"batching\.policy\.window_budgets must be a positive integer"):
+    with pytest.raises(
+        ValueError, match=r"batching\.policy\.window_budgets must be a positive integer"
+    ):
         BatchingConfig.of(window_budgets=0)
-    with pytest.raises(ValueError, match=r"batching\.policy\.shard_dealing must be one of fixed, by_need"):
+    with pytest.raises(
+        ValueError, match=r"batching\.policy\.shard_dealing must be one of fixed, by_need"
+    ):
         BatchingConfig.of(shard_dealing="round_robin")
     assert BatchingConfig.of(shard_dealing="fixed").policy.shard_dealing is ShardDealing.FIXED
     assert BatchingConfig.of(window_budgets=None).policy.window_budgets is None

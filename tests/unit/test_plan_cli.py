@@ -12,13 +12,13 @@ from importlib.metadata import entry_points
 import numpy as np
 import pytest
 
+from odb_lightning.app.plan import main
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
-from odb_lightning.app.plan import main
 
 ALL_MODES = "standard,sorted,bucketed,oracle,odb,odb_packed"
 

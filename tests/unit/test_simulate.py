@@ -141,7 +141,9 @@ def test_step_order_changes_with_the_seed() -> None:
 
 
 def test_over_budget_sample_is_its_own_step_and_counted() -> None:
-    result = simulate_epoch([[5, 50, 4, 3]], BatchingConfig.of(token_budget=16, outstanding_depth=4))
+    result = simulate_epoch(
+        [[5, 50, 4, 3]], BatchingConfig.of(token_budget=16, outstanding_depth=4)
+    )
     groups = [sorted(s.sample_id for s in st_.group.samples) for st_ in result.steps[0]]
     assert [1] in groups
     assert result.over_budget == [1]
@@ -154,7 +156,9 @@ def test_1024_ranks_finish_fast_and_align() -> None:
         for _ in range(1024)
     ]
     start = time.perf_counter()
-    result = simulate_epoch(rank_lengths, BatchingConfig.of(token_budget=16384, outstanding_depth=64))
+    result = simulate_epoch(
+        rank_lengths, BatchingConfig.of(token_budget=16384, outstanding_depth=64)
+    )
     elapsed = time.perf_counter() - start
     assert elapsed < 60
     job = {"rank_lengths": rank_lengths, "token_budget": 16384}

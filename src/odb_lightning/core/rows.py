@@ -68,7 +68,9 @@ class RowLayout:
 
     def budget(self, token_budget: int) -> Budget:
         """The row cost of this layout under ``token_budget``."""
-        return Budget(token_budget, self.attention_weight, pad_to_multiple_of=self.pad_to_multiple_of)
+        return Budget(
+            token_budget, self.attention_weight, pad_to_multiple_of=self.pad_to_multiple_of
+        )
 
     @property
     def patch_budget(self) -> PatchBudget | None:

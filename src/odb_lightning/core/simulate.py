@@ -180,7 +180,9 @@ def _run(
                 grouped=[w.num_grouped for w in windows],
                 over_patch_budget=tuple(w.num_over_patch_budget for w in windows),
                 sync=sync_figures(
-                    [[s.group for s in rank] for rank in steps], config.budget, packed=config.rows.packs
+                    [[s.group for s in rank] for rank in steps],
+                    config.budget,
+                    packed=config.rows.packs,
                 ),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")

@@ -149,7 +149,9 @@ class ODBDataModule(pl.LightningDataModule):
             )
         arguments = self._source_arguments()
         records = load_source(
-            arguments.pop("name"), **arguments, on_bad_record=self.batching.loader.on_bad_sample.value
+            arguments.pop("name"),
+            **arguments,
+            on_bad_record=self.batching.loader.on_bad_sample.value,
         )
         self.source_counts = dict(records.counts)
         kept = records.records[: kept_records(self.max_samples, len(records.records))]

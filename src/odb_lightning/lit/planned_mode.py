@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.policy import BucketedPolicy
 from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.policy import BucketedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,7 @@ def resolve_boundaries(
             max_batch_size=max_batch_size,
         )
         how = f"optimized in {time.perf_counter() - started:.2f} s"
-    rows = bucket_table(
-        lengths, edges, token_budget=token_budget, max_batch_size=max_batch_size
-    )
+    rows = bucket_table(lengths, edges, token_budget=token_budget, max_batch_size=max_batch_size)
     log.info("bucket edges %s (%s)", edges, how)
     log.info("%16s %8s %9s %6s %11s", "range", "count", "mean len", "batch", "efficiency")
     for row in rows:
@@ -73,9 +71,7 @@ def epoch_plan(lengths: Sequence[int], batching: BatchingConfig, num_samples: in
     """
     policy = batching.policy
     if policy.needs_length_pass and len(lengths) != num_samples:
-        raise ValueError(
-            f"mode '{batching.mode}' needs {num_samples} lengths, got {len(lengths)}"
-        )
+        raise ValueError(f"mode '{batching.mode}' needs {num_samples} lengths, got {len(lengths)}")
     if isinstance(policy, BucketedPolicy):
         budget: int = batching.token_budget  # type: ignore[assignment]
         edges = tuple(resolve_boundaries(lengths, policy, budget))

@@ -3,10 +3,10 @@ what the LightningModule tells it about the model (:class:`ParameterCounts`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 

@@ -159,7 +159,9 @@ def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
         spec.config,
         rank=spec.rank,
         channel=ProgressChannel(channel, spec.progress),
-        source=WorkerQueues(spec.requests, spec.results, spec.config.loader.timeout_s, spec.progress),
+        source=WorkerQueues(
+            spec.requests, spec.results, spec.config.loader.timeout_s, spec.progress
+        ),
         slots=SemaphoreSlots(spec.slots),
         collate_fn=spec.collate_fn,
         pad_id=spec.pad_id,

@@ -85,7 +85,10 @@ class InlineSource:
 
     def receive(self) -> FetchResult:
         return fetch_sample(
-            self._dataset, self._pending.popleft(), self._config.loader.on_bad_sample, self._max_seq_len
+            self._dataset,
+            self._pending.popleft(),
+            self._config.loader.on_bad_sample,
+            self._max_seq_len,
         )
 
 

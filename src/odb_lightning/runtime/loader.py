@@ -136,7 +136,9 @@ class ODBLoader:
         if rendezvous is None:
             world_size, rank = default_world()
             if world_size > 1:
-                job = JobRendezvous.connect(world_size, rank, self.config.loader.alignment_timeout_s)
+                job = JobRendezvous.connect(
+                    world_size, rank, self.config.loader.alignment_timeout_s
+                )
                 rendezvous, self._store = job.for_loader("loader"), job.store
         self._rendezvous = rendezvous
         self.rank = 0 if rendezvous is None else rendezvous.rank
