@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import DataHandshake
-from odb_lightning.core.order import epoch_permutation, shard_indices
+from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.runtime.batch import (
     CollateFn,
     ODBBatch,
@@ -21,6 +21,7 @@ from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.pipeline import Pipeline
+from odb_lightning.runtime.rank_indices import ShardFn, epoch_indices, given_indices
 from odb_lightning.runtime.rendezvous import (
     JobRendezvous,
     MetadataStore,
@@ -31,9 +32,6 @@ from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_object
 from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.worker import MapDataset
 from odb_lightning.sample import SampleLimits
-
-ShardFn = Callable[[int], list[int]]
-"""``shard(epoch)``: this rank's dataset indices for an epoch, in order."""
 
 
 def _is_count(value: object, minimum: int) -> bool:
@@ -120,18 +118,8 @@ class ODBLoader:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._pin = pins_memory(self.config)
-        by_need = self.config.policy.by_need
-        if shard is not None and by_need:
-            raise ValueError(
-                "shard= gives every rank fixed indices, batching.policy.shard_dealing=by_need deals "
-                "one global order: give order= (the epoch's order), or shard_dealing=fixed"
-            )
-        if order is not None and not by_need:
-            raise ValueError(
-                "order= is the global order that batching.policy.shard_dealing=by_need deals; "
-                "with shard_dealing=fixed give shard= (this rank's indices)"
-            )
-        self._shard = shard if shard is not None else order
+        self._policy: OnlinePolicy = self.config.policy  # type: ignore[assignment]
+        self._shard = given_indices(self._policy, shard, order)
         self._store = metadata_store
         if rendezvous is None:
             world_size, rank = default_world()
@@ -225,12 +213,9 @@ class ODBLoader:
         return batch._replace(inputs=pin_batch(batch.inputs))
 
     def _indices(self, epoch: int) -> list[int]:
-        """This rank's shard for ``epoch``; dealt by need, the epoch's global order."""
-        if self._shard is not None:  # shard= or order=
-            return list(self._shard(epoch))
-        if self.config.policy.by_need:
-            return epoch_permutation(len(self.dataset), self.config.seed, epoch)
-        return shard_indices(len(self.dataset), self.world_size, self.rank, self.config.seed, epoch)
+        place = (self.world_size, self.rank)
+        seed = self.config.seed
+        return epoch_indices(self._shard, self._policy, len(self.dataset), place, seed, epoch)
 
     def _data_handshake(self) -> DataHandshake:
         """What the channel's handshake compares across ranks (``shard=`` or ``order=``:
@@ -238,7 +223,7 @@ class ODBLoader:
         shard = None
         if self._shard is not None and self.world_size > 1:
             shard = self._indices(self._epoch)
-        by_need = self.config.policy.by_need
+        by_need = self._policy.by_need
         return DataHandshake.of(
             len(self.dataset), self.max_seq_len, self._epoch, shard, order=by_need
         )
