@@ -15,7 +15,10 @@ from odb_lightning.core.handshake import (
     handshake_message,
 )
 from odb_lightning.core.loader_config import OnBadSample, StartMethod
+from odb_lightning.core.modes import MODES
 from odb_lightning.core.online_policy import ShardDealing
+from odb_lightning.core.policy import StandardPolicy
+from odb_lightning.core.rows import PackedRows
 from odb_lightning.core.wire import RankReport, WireFormatError, decode_report, encode_report
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.pipeline import output_slots
@@ -219,3 +222,32 @@ def test_ranks_dealt_by_need_must_give_the_same_order() -> None:
     fixed = BatchingConfig.of().handshake() + DataHandshake.of(6, None, 1, [0, 1, 2]).encode()
     with pytest.raises(SettingsMismatchError, match=r"shard= \(or order=\) on every rank"):
         check_data_agree([orders([5, 1, 0, 2, 3, 4])[0], fixed])
+
+
+def test_keyword_form_routes_each_knob_to_its_concern() -> None:
+    config = BatchingConfig.of(
+        mode="odb_packed", token_budget=8192, outstanding_depth=64, num_workers=0
+    )
+    assert config.mode == "odb_packed" and config.rows.packs
+    assert config.policy.outstanding_depth == 64 and config.loader.num_workers == 0
+    assert config.knob("outstanding_depth") == 64 and config.knob("mode") == "odb_packed"
+    # Switching mode keeps the fields both layouts have; another policy's knob is not read.
+    padded = BatchingConfig.of(config, mode="oracle", pad_to_multiple_of=8, batch_size=4)
+    assert padded.mode == "oracle" and padded.rows.pad_to_multiple_of == 8
+    assert padded.knob("batch_size") is None and padded.knob("outstanding_depth") is None
+    with pytest.raises(KeyError, match="'window'"):
+        config.knob("window")
+
+
+def test_every_registered_mode_is_its_policy_and_layout() -> None:
+    for name, mode in MODES.items():
+        config = BatchingConfig(policy=mode.policy(), rows=mode.rows())
+        assert config.mode == name == BatchingConfig.of(mode=name).mode
+    assert [m for m, e in MODES.items() if e.policy.online] == ["odb", "odb_packed"]
+    assert {m for m, e in MODES.items() if e.policy.needs_length_pass} == {
+        "sorted",
+        "bucketed",
+        "oracle",
+    }
+    with pytest.raises(ValueError, match=r"^batching\.policy StandardPolicy with batching\.rows"):
+        BatchingConfig(policy=StandardPolicy(), rows=PackedRows())
