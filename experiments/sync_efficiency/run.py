@@ -97,10 +97,7 @@ def shards_of(ordered: list[int], world: int) -> list[list[int]]:
 def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> int:
     """Most groups of a rank when the sorted lengths are dealt round robin."""
     ordered = sorted(lengths, reverse=True)
-    return max(
-        len(group_lengths(ordered[rank::world], config.budget, packed=config.rows.packs))
-        for rank in range(world)
-    )
+    return max(len(group_lengths(ordered[rank::world], config.budget)) for rank in range(world))
 
 
 def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:

@@ -15,6 +15,7 @@ from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.plans import bucket_of, pack_in_order
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.rows import PackedRows
 
 LENGTHS = st.lists(st.integers(1, 3000), min_size=1, max_size=150)
 BUDGETS = st.integers(1, 12000)
@@ -68,7 +69,7 @@ def test_over_budget_sample_is_alone_and_counted():
     for mode in ("bucketed", "oracle", "odb", "odb_packed"):
         batches = _plan(lengths, mode, 1000)
         assert [1] in batches
-        stats = summarize_plan(lengths, batches, 1000, packed=mode == "odb_packed")
+        stats = summarize_plan(lengths, batches, 1000, rows=MODES[mode].rows())
         assert stats.over_budget_samples == 1
         assert stats.over_budget_batches == 0
 
@@ -158,7 +159,7 @@ def test_odb_packed_fills_a_real_token_budget():
     batches = _plan(lengths, "odb_packed", 8192, seed=3, window=64)
     assert sorted(i for b in batches for i in b) == list(range(500))
     assert all(sum(lengths[i] for i in b) <= 8192 for b in batches if len(b) > 1)
-    packed = summarize_plan(lengths, batches, 8192, packed=True)
+    packed = summarize_plan(lengths, batches, 8192, rows=PackedRows())
     padded = summarize_plan(lengths, _plan(lengths, "odb", 8192, seed=3, window=64), 8192)
     assert packed.padding_efficiency == 1.0
     assert packed.steps < padded.steps  # the same budget buys more real tokens
@@ -186,7 +187,7 @@ def test_summarize_plan_numbers():
     assert stats.over_budget_samples == 1
     assert stats.over_budget_batches == 1  # [0, 1] costs 20 > 16
     assert (stats.real_tokens, stats.padded_tokens) == (40, 46)
-    packed = summarize_plan(lengths, [[0, 1], [2], [3]], token_budget=16, packed=True)
+    packed = summarize_plan(lengths, [[0, 1], [2], [3]], token_budget=16, rows=PackedRows())
     assert packed.padding_efficiency == 1.0 and packed.over_budget_batches == 0
 
 

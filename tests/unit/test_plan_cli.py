@@ -15,6 +15,7 @@ import pytest
 from odb_lightning.app.plan import main
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.modes import MODES
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
@@ -39,7 +40,8 @@ def _expected_stats(lengths, mode, budget, edges, *, seed=0, batch_size=8, windo
         outstanding_depth=window,
         seed=seed,
     )
-    return dataclasses.asdict(summarize_plan(lengths, batches, budget, packed=mode == "odb_packed"))
+    rows = MODES[mode].rows()
+    return dataclasses.asdict(summarize_plan(lengths, batches, budget, rows=rows))
 
 
 def test_synthetic_json_matches_the_core_planners(capsys):

@@ -7,6 +7,7 @@ import pytest
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.rows import PaddedRows
 from odb_lightning.core.simulate import simulate_epoch
 from odb_lightning.core.sync import group_cost, sync_figures
 from odb_lightning.core.types import Group, SampleInfo
@@ -46,7 +47,9 @@ def test_summary_figures_equal_the_simulators() -> None:
     totals = [RankTotals() for _ in range(3)]
     for rank, steps in enumerate(result.steps):
         for index, step in enumerate(steps):
-            totals[rank].add(make_step_meta(step, step_index=index, epoch=0, packed=False), 0.0)
+            totals[rank].add(
+                make_step_meta(step, step_index=index, epoch=0, rows=PaddedRows()), 0.0
+            )
     figures = _sync_figures(totals)
     # The plan's costs are whole tokens, as are the simulator's with attention_weight 0.
     assert figures["sync_efficiency"] == pytest.approx(result.sync.sync_efficiency)

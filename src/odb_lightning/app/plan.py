@@ -210,7 +210,7 @@ def evaluate_budget(lengths: list[int], budget: int, args: argparse.Namespace) -
             knobs["boundaries"] = tuple(report["buckets"]["boundaries"])
         config = BatchingConfig.of(mode=mode.name, token_budget=budget, seed=args.seed, **knobs)
         batches = plan_epoch(lengths, config)
-        stats = summarize_plan(lengths, batches, budget, packed=config.rows.packs)
+        stats = summarize_plan(lengths, batches, budget, rows=config.rows)
         report["modes"][mode.name] = dataclasses.asdict(stats)
     if args.ranks:
         report["ranks"] = evaluate_ranks(lengths, budget, args)

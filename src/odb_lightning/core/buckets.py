@@ -1,6 +1,6 @@
 """Bucket optimizer for ``bucketed`` batching: edges that minimize modelled padding.
 
-Model. A bucket holds ``m`` samples; each epoch they are shuffled and packed greedily in
+Model. A bucket holds ``m`` samples; each epoch they are shuffled and cut greedily in
 batches of (about) ``b``. Shuffled chunks of a random permutation are draws *without
 replacement*, so a batch is padded to the maximum of ``b`` such draws, and the bucket
 costs about ``m * E[max_b]`` padded tokens. With the bucket's values sorted,

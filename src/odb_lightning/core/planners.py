@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.plans import validate_lengths
+from odb_lightning.core.rows import PaddedRows, RowLayout
 from odb_lightning.core.simulate import simulate
 
 
@@ -25,13 +25,14 @@ class PlanStats:
     Attributes:
         steps: Non-empty batches.
         mean_batch_size: Samples per step.
-        padding_efficiency: Real tokens / padded tokens (1.0 for packed batches).
+        padding_efficiency: Real tokens / padded tokens (1.0 for padding-free rows).
         budget_fill: Mean padded tokens per step / ``token_budget``; above 1 when a mode
             that ignores the budget (``standard``, ``sorted``) overshoots it.
         over_budget_samples: Samples that alone cost more than the budget.
         over_budget_batches: Multi-sample batches that cost more than the budget.
         real_tokens: Sum of sample lengths.
-        padded_tokens: Sum over batches of ``size * longest`` (real tokens when packed).
+        padded_tokens: Sum over batches of the layout's padded tokens (``size * longest``
+            for padded rows).
     """
 
     steps: int
@@ -84,37 +85,34 @@ def _replay_online(lengths: Sequence[int], config: BatchingConfig, epoch: int) -
     return [[order[j] for j in step] for step in steps]
 
 
+PADDED = PaddedRows()
+"""The default layout of :func:`summarize_plan`: padded rows, no rounding, tokens only."""
+
+
 def summarize_plan(
     lengths: Sequence[int],
     batches: Sequence[Sequence[int]],
     token_budget: int,
     *,
-    attention_weight: float = 0.0,
-    packed: bool = False,
+    rows: RowLayout = PADDED,
 ) -> PlanStats:
-    """Padding statistics of ``batches`` (indices into ``lengths``) against the budget.
+    """Padding statistics of ``batches`` (indices into ``lengths``) against the budget of
+    the row layout ``rows`` (whose padded tokens they count).
 
-    Empty (IDLE) batches are not steps and are skipped. With ``packed`` (``odb_packed``)
-    batches are emitted padding-free: padded tokens equal real tokens.
+    Empty (IDLE) batches are not steps and are skipped.
     """
-    budget = Budget(token_budget, attention_weight)
+    budget = rows.budget(token_budget)
     steps = samples = real = padded = over_samples = over_batches = 0
     for batch in batches:
         if not batch:
             continue
         batch_lengths = [lengths[i] for i in batch]
-        longest = max(batch_lengths)
         steps += 1
         samples += len(batch)
         real += sum(batch_lengths)
-        padded += sum(batch_lengths) if packed else len(batch) * longest
+        padded += rows.padded_tokens(batch_lengths)
         over_samples += sum(budget.is_over_budget(n) for n in batch_lengths)
-        cost = (
-            budget.packed_cost(sum(batch_lengths), sum(n * n for n in batch_lengths))
-            if packed
-            else budget.cost(len(batch), longest)
-        )
-        over_batches += len(batch) > 1 and cost > token_budget
+        over_batches += len(batch) > 1 and budget.group_cost(batch_lengths) > token_budget
     return PlanStats(
         steps=steps,
         mean_batch_size=samples / steps if steps else 0.0,

@@ -12,11 +12,12 @@ asks the layout instead of testing which one it is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from odb_lightning.core.budget import Budget
+from odb_lightning.core.budget import Budget, PackedBudget
 from odb_lightning.core.checks import check_positive_int, check_weight, enum_member
 from odb_lightning.core.patch_budget import PatchBudget
 
@@ -58,7 +59,7 @@ class RowLayout:
     per image of ``p`` patches)."""
 
     packs: ClassVar[bool] = False
-    """Groups are one padding-free row: costs, cuts and statistics count real tokens."""
+    """A group is one padding-free row (its samples' tokens, one after the other)."""
 
     def __post_init__(self) -> None:
         check_positive_int(f"{ROWS_KEY}.pad_to_multiple_of", self.pad_to_multiple_of)
@@ -71,6 +72,14 @@ class RowLayout:
         return Budget(
             token_budget, self.attention_weight, pad_to_multiple_of=self.pad_to_multiple_of
         )
+
+    def padded_tokens(self, lengths: Sequence[int]) -> int:
+        """Tokens the collate makes of a group of these lengths: every row padded to the
+        longest, rounded up to ``pad_to_multiple_of`` (0 for an IDLE step's none)."""
+        return len(lengths) * self._rounded(max(lengths)) if lengths else 0
+
+    def _rounded(self, length: int) -> int:
+        return -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
 
     @property
     def patch_budget(self) -> PatchBudget | None:
@@ -103,9 +112,12 @@ class PackedRows(RowLayout):
         object.__setattr__(self, "packed_attention", kind)
 
     def budget(self, token_budget: int) -> Budget:
-        return Budget(
+        return PackedBudget(
             token_budget,
             self.attention_weight,
             pad_to_multiple_of=self.pad_to_multiple_of,
             dense_packed_attention=self.packed_attention is PackedAttention.DENSE,
         )
+
+    def padded_tokens(self, lengths: Sequence[int]) -> int:
+        return self._rounded(sum(lengths)) if lengths else 0

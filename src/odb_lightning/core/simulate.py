@@ -179,11 +179,7 @@ def _run(
                 over_budget=[w.num_over_budget for w in windows],
                 grouped=[w.num_grouped for w in windows],
                 over_patch_budget=tuple(w.num_over_patch_budget for w in windows),
-                sync=sync_figures(
-                    [[s.group for s in rank] for rank in steps],
-                    config.budget,
-                    packed=config.rows.packs,
-                ),
+                sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")
 
@@ -201,7 +197,7 @@ def simulate(
 
     Args:
         rank_lengths: Per rank, the token lengths of its fixed shard in arrival order.
-        config: The batching settings (packed rows budget real tokens).
+        config: The batching settings (the row layout sets what a group costs).
         loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
         epoch: Epoch number (changes the step order).
         patches: Per rank, ViT patches per sample (for ``max_patches``; default none).

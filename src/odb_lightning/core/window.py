@@ -69,25 +69,23 @@ class RoundOutcome:
     dropped: int = 0
 
 
-def peel_figures(
-    groups: list[Group], num_peels: int, budget: Budget, *, packed: bool
-) -> list[tuple[int, int, int]]:
+def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
     """Per peel of :func:`split_groups`, in order: the peeled sample's supervised tokens,
     the cost of its singleton and how much the cost of the group it leaves falls (costs
     rounded up to integers, so the falls add up to the rounded cost of what is left)."""
     members = [list(g.samples) for g in groups]
     figures = []
     for index in peel_order([len(m) for m in members], num_peels):
-        before = _step_cost(Group(tuple(members[index])), budget, packed)
+        before = _step_cost(Group(tuple(members[index])), budget)
         peeled = members[index].pop()
-        after = _step_cost(Group(tuple(members[index])), budget, packed)
-        single = _step_cost(Group((peeled,)), budget, packed)
+        after = _step_cost(Group(tuple(members[index])), budget)
+        single = _step_cost(Group((peeled,)), budget)
         figures.append((peeled.num_loss_tokens, single, before - after))
     return figures
 
 
-def _step_cost(group: Group, budget: Budget, packed: bool) -> int:
-    return math.ceil(group_cost(group, budget, packed=packed))
+def _step_cost(group: Group, budget: Budget) -> int:
+    return math.ceil(group_cost(group, budget))
 
 
 def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
@@ -290,8 +288,7 @@ class GroupingWindow:
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
-        packed = self.config.rows.packs
-        peels = peel_figures(groups, num_peels, self._budget, packed=packed)
+        peels = peel_figures(groups, num_peels, self._budget)
         return RankReport(
             epoch=self.epoch,
             round_index=self.round_index,
@@ -303,7 +300,7 @@ class GroupingWindow:
             group_sizes=tuple(g.size for g in shown),
             group_loss_tokens=tuple(g.num_loss_tokens for g in shown),
             peel_loss_tokens=tuple(loss for loss, _, _ in peels),
-            group_costs=tuple(_step_cost(g, self._budget, packed) for g in shown),
+            group_costs=tuple(_step_cost(g, self._budget) for g in shown),
             peel_costs=tuple(cost for _, cost, _ in peels),
             peel_savings=tuple(saving for _, _, saving in peels),
             undealt=self._undealt,
@@ -316,12 +313,7 @@ class GroupingWindow:
     def _grouped(self) -> list[Group]:
         """The buffer's groups, oldest first; grouped again only if the buffer changed."""
         if self._buffer_changed:
-            groups = group_window(
-                self._buffer,
-                self._budget,
-                packed=self.config.rows.packs,
-                patch_budget=self.config.patch_budget,
-            )
+            groups = group_window(self._buffer, self._budget, patch_budget=self.config.patch_budget)
             groups.sort(key=lambda g: g.age)
             self._cached_groups = groups
             self._buffer_changed = False

@@ -104,8 +104,7 @@ def build_step_meta(
     lengths: Sequence[int],
     num_loss_tokens: int,
     *,
-    packed: bool,
-    pad_to_multiple_of: int = 1,
+    rows: RowLayout,
     global_samples: int,
     global_loss_tokens: int | None,
     round_index: int,
@@ -113,15 +112,9 @@ def build_step_meta(
     epoch: int,
 ) -> StepMeta:
     """The metadata of one step from its samples' ids, lengths and supervised tokens
-    (padded tokens as the collate pads them: each row, or the packed row, rounded up to a
-    multiple of ``pad_to_multiple_of``)."""
+    (padded tokens as the collate of the layout ``rows`` pads them)."""
     real = sum(lengths)
-    if not lengths:
-        padded = 0
-    elif packed:
-        padded = round_up(real, pad_to_multiple_of)
-    else:
-        padded = len(lengths) * round_up(max(lengths), pad_to_multiple_of)
+    padded = rows.padded_tokens(lengths)
     return StepMeta(
         sample_ids=tuple(sample_ids),
         is_idle=not sample_ids,
@@ -138,17 +131,14 @@ def build_step_meta(
     )
 
 
-def make_step_meta(
-    step: Step, *, step_index: int, epoch: int, packed: bool, pad_to_multiple_of: int = 1
-) -> StepMeta:
+def make_step_meta(step: Step, *, step_index: int, epoch: int, rows: RowLayout) -> StepMeta:
     """The metadata of an aligned core :class:`~odb_lightning.core.window.Step`."""
     members = () if step.group is None else step.group.samples
     return build_step_meta(
         [s.sample_id for s in members],
         [s.length for s in members],
         sum(s.num_loss_tokens for s in members),
-        packed=packed,
-        pad_to_multiple_of=pad_to_multiple_of,
+        rows=rows,
         global_samples=step.global_samples,
         global_loss_tokens=step.global_loss_tokens,
         round_index=step.round_index,

@@ -273,8 +273,7 @@ class EpochRunner:
             step,
             step_index=log.steps,
             epoch=log.epoch,
-            packed=self._config.rows.packs,
-            pad_to_multiple_of=self._config.rows.pad_to_multiple_of,
+            rows=self._config.rows,
         )
         log.steps += 1
         log.idle_steps += int(step.is_idle)

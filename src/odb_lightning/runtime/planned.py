@@ -152,8 +152,7 @@ class _PlannedCollate:
             ids,
             [length for length, _ in counts],
             sum(loss for _, loss in counts),
-            packed=self.rows.packs,
-            pad_to_multiple_of=self.rows.pad_to_multiple_of,
+            rows=self.rows,
             global_samples=0,  # the global counts and the step: PlannedLoader.__iter__
             global_loss_tokens=None,
             round_index=0,
