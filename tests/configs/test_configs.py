@@ -147,3 +147,14 @@ def test_an_unknown_mode_fails_naming_the_modes(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="batching/fastest") as info:
         compose_train(tmp_path, ["batching=fastest"])
     assert all(mode in str(info.value) for mode in MODES)
+
+
+def test_packed_row_attention_must_match_the_backend(tmp_path: Path) -> None:
+    packed = ["batching=odb_packed", "batching.rows.attention_weight=0.001"]
+    cfg = compose_train(tmp_path, [*packed, "model.attn_implementation=sdpa"])
+    with pytest.raises(ConfigError, match=r"^batching\.rows\.packed_attention must be dense"):
+        validate_config(cfg)
+    dense = "batching.rows.packed_attention=dense"
+    validate_config(compose_train(tmp_path, [*packed, dense, "model.attn_implementation=sdpa"]))
+    padded = ["batching=odb", "batching.rows.attention_weight=0.001"]
+    validate_config(compose_train(tmp_path, [*padded, "model.attn_implementation=sdpa"]))

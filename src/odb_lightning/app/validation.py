@@ -12,10 +12,8 @@ import hydra
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
-from odb_lightning.app.config_store import target_of
 from odb_lightning.app.run_dir import srun_tasks
 from odb_lightning.core.checks import is_int
-from odb_lightning.core.rows import PackedRows, packed_attention_of
 from odb_lightning.data.sizes import check_size
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import gloo_binding, job_store_address
@@ -91,25 +89,19 @@ def validate_config(cfg: DictConfig) -> None:
             f"data.max_seq_len ({max_seq_len}) must not exceed batching.token_budget "
             f"({budget}): a sample of max_seq_len tokens must fit one step"
         )
-    _validate_packed_attention(cfg)
+    _validate_row_attention(cfg)
 
 
-def _validate_packed_attention(cfg: DictConfig) -> None:
-    """With ``attention_weight > 0`` a packed row's attention cost depends on the kernel:
-    the layout's ``packed_attention`` must be the one ``model.attn_implementation`` runs."""
-    rows, model = cfg.batching.get("rows") or {}, cfg.get("model") or {}
-    backend = model.get("attn_implementation")
-    weight = rows.get("attention_weight") or 0
-    if rows.get("_target_") != target_of(PackedRows) or not backend or not weight:
+def _validate_row_attention(cfg: DictConfig) -> None:
+    """The row layout's attention cost against ``model.attn_implementation`` (the layout
+    says what it needs: :meth:`~odb_lightning.core.rows.RowLayout.attention_mismatch`)."""
+    backend = (cfg.get("model") or {}).get("attn_implementation")
+    if not backend:
         return
-    expected = packed_attention_of(str(backend)).value
-    if str(rows.get("packed_attention", "varlen")) != expected:
-        raise ConfigError(
-            f"batching.rows.packed_attention must be {expected} with "
-            f"model.attn_implementation={backend} and batching.rows.attention_weight={weight}: "
-            "sdpa and eager attend over a dense block mask (N^2 per packed row), flash and "
-            "flex attention skip the blocks across samples (sum of L_i^2)"
-        )
+    rows = instantiate_checked(cfg.batching.rows, "batching")
+    problem = rows.attention_mismatch(str(backend))
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def launched_world_size(environ: Mapping[str, str]) -> int:

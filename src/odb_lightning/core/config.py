@@ -37,7 +37,7 @@ class BatchingConfig:
     """How batches are formed and how the loader runs. Errors name the Hydra key."""
 
     token_budget: int | str = 16384
-    """``L_max``: most padded tokens per step (real tokens in packed rows); ``auto``: the
+    """``L_max``: most tokens per step, as the row layout counts them; ``auto``: the
     largest budget whose worst-case step fits the GPU, measured at fit start
     (:class:`~odb_lightning.lit.memory.MemoryWarmup`). The fixed-size modes ignore it."""
     seed: int = 0
@@ -47,7 +47,7 @@ class BatchingConfig:
     policy: Policy = field(default_factory=OnlinePolicy)
     """The mode's own knobs and its plan (``batching.policy.*``)."""
     rows: RowLayout = field(default_factory=PaddedRows)
-    """The row layout: padded or packed rows, their cost and the patch budget
+    """The row layout (:mod:`~odb_lightning.core.rows`): its cost and the patch budget
     (``batching.rows.*``)."""
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     """The loader's processes (``batching.loader.*``)."""
@@ -110,8 +110,8 @@ class BatchingConfig:
         """``base`` (default: the defaults) with ``knobs`` replaced, each by its flat name.
 
         A knob goes to the concern whose dataclass has that field (names are unique
-        across concerns): ``BatchingConfig.of(mode="odb_packed", token_budget=8192,
-        outstanding_depth=64, num_workers=0)``. ``mode`` switches the policy and layout
+        across concerns): ``BatchingConfig.of(mode="oracle", token_budget=8192,
+        max_batch_size=64, num_workers=0)``. ``mode`` switches the policy and layout
         types, keeping the values of the fields both types have. A knob of another mode's
         policy or layout is not read, so one set of knobs serves every mode.
 

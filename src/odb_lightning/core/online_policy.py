@@ -1,4 +1,4 @@
-"""The online policy (``odb``, ``odb_packed``): the window, the dealing, the join and the
+"""The online policy (the ``odb`` modes): the window, the dealing, the join and the
 round size of the ODB runtime, which forms batches while the epoch runs."""
 
 from __future__ import annotations

@@ -81,6 +81,11 @@ class RowLayout:
     def _rounded(self, length: int) -> int:
         return -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
 
+    def attention_mismatch(self, attn_implementation: str) -> str | None:
+        """Why this layout's attention cost is not what ``attn_implementation`` runs, or
+        ``None`` (padded rows attend within each row: any backend)."""
+        return None
+
     @property
     def patch_budget(self) -> PatchBudget | None:
         """The vision-tower bound of a group, or ``None`` without ``max_patches``."""
@@ -121,3 +126,17 @@ class PackedRows(RowLayout):
 
     def padded_tokens(self, lengths: Sequence[int]) -> int:
         return self._rounded(sum(lengths)) if lengths else 0
+
+    def attention_mismatch(self, attn_implementation: str) -> str | None:
+        """With ``attention_weight > 0`` a packed row's cost depends on the kernel:
+        ``packed_attention`` must be the one the backend runs."""
+        expected = packed_attention_of(attn_implementation)
+        if not self.attention_weight or self.packed_attention is expected:
+            return None
+        return (
+            f"{ROWS_KEY}.packed_attention must be {expected.value} with "
+            f"model.attn_implementation={attn_implementation} and "
+            f"{ROWS_KEY}.attention_weight={self.attention_weight}: sdpa and eager attend over "
+            "a dense block mask (N^2 per packed row), flash and flex attention skip the "
+            "blocks across samples (sum of L_i^2)"
+        )

@@ -102,7 +102,7 @@ class ODBLoader:
         self.config = BatchingConfig.of(config, **knobs)
         if not self.config.policy.online:
             raise ValueError(
-                f"ODBLoader forms batches online (mode odb or odb_packed), got mode "
+                f"ODBLoader forms batches online (an odb mode), got mode "
                 f"{self.config.mode!r}: planned modes use PlannedLoader"
             )
         if not _is_count(pad_id, 0):
