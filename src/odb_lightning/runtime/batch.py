@@ -18,8 +18,8 @@ from odb_lightning.core.window import Step
 from odb_lightning.runtime.vlm_batch import (
     has_image_fields,
     image_inputs,
-    packed_positions,
     padded_positions,
+    sample_positions,
 )
 from odb_lightning.sample import IGNORE_INDEX
 
@@ -243,7 +243,8 @@ def pack_collate(
     position_ids = torch.arange(input_ids.numel()) - torch.repeat_interleave(starts, lengths)
     rows = position_ids.unsqueeze(0)
     if images:  # 3-D rotary positions, restarting per sample: runtime/vlm_batch.py
-        rows = packed_positions(samples).unsqueeze(1)
+        # Each sample's own [4, L] positions, one after the other: [4, 1, N].
+        rows = torch.cat([sample_positions(s) for s in samples], dim=1).unsqueeze(1)
     return images | {
         "input_ids": input_ids.unsqueeze(0),
         "labels": labels.unsqueeze(0),
