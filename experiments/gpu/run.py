@@ -63,6 +63,16 @@ DRY_RUN_OVERRIDES = [
 ]
 
 
+def _online(own: tuple[str, ...]) -> bool:
+    """The arm's batching mode forms its batches online."""
+    # Imported here, as the child's run is: the parent may start before the package is
+    # installed (packages.py installs it).
+    from odb_lightning.core.modes import MODES
+
+    mode = next(o.removeprefix("batching=") for o in own if o.startswith("batching="))
+    return MODES[mode].policy.online
+
+
 def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str]:
     """Hydra overrides of one arm (the same data, budget and settings for every arm)."""
     trainer, model, own = ARMS[arm]
@@ -81,7 +91,8 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
         f"batching.loader.num_workers={args.num_workers}",
         f"data.length_cache_dir={out_dir.parent / 'length_cache'}",
         f"batching.token_budget={args.token_budget}",
-        f"batching.policy.outstanding_depth={args.outstanding_depth}",
+        # The window is the online policy's knob: only the online arms take it.
+        *([f"batching.policy.outstanding_depth={args.outstanding_depth}"] * _online(own)),
         # No checkpoint (GBs of optimizer state for a 0.5B model) in the arms' time.
         "~callbacks.checkpoint",
         "trainer.enable_checkpointing=false",
