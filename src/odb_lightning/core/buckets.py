@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from odb_lightning.core.checks import is_int
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.planners import plan_epoch, summarize_plan
 from odb_lightning.core.plans import bucket_of, validate_lengths
@@ -164,7 +165,7 @@ def _check_args(
         ("max_batch_size", max_batch_size),
         ("num_candidates", num_candidates),
     ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 

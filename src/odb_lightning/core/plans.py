@@ -12,6 +12,7 @@ import bisect
 from collections.abc import Sequence
 
 from odb_lightning.core.budget import Budget
+from odb_lightning.core.checks import is_int
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import make_rng
 
@@ -19,7 +20,7 @@ from odb_lightning.core.order import make_rng
 def validate_lengths(lengths: Sequence[int]) -> None:
     """Raise ``ValueError`` naming the first index whose length is not a positive int."""
     for index, length in enumerate(lengths):
-        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        if not is_int(length) or length < 1:
             raise ValueError(
                 f"lengths[{index}] must be a positive integer token count, got {length!r}"
             )
@@ -35,7 +36,7 @@ def bucket_of(lengths: Sequence[int], boundaries: Sequence[int]) -> list[int]:
     if len(boundaries) < 2:
         raise ValueError(f"boundaries needs at least 2 edges (1 bucket), got {boundaries!r}")
     for index, edge in enumerate(boundaries):
-        if not isinstance(edge, int) or isinstance(edge, bool) or edge < 0:
+        if not is_int(edge) or edge < 0:
             raise ValueError(f"boundaries[{index}] must be a non-negative integer, got {edge!r}")
         if index and edge <= boundaries[index - 1]:
             raise ValueError(f"boundaries must be strictly increasing, got {list(boundaries)}")

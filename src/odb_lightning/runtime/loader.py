@@ -7,6 +7,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
+from odb_lightning.core.checks import is_int
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import DataHandshake
 from odb_lightning.core.online_policy import OnlinePolicy
@@ -35,7 +36,7 @@ from odb_lightning.sample import SampleLimits
 
 
 def _is_count(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    return is_int(value) and value >= minimum
 
 
 class ODBLoader:

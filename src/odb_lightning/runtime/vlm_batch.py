@@ -72,4 +72,3 @@ def padded_positions(samples: Sequence[Mapping[str, torch.Tensor]], width: int) 
         own = sample_positions(sample)
         positions[:, row, : own.shape[1]] = own
     return positions
-
