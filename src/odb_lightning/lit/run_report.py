@@ -3,11 +3,10 @@ what the LightningModule tells it about the model (:class:`ParameterCounts`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from odb_lightning.core.config import BatchingConfig
@@ -96,7 +95,7 @@ class RunReport:
 
 def _plain_settings(settings: Any) -> Any:
     """A configuration dataclass as nested plain values, shaped like its Hydra node."""
-    if dataclasses.is_dataclass(settings):
+    if is_dataclass(settings):
         return {f.name: _plain_settings(getattr(settings, f.name)) for f in fields(settings)}
     return getattr(settings, "value", settings)
 
