@@ -27,22 +27,21 @@ class Mode:
     name: str
     policy: type[Policy]
     rows: type[RowLayout]
-    summary: str
-    """One line for the ``batching`` option's header and the CLI's help."""
 
 
 MODES: dict[str, Mode] = {
     mode.name: mode
     for mode in (
-        Mode("standard", StandardPolicy, PaddedRows, "fixed batch_size, random order"),
-        Mode("sorted", SortedPolicy, PaddedRows, "fixed batch_size of a global length sort"),
-        Mode("bucketed", BucketedPolicy, PaddedRows, "length buckets packed under the budget"),
-        Mode("oracle", OraclePolicy, PaddedRows, "offline longest-first grouping"),
-        Mode("odb", OnlinePolicy, PaddedRows, "online dynamic batching, padded rows"),
-        Mode("odb_packed", OnlinePolicy, PackedRows, "online dynamic batching, packed rows"),
+        Mode("standard", StandardPolicy, PaddedRows),
+        Mode("sorted", SortedPolicy, PaddedRows),
+        Mode("bucketed", BucketedPolicy, PaddedRows),
+        Mode("oracle", OraclePolicy, PaddedRows),
+        Mode("odb", OnlinePolicy, PaddedRows),
+        Mode("odb_packed", OnlinePolicy, PackedRows),
     )
 }
-"""Every mode by name, in the order the README's table lists them."""
+"""Every mode by name, in the order the README's table lists them (the handshake sends
+a mode as its index here)."""
 
 
 def mode_named(name: object) -> Mode:
