@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 
 import pytest
@@ -14,7 +15,7 @@ from odb_lightning.core.handshake import (
     check_settings_agree,
     handshake_message,
 )
-from odb_lightning.core.loader_config import OnBadSample, StartMethod
+from odb_lightning.core.loader_config import LoaderConfig, OnBadSample, StartMethod
 from odb_lightning.core.modes import MODES
 from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.policy import StandardPolicy
@@ -251,3 +252,14 @@ def test_every_registered_mode_is_its_policy_and_layout() -> None:
     }
     with pytest.raises(ValueError, match=r"^batching\.policy StandardPolicy with batching\.rows"):
         BatchingConfig(policy=StandardPolicy(), rows=PackedRows())
+
+
+def test_knob_names_are_unique_across_concerns() -> None:
+    def names(kind: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(kind)}
+
+    policies = set().union(*(names(m.policy) for m in MODES.values()))
+    layouts = set().union(*(names(m.rows) for m in MODES.values()))
+    top = names(BatchingConfig) - {"policy", "rows", "loader"}
+    concerns = [top, policies, layouts, names(LoaderConfig)]
+    assert sum(map(len, concerns)) == len(set().union(*concerns))  # one owner per name
