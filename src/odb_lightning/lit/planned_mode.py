@@ -32,7 +32,8 @@ def resolve_boundaries(
 ) -> list[int]:
     """The configured bucket edges, or edges optimized on the cached lengths (logged as a
     table: range, count, mean length, batch size, efficiency)."""
-    max_batch_size = policy.max_batch_size
+    # No cap (null) is a cap of the whole epoch to the optimizer's model.
+    max_batch_size = policy.max_batch_size or max(1, len(lengths))
     if policy.boundaries:
         edges = list(policy.boundaries)
         how = "configured"
