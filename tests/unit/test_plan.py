@@ -12,8 +12,8 @@ from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.modes import MODES
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.planners import plan_epoch, summarize_plan
-from odb_lightning.core.plans import bucket_of, pack_in_order
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.plans import bucket_of, pack_in_order, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.rows import PackedRows
 

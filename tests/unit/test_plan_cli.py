@@ -17,7 +17,8 @@ from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predic
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.planners import plan_epoch, summarize_plan
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.plans import summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
 

@@ -34,7 +34,8 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES, Mode
 from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.planners import plan_epoch, summarize_plan
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.plans import summarize_plan
 from odb_lightning.core.policy import BucketedPolicy, SortedPolicy, StandardPolicy
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
 

@@ -30,10 +30,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from odb_lightning.core.budget import Budget
 from odb_lightning.core.checks import is_int
-from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.planners import plan_epoch, summarize_plan
-from odb_lightning.core.plans import bucket_of, validate_lengths
+from odb_lightning.core.plans import bucket_of, plan_bucketed, summarize_plan, validate_lengths
 
 # Below this probability the rest of the histogram cannot move E[max] by a visible amount.
 _TAIL_MASS = 1e-13
@@ -52,7 +51,7 @@ class BucketRow:
         mean_length: Their mean length.
         batch_size: Model batch size ``b`` (largest with ``b * E[max_b] <= budget``).
         predicted_efficiency: Real / modelled padded tokens of the bucket.
-        efficiency: Real / padded tokens measured by the real packer (``plan_epoch``).
+        efficiency: Real / padded tokens measured by the real packer (``plan_bucketed``).
     """
 
     lo: int
@@ -343,14 +342,13 @@ def _bucketed_plans(
     seed: int,
     epochs: int,
 ) -> list[list[int]]:
-    config = BatchingConfig.of(
-        mode="bucketed",
-        token_budget=token_budget,
-        max_batch_size=max_batch_size,
-        boundaries=tuple(boundaries),
-        seed=seed,
-    )
-    return [batch for epoch in range(epochs) for batch in plan_epoch(lengths, config, epoch=epoch)]
+    validate_lengths(lengths)
+    budget = Budget(token_budget)
+    return [
+        batch
+        for epoch in range(epochs)
+        for batch in plan_bucketed(lengths, boundaries, budget, max_batch_size, seed, epoch)
+    ]
 
 
 def simulate_bucketed(
@@ -362,7 +360,7 @@ def simulate_bucketed(
     seed: int = 0,
     epochs: int = 3,
 ) -> float:
-    """Padding efficiency the real packer (``plan_epoch`` bucketed) reaches over epochs."""
+    """Padding efficiency the real packer (``plan_bucketed``) reaches over epochs."""
     batches = _bucketed_plans(lengths, boundaries, token_budget, max_batch_size, seed, epochs)
     return summarize_plan(lengths, batches, token_budget).padding_efficiency
 

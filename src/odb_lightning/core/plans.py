@@ -3,18 +3,20 @@
 A plan is the list of batches one epoch emits on one rank, each batch a list of indices
 into ``lengths``; every index appears exactly once. The policies of
 :mod:`~odb_lightning.core.policy` call these; :func:`~odb_lightning.core.planners.plan_epoch`
-is the keyword form over every mode.
+is the keyword form over every mode, and :func:`summarize_plan` measures a plan.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.checks import is_int
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import make_rng
+from odb_lightning.core.rows import PaddedRows, RowLayout
 
 
 def validate_lengths(lengths: Sequence[int]) -> None:
@@ -126,3 +128,70 @@ def plan_oracle(
     ``max_batch_size``) and shuffle the batch order."""
     batches = group_lengths(list(lengths), budget, max_group_size=max_batch_size)
     return shuffled(batches, seed, epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStats:
+    """Padding statistics of one epoch plan.
+
+    Attributes:
+        steps: Non-empty batches.
+        mean_batch_size: Samples per step.
+        padding_efficiency: Real tokens / padded tokens (1.0 for padding-free rows).
+        budget_fill: Mean padded tokens per step / ``token_budget``; above 1 when a mode
+            that ignores the budget (``standard``, ``sorted``) overshoots it.
+        over_budget_samples: Samples that alone cost more than the budget.
+        over_budget_batches: Multi-sample batches that cost more than the budget.
+        real_tokens: Sum of sample lengths.
+        padded_tokens: Sum over batches of the layout's padded tokens (``size * longest``
+            for padded rows).
+    """
+
+    steps: int
+    mean_batch_size: float
+    padding_efficiency: float
+    budget_fill: float
+    over_budget_samples: int
+    over_budget_batches: int
+    real_tokens: int
+    padded_tokens: int
+
+
+PADDED = PaddedRows()
+"""The default layout of :func:`summarize_plan`: padded rows, no rounding, tokens only."""
+
+
+def summarize_plan(
+    lengths: Sequence[int],
+    batches: Sequence[Sequence[int]],
+    token_budget: int,
+    *,
+    rows: RowLayout = PADDED,
+) -> PlanStats:
+    """Padding statistics of ``batches`` (indices into ``lengths``) against the budget of
+    the row layout ``rows`` (whose padded tokens they count).
+
+    Empty (IDLE) batches are not steps and are skipped.
+    """
+    budget = rows.budget(token_budget)
+    steps = samples = real = padded = over_samples = over_batches = 0
+    for batch in batches:
+        if not batch:
+            continue
+        batch_lengths = [lengths[i] for i in batch]
+        steps += 1
+        samples += len(batch)
+        real += sum(batch_lengths)
+        padded += rows.padded_tokens(batch_lengths)
+        over_samples += sum(budget.is_over_budget(n) for n in batch_lengths)
+        over_batches += len(batch) > 1 and budget.group_cost(batch_lengths) > token_budget
+    return PlanStats(
+        steps=steps,
+        mean_batch_size=samples / steps if steps else 0.0,
+        padding_efficiency=real / padded if padded else 1.0,
+        budget_fill=padded / steps / token_budget if steps else 0.0,
+        over_budget_samples=over_samples,
+        over_budget_batches=over_batches,
+        real_tokens=real,
+        padded_tokens=padded,
+    )

@@ -8,10 +8,12 @@ testing the mode's name. The online policy is :mod:`~odb_lightning.core.online_p
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from odb_lightning.core.buckets import bucket_table, optimize_boundaries
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.checks import check_positive_int, is_int
 from odb_lightning.core.order import epoch_permutation
@@ -36,6 +38,11 @@ class Policy:
     def batch_cap(self) -> int | None:
         """Most samples one batch may hold (``None``: the budget alone decides)."""
         return None
+
+    def fitted(self, lengths: Sequence[int], token_budget: int) -> tuple[Policy, list[str]]:
+        """This policy made ready for an epoch of these exact lengths (a length pass's),
+        and lines worth logging about it."""
+        return self, []
 
     def plan_epoch(
         self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
@@ -117,6 +124,30 @@ class BucketedPolicy(_BudgetedPolicy):
         if any(b >= c for b, c in zip(edges, edges[1:], strict=False)):
             raise ValueError(f"{key} must be strictly increasing, got {list(edges)}")
         object.__setattr__(self, "boundaries", edges)
+
+    def fitted(self, lengths: Sequence[int], token_budget: int) -> tuple[Policy, list[str]]:
+        """With edges optimized on the lengths when none are configured, and the bucket
+        table (range, count, mean length, batch size, efficiency) to log."""
+        # No cap (null) is a cap of the whole epoch to the optimizer's model.
+        cap = self.max_batch_size or max(1, len(lengths))
+        edges, how = list(self.boundaries), "configured"
+        if not edges:
+            started = time.perf_counter()
+            edges = optimize_boundaries(
+                lengths, self.num_buckets, token_budget=token_budget, max_batch_size=cap
+            )
+            how = f"optimized in {time.perf_counter() - started:.2f} s"
+        rows = bucket_table(lengths, edges, token_budget=token_budget, max_batch_size=cap)
+        lines = [
+            f"bucket edges {edges} ({how})",
+            f"{'range':>16} {'count':>8} {'mean len':>9} {'batch':>6} {'efficiency':>11}",
+            *(
+                f"{f'[{r.lo}, {r.hi})':>16} {r.count:8d} {r.mean_length:9.0f} "
+                f"{r.batch_size:6d} {100 * r.efficiency:10.1f}%"
+                for r in rows
+            ),
+        ]
+        return replace(self, boundaries=tuple(edges)), lines
 
     def plan_epoch(
         self, lengths: Sequence[int], budget: Budget, seed: int, epoch: int
