@@ -12,13 +12,15 @@ from importlib.metadata import entry_points
 import numpy as np
 import pytest
 
-from odb_lightning.app.plan import main
+from odb_lightning.app.plan import build_parser, main
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES
+from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.plans import summarize_plan
+from odb_lightning.core.policy import BucketedPolicy, StandardPolicy
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
 
@@ -200,3 +202,16 @@ def test_ranks_scores_odb_by_its_slowest_rank(tmp_path, capsys) -> None:
     expected = simulate_epoch([ordered[r::4] for r in range(4)], config)
     assert fixed["shard_dealing"] == "fixed"
     assert fixed["utilization"] == pytest.approx(expected.sync.utilization)
+
+
+def test_batching_options_come_from_the_policy_fields():
+    args = build_parser().parse_args(["--synthetic", "1000,0.5,10"])
+    assert args.batch_size == StandardPolicy().batch_size
+    assert args.num_buckets == BucketedPolicy().num_buckets
+    assert args.max_batch_size == BucketedPolicy().max_batch_size
+    assert args.outstanding_depth is None and args.shard_dealing is None  # the config's
+    for dealing in ShardDealing:  # the choices are the enum's values
+        given = build_parser().parse_args(["--synthetic", "1000,0.5,10", "--dealing", dealing])
+        assert given.shard_dealing == dealing.value
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--synthetic", "1000,0.5,10", "--dealing", "round_robin"])
