@@ -106,7 +106,7 @@ def main() -> None:
         args.jsonl = write_toy_jsonl(Path("outputs/examples/toy_chats.jsonl"), 48)
 
     tokenizer = load_tokenizer(args.tokenizer)
-    batching = BatchingConfig(token_budget=1024, outstanding_depth=32, num_workers=1, seed=0)
+    batching = BatchingConfig.of(token_budget=1024, outstanding_depth=32, num_workers=1, seed=0)
     data = ODBDataModule(
         "jsonl", tokenizer, batching, path=str(args.jsonl), max_seq_len=256, val_samples=0.1
     )

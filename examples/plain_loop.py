@@ -101,7 +101,7 @@ def main() -> None:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    batching = BatchingConfig(
+    batching = BatchingConfig.of(
         token_budget=args.token_budget, outstanding_depth=32, num_workers=1, seed=0
     )
     steps = []

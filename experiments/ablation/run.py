@@ -53,13 +53,13 @@ HERE = Path(__file__).resolve().parent
 SWEEPS = ("token_budget", "outstanding_depth")
 # Every point shares these; a sweep overrides its own key. max_seq_len 2048 keeps every
 # budget of the sweep valid (max_seq_len <= token_budget).
-BASE = {"batching.token_budget": 8192, "batching.outstanding_depth": 256}
+BASE = {"batching.token_budget": 8192, "batching.policy.outstanding_depth": 256}
 COMMON = [
     # The study sweeps a window of D samples, 8 steps a round, fixed shards (its measured
     # settings).
-    "batching.window_budgets=null",
-    "batching.max_steps_per_round=8",
-    "batching.shard_dealing=fixed",
+    "batching.policy.window_budgets=null",
+    "batching.policy.max_steps_per_round=8",
+    "batching.policy.shard_dealing=fixed",
     "model=cpu_bench",
     "logger=csv",
     "data.regime=first_exchange",

@@ -59,8 +59,18 @@ DRY_RUN_OVERRIDES = [
     "model.intermediate_size=128",
     "model.token_id_fold=4096",
     "model.loss_chunk_tokens=1024",
-    "batching.num_workers=1",
+    "batching.loader.num_workers=1",
 ]
+
+
+def _online(own: tuple[str, ...]) -> bool:
+    """The arm's batching mode forms its batches online."""
+    # Imported here, as the child's run is: the parent may start before the package is
+    # installed (packages.py installs it).
+    from odb_lightning.core.modes import MODES
+
+    mode = next(o.removeprefix("batching=") for o in own if o.startswith("batching="))
+    return MODES[mode].policy.online
 
 
 def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str]:
@@ -78,10 +88,11 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
         f"data.max_seq_len={args.max_seq_len}",
         f"data.max_samples={args.fsdp_samples if fsdp else args.samples}",
         "data.val_samples=0",
-        f"batching.num_workers={args.num_workers}",
+        f"batching.loader.num_workers={args.num_workers}",
         f"data.length_cache_dir={out_dir.parent / 'length_cache'}",
         f"batching.token_budget={args.token_budget}",
-        f"batching.outstanding_depth={args.outstanding_depth}",
+        # The window is the online policy's knob: only the online arms take it.
+        *([f"batching.policy.outstanding_depth={args.outstanding_depth}"] * _online(own)),
         # No checkpoint (GBs of optimizer state for a 0.5B model) in the arms' time.
         "~callbacks.checkpoint",
         "trainer.enable_checkpointing=false",

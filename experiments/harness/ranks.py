@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from experiments.harness.datasets import IGNORE, SkewedShard, SyntheticChatDataset
 from experiments.harness.processes import descendants, resource_sample
-from odb_lightning.core.config import FIELD_NAMES, BatchingConfig, ShardDealing
+from odb_lightning.core.config import KNOB_NAMES, BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.simulate import simulate, simulate_dealt_epoch
 from odb_lightning.runtime import MetadataChannelError, ODBLoader, Rendezvous
@@ -93,10 +93,10 @@ def _inject(kill: Kill, loader: ODBLoader, results: Any) -> None:
 
 def _job_config(job: RankJob) -> BatchingConfig:
     """The job's batching settings; skewed shards (``weights``) are fixed shards."""
-    fields = {k: v for k, v in job.loader_kwargs.items() if k in FIELD_NAMES}
+    fields = {k: v for k, v in job.loader_kwargs.items() if k in KNOB_NAMES}
     if job.weights is not None:
         fields.setdefault("shard_dealing", "fixed")
-    return BatchingConfig(**fields)
+    return BatchingConfig.of(**fields)
 
 
 def _run_loader(rank: int, job: RankJob, results: Any) -> list[dict[str, Any]]:
@@ -158,7 +158,7 @@ def rank_main(rank: int, world_size: int, store_port: int, job: RankJob, results
 def silent_peer_main(rank: int, port: int, results: Any, release: Any) -> None:
     """Both ranks open a channel; rank 0 then all-gathers alone until it times out."""
     rendezvous = Rendezvous("127.0.0.1", port, rank, 2, prefix="silent")
-    config = BatchingConfig(token_budget=64, alignment_timeout_s=2.0)
+    config = BatchingConfig.of(token_budget=64, alignment_timeout_s=2.0)
     channel = open_channel(config, rendezvous, generation=0)
     if rank == 1:
         release.get(timeout=60)  # stays connected but silent until the caller is done
@@ -275,7 +275,7 @@ def expected_steps(job: RankJob, world_size: int, epoch: int) -> list[list[list[
     the ranks' :class:`SkewedShard` (or default) fixed shards, or, dealt by need,
     :func:`expected_dealt_steps`."""
     config = _job_config(job)
-    if config.shard_dealing is ShardDealing.BY_NEED:
+    if config.policy.by_need:
         return expected_dealt_steps(job, world_size, epoch)
     dataset = job.dataset
     shards = [

@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from experiments.common import results_meta, run_train
+from odb_lightning.core.modes import MODES as REGISTERED
 
 HERE = Path(__file__).resolve().parent
 # odb_packed is left out on CPU: without varlen kernels its block-diagonal mask makes
@@ -25,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 # about 50x a padded step here); its padding efficiency is 1.0 by construction
 # (tests/integration/test_train_packed.py). Run it with --modes on a GPU with flash-attn.
 MODES = ("standard", "sorted", "bucketed", "oracle", "odb")
+ONLINE = {name: mode.policy.online for name, mode in REGISTERED.items()}
 REGIMES = ("whole", "mix")
 
 
@@ -47,15 +49,16 @@ def main() -> None:
         "data.val_samples=0",
         f"data.length_cache_dir={cache_dir}",
         f"batching.token_budget={args.token_budget}",
-        "batching.outstanding_depth=256",
     ]
     runs: dict[str, dict[str, list[dict]]] = {r: {m: [] for m in modes} for r in REGIMES}
     for repeat in range(args.repeats):
         for regime in REGIMES:
             for mode in modes:
                 out_dir = args.out / f"{regime}_{mode}_{repeat}"
+                # The window is the online policy's knob: only the online modes take it.
+                window = ["batching.policy.outstanding_depth=256"] * ONLINE.get(mode, False)
                 summary = run_train(
-                    out_dir, [f"batching={mode}", f"data.regime={regime}", *overrides]
+                    out_dir, [f"batching={mode}", f"data.regime={regime}", *window, *overrides]
                 )
                 runs[regime][mode].append(summary)
                 print(

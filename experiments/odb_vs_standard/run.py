@@ -28,7 +28,11 @@ from experiments.cpu_bench import cpu_bench_config
 from odb_lightning.lit.flops import flops_per_token
 
 HERE = Path(__file__).resolve().parent
-ARMS = {"odb": "experiment=sharegpt_odb", "standard_bs8": "experiment=sharegpt_standard"}
+# The window is the online policy's knob: only its arm sets it.
+ARMS = {
+    "odb": ("experiment=sharegpt_odb", "batching.policy.outstanding_depth=256"),
+    "standard_bs8": ("experiment=sharegpt_standard",),
+}
 
 
 def predicted_gain(odb: dict, standard: dict, flops: dict) -> float:
@@ -53,13 +57,12 @@ def main() -> None:
         f"data.max_samples={args.samples}",
         "data.val_samples=0",
         f"batching.token_budget={args.token_budget}",
-        "batching.outstanding_depth=256",
     ]
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for repeat in range(args.repeats):
         for arm in ARMS:  # interleaved, so drifting machine load hits both arms alike
             started = time.perf_counter()
-            summary = run_train(args.out / f"{arm}_{repeat}", [ARMS[arm], *overrides])
+            summary = run_train(args.out / f"{arm}_{repeat}", [*ARMS[arm], *overrides])
             print(
                 f"repeat {repeat} {arm}: {summary['emitted_samples_per_s']:.3f} samples/s "
                 f"({time.perf_counter() - started:.0f} s)",

@@ -144,7 +144,7 @@ def run_probes(args: argparse.Namespace, tokens_per_step: int, reference: dict) 
         overrides = [
             *common_overrides(args),
             *arm_overrides("odb_token_target", tokens_per_step),
-            f"batching.outstanding_depth={depth}",
+            f"batching.policy.outstanding_depth={depth}",
         ]
         run = run_arm(overrides, args.out / arm, args.reuse)
         final = run["curve"][-1]["val_loss"]

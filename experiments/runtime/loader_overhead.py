@@ -209,9 +209,9 @@ def _rank_latency(rank: int, world_size: int, port: int, results: Any) -> None:
         rounds = list(loader.last_epoch_stats.round_latency_s)
     # Bare all-gathers of one round message on a fresh channel, back to back.
     rendezvous = Rendezvous("127.0.0.1", port, rank, world_size, prefix="bare")
-    config = BatchingConfig(token_budget=8192, outstanding_depth=128, alignment_timeout_s=60.0)
+    config = BatchingConfig.of(token_budget=8192, outstanding_depth=128, alignment_timeout_s=60.0)
     channel = open_channel(config, rendezvous, generation=0)
-    message, bare = [0] * message_length(config.max_steps_per_round), []
+    message, bare = [0] * message_length(config.policy.max_steps_per_round), []
     for _ in range(500):
         started = time.perf_counter()
         channel.allgather(message, "benchmark")

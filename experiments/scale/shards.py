@@ -73,7 +73,7 @@ class EpochFigures:
 
 def study_config(token_budget: int, depth: int) -> BatchingConfig:
     """The studies' settings: a window of ``depth`` samples, 8 steps a round."""
-    return BatchingConfig(
+    return BatchingConfig.of(
         token_budget=token_budget,
         outstanding_depth=depth,
         window_budgets=None,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from experiments.common import results_meta
 from experiments.scale.shards import draw_lengths
-from odb_lightning.core.config import BatchingConfig, ShardDealing
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_lengths
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
@@ -97,16 +97,13 @@ def shards_of(ordered: list[int], world: int) -> list[list[int]]:
 def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> int:
     """Most groups of a rank when the sorted lengths are dealt round robin."""
     ordered = sorted(lengths, reverse=True)
-    return max(
-        len(group_lengths(ordered[rank::world], config.budget, packed=config.packed))
-        for rank in range(world)
-    )
+    return max(len(group_lengths(ordered[rank::world], config.budget)) for rank in range(world))
 
 
 def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     everything = ordered
     started = time.perf_counter()
-    if config.shard_dealing is ShardDealing.BY_NEED:
+    if config.policy.by_need:
         result = simulate_dealt_epoch(ordered, world, config)
     else:
         result = simulate_epoch(shards_of(ordered, world), config)
@@ -189,7 +186,7 @@ def main() -> None:
     for world in (int(w) for w in args.worlds.split(",")):
         for name, budget in cases:
             ordered = epoch_lengths(lengths[name], world)
-            config = replace(BatchingConfig(**knobs), token_budget=budget)
+            config = replace(BatchingConfig.of(**knobs), token_budget=budget)
             rows.append({"set": name, "grouping": args.label} | measure(ordered, world, config))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
             if args.reference:

@@ -155,7 +155,7 @@ def group_whole_regime(
     records = {arm: replay_epoch(make_arm(arm, full, settings)) for arm in ("odb", "reference")}
     for arm, mode, knobs in (("standard_bs8", "standard", {"batch_size": 8}),
                              ("oracle", "oracle", {})):  # fmt: skip
-        config = BatchingConfig(
+        config = BatchingConfig.of(
             mode=mode, token_budget=settings.token_budget, seed=settings.seed, **knobs
         )
         plan = epoch_plan(full.lengths, config, len(full.lengths))(0)

@@ -186,7 +186,7 @@ def make_arm(
     budget = settings.token_budget
 
     def batching(mode: str, **knobs: Any) -> BatchingConfig:
-        return BatchingConfig(
+        return BatchingConfig.of(
             mode=mode,
             token_budget=budget,
             seed=settings.seed,

@@ -99,7 +99,7 @@ def window_patch_groups(measured: dict[str, list], config: BatchingConfig) -> li
     """The window's grouping under the patch budget on each ``outstanding_depth`` window of
     the epoch order (one rank, no carry-over between windows)."""
     order = epoch_permutation(len(measured["lengths"]), config.seed, 0)
-    depth, groups = config.outstanding_depth, []
+    depth, groups = config.policy.outstanding_depth, []
     for start in range(0, len(order), depth):
         window = [
             SampleInfo(
@@ -117,7 +117,7 @@ def window_patch_groups(measured: dict[str, list], config: BatchingConfig) -> li
 
 
 def modes_table(measured: dict[str, list], token_budget: int, max_patches: int) -> list[dict]:
-    base = BatchingConfig(
+    base = BatchingConfig.of(
         token_budget=token_budget, outstanding_depth=256, max_patches=max_patches, batch_size=8
     )
     lengths = measured["lengths"]
@@ -156,7 +156,7 @@ def throughput(name: str, samples: int, out_dir: Path, repeats: int, lock: Path 
         f"data.set_dir={out_dir}",
         "model.token_id_fold=4096",
         "trainer.max_epochs=1",
-        "batching.num_workers=1",
+        "batching.loader.num_workers=1",
     ]
     keys = (
         "emitted_samples",

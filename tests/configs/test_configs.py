@@ -8,7 +8,8 @@ from omegaconf import DictConfig
 
 from helpers.configs import CONF, SWEEPS, ComposeConfig
 from odb_lightning.app.validation import ConfigError, instantiate_checked, validate_config
-from odb_lightning.core.config import BatchingConfig, BatchingMode
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.modes import MODES
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
@@ -30,7 +31,7 @@ def test_experiment_composes_and_instantiates(experiment: str, compose_cfg: Comp
     validate_config(cfg)
     batching = instantiate_checked(cfg.batching, "batching")
     assert isinstance(batching, BatchingConfig)
-    assert batching.mode in set(BatchingMode)
+    assert batching.mode in MODES
     assert cfg.experiment_name == experiment
     model = instantiate_checked(cfg.model, "model")
     model.configure_model()
@@ -65,7 +66,8 @@ def test_sweep_composes(sweep: str, compose_cfg: ComposeConfig) -> None:
 def test_default_run_is_sharegpt_odb_on_cpu(compose_cfg: ComposeConfig) -> None:
     cfg = compose_cfg([])
     assert cfg.experiment_name == "sharegpt_odb"
-    assert cfg.batching.mode == "odb" and cfg.trainer.accelerator == "cpu"
+    batching = instantiate_checked(cfg.batching, "batching")
+    assert batching.mode == "odb" and cfg.trainer.accelerator == "cpu"
     assert cfg.logger.wandb.offline is True
 
 
@@ -78,19 +80,22 @@ def startup_checks(cfg: DictConfig) -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("batching.mode=fastest", "batching.mode"),
+        ("batching.policy.shard_dealing=fastest", "batching.policy.shard_dealing"),
         ("batching.token_budget=-5", "batching.token_budget"),
-        ("batching.outstanding_depth=0", "batching.outstanding_depth"),
-        ("batching.max_steps_per_round=0", "batching.max_steps_per_round"),
-        ("batching.timeout_s=0", "batching.timeout_s"),
-        ("batching.timeout_s=-1", "batching.timeout_s"),
-        ("batching.timeout_s=true", "batching.timeout_s"),
-        ("batching.alignment_timeout_s=inf", "batching.alignment_timeout_s"),
-        ("batching.alignment_timeout_s=nan", "batching.alignment_timeout_s"),
-        ("batching.on_bad_sample=ignore", "batching.on_bad_sample"),
-        ("batching.multiprocessing_context=threads", "batching.multiprocessing_context"),
+        ("batching.policy.outstanding_depth=0", "batching.policy.outstanding_depth"),
+        ("batching.policy.max_steps_per_round=0", "batching.policy.max_steps_per_round"),
+        ("batching.loader.timeout_s=0", "batching.loader.timeout_s"),
+        ("batching.loader.timeout_s=-1", "batching.loader.timeout_s"),
+        ("batching.loader.timeout_s=true", "batching.loader.timeout_s"),
+        ("batching.loader.alignment_timeout_s=inf", "batching.loader.alignment_timeout_s"),
+        ("batching.loader.alignment_timeout_s=nan", "batching.loader.alignment_timeout_s"),
+        ("batching.loader.on_bad_sample=ignore", "batching.loader.on_bad_sample"),
+        (
+            "batching.loader.multiprocessing_context=threads",
+            "batching.loader.multiprocessing_context",
+        ),
         ("data.max_seq_len=0", "data.max_seq_len"),
-        ("batching.num_workers=-1", "batching.num_workers"),
+        ("batching.loader.num_workers=-1", "batching.loader.num_workers"),
         ("data.val_samples=-1", "data.val_samples"),
         ("data.max_samples=0", "data.max_samples"),
     ],
@@ -110,3 +115,46 @@ def test_max_seq_len_over_budget_fails_at_startup(compose_cfg: ComposeConfig) ->
     cfg = compose_cfg(["data.max_seq_len=8192", "batching.token_budget=4096"])
     with pytest.raises(ConfigError, match=r"data.max_seq_len \(8192\).*batching.token_budget"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_generated_batching_option_is_the_dataclass_defaults(mode: str, tmp_path: Path) -> None:
+    assert not (CONF / "batching").exists()  # no YAML: the dataclasses are the defaults
+    cfg = compose_train(tmp_path, [f"batching={mode}", "experiment=sharegpt_odb"])
+    batching = instantiate_checked(cfg.batching, "batching")
+    expected = MODES[mode]
+    assert batching.mode == mode
+    assert batching.policy == expected.policy() and batching.rows == expected.rows()
+    assert batching.seed == cfg.seed and batching.token_budget == 4096  # the experiment's
+    assert cfg.batching.loader.persistent_workers is True
+
+
+def test_switching_mode_gives_the_new_policy_whole(tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path, ["experiment=sharegpt_standard"])
+    assert set(cfg.batching.policy) == {"_target_", "batch_size"}
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["batching.policy.outstanding_dept=64", "batching.loader.num_worker=1", "batching.mode=odb"],
+)
+def test_a_typo_key_fails_at_composition(override: str, tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="outstanding_dept|num_worker|mode"):
+        compose_train(tmp_path, [override])
+
+
+def test_an_unknown_mode_fails_naming_the_modes(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="batching/fastest") as info:
+        compose_train(tmp_path, ["batching=fastest"])
+    assert all(mode in str(info.value) for mode in MODES)
+
+
+def test_packed_row_attention_must_match_the_backend(tmp_path: Path) -> None:
+    packed = ["batching=odb_packed", "batching.rows.attention_weight=0.001"]
+    cfg = compose_train(tmp_path, [*packed, "model.attn_implementation=sdpa"])
+    with pytest.raises(ConfigError, match=r"^batching\.rows\.packed_attention must be dense"):
+        validate_config(cfg)
+    dense = "batching.rows.packed_attention=dense"
+    validate_config(compose_train(tmp_path, [*packed, dense, "model.attn_implementation=sdpa"]))
+    padded = ["batching=odb", "batching.rows.attention_weight=0.001"]
+    validate_config(compose_train(tmp_path, [*padded, "model.attn_implementation=sdpa"]))

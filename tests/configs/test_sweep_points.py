@@ -32,4 +32,4 @@ def test_sweep_point_validates(
     cfg = compose_cfg([f"sweep={sweep}", f"{key}={value}"])
     validate_config(cfg)  # e.g. data.max_seq_len <= batching.token_budget at every budget
     batching = instantiate_checked(cfg.batching, "batching")
-    assert getattr(batching, key.split(".")[-1]) == int(value)
+    assert batching.knob(key.split(".")[-1]) == int(value)

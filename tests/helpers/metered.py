@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from transformers import Qwen2Config
 from typing_extensions import override
 
+from odb_lightning.core.rows import PaddedRows
 from odb_lightning.runtime.batch import ODBBatch, build_step_meta
 
 CONFIG = Qwen2Config(
@@ -65,7 +66,7 @@ def metered_batches(steps: Sequence[Sequence[int] | None], loss_share: int = 2) 
             ids,
             lengths,
             sum(n // loss_share for n in lengths),
-            packed=False,
+            rows=PaddedRows(),
             global_samples=len(lengths),
             global_loss_tokens=None,
             round_index=0,

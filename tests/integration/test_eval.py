@@ -60,7 +60,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         "debug=smoke",
         "data=jsonl",
         f"data.path={data}",
-        "batching.on_bad_sample=skip",
+        "batching.loader.on_bad_sample=skip",
         "model=pretrained",
         f"model.pretrained_path={model}",
         "model.gradient_checkpointing=false",

@@ -14,17 +14,17 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from helpers.torchrun import launcher_free_env
 from helpers.train_run import ROOT, read_audit
 from odb_lightning.app.validation import check_launch_environment
+from odb_lightning.core.loader_config import LoaderConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.runtime.errors import MetadataChannelError
 
 UNRESOLVABLE = "trainer-7f9c4d-0.invalid"  # RFC 6761: .invalid names never exist
 # The default batching's alignment_timeout_s: what a rank would otherwise wait out first.
-ALIGNMENT_TIMEOUT_S = float(OmegaConf.load(ROOT / "conf/batching/odb.yaml").alignment_timeout_s)
+ALIGNMENT_TIMEOUT_S = LoaderConfig().alignment_timeout_s
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ def test_small_own_jsonl_counts_bad_lines_truncation_and_audits_record_ids(
         "data=jsonl",
         f"data.path={data}",
         "data.max_seq_len=64",
-        "batching.on_bad_sample=skip",
+        "batching.loader.on_bad_sample=skip",
         "audit_ids=true",
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)

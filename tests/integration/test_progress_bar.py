@@ -54,7 +54,7 @@ class RecordingBar(ODBProgressBar):
 
 
 def fit(tmp_path: Path, mode: str, **limits: Any) -> tuple[RecordingBar, ODBDataModule]:
-    batching = BatchingConfig(
+    batching = BatchingConfig.of(
         mode=mode,
         batch_size=BATCH_SIZE,
         token_budget=4096,

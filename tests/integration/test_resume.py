@@ -260,7 +260,7 @@ def test_resume_with_another_budget_and_window_warns_and_is_recorded(tmp_path: P
     _, resumed, _, second = stop_and_resume(
         tmp_path,
         *overrides,
-        resume_overrides=("batching.token_budget=8192", "batching.outstanding_depth=64"),
+        resume_overrides=("batching.token_budget=8192", "batching.policy.outstanding_depth=64"),
     )
     assert resumed["emitted_samples"] == 64, "warned, not refused"
     # sharegpt_odb's budget; debug=smoke's window.

@@ -42,7 +42,7 @@ class RecordingModule(pl.LightningModule):
 
 
 def _datamodule(mode: str) -> ODBDataModule:
-    batching = BatchingConfig(
+    batching = BatchingConfig.of(
         mode=mode,
         batch_size=4,
         token_budget=4096,

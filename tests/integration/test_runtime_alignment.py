@@ -97,7 +97,7 @@ def test_patch_budget_two_ranks_matches_simulation() -> None:
     for ids in (ids for rank in steps for ids in rank if len(ids) > 1):
         assert sum(dataset.patches[i] for i in ids) <= 700
         assert len(ids) * max(dataset.lengths[i] for i in ids) <= LOADER["token_budget"]
-    tokens_only = BatchingConfig(**{k: v for k, v in LOADER.items()})
+    tokens_only = BatchingConfig.of(**{k: v for k, v in LOADER.items()})
     lengths = [[dataset.lengths[i] for i in range(N_SAMPLES)]]
     assert len(steps[0]) > 0
     assert len(simulate(lengths, tokens_only)[0]) < len(

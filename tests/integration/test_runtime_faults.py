@@ -28,7 +28,8 @@ from experiments.harness.fault_matrix import (
 )
 from experiments.harness.processes import wait_gone
 from experiments.harness.ranks import RankJob, run_ranks, run_silent_peer
-from odb_lightning.core.config import BatchingConfig, SettingsMismatchError
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import SettingsMismatchError
 from odb_lightning.core.wire import RankReport, encode_report
 from odb_lightning.runtime import (
     BadSampleError,
@@ -245,7 +246,7 @@ def test_overlapping_shard_functions_fail_naming_the_shard_sizes() -> None:
 
 
 def test_malformed_report_on_the_channel_fails_naming_the_rank_and_round() -> None:
-    config = BatchingConfig(token_budget=64, max_steps_per_round=4, alignment_timeout_s=5.0)
+    config = BatchingConfig.of(token_budget=64, max_steps_per_round=4, alignment_timeout_s=5.0)
     good = encode_report(RankReport(0, 7, False, False, 4, 3, 2, (1, 2), (5, 6)), 4)
     garbage = [*good[:7], 1 << 40, *good[8:]]  # num_groups: what sized std::bad_alloc
 
@@ -281,7 +282,7 @@ def test_gloo_choking_on_the_store_names_the_prefix(monkeypatch: pytest.MonkeyPa
         r"Gloo on local address 127\.0\.0\.1\): the store holds malformed keys under the "
         r"prefix 'odb/agree/3' .*\(MemoryError: std::bad_alloc\)",
     ):
-        exchange.open_channel(BatchingConfig(token_budget=64), rendezvous, generation=3)
+        exchange.open_channel(BatchingConfig.of(token_budget=64), rendezvous, generation=3)
 
 
 def test_worker_processes_check_the_data_too() -> None:

@@ -79,9 +79,9 @@ def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path)
         f"data.path={data}",
         "data.max_samples=null",
         "data.val_samples=0",
-        "batching.max_steps_per_round=1",
-        "batching.outstanding_depth=64",
-        "batching.shard_dealing=fixed",  # the skew stays on one rank: IDLE steps
+        "batching.policy.max_steps_per_round=1",
+        "batching.policy.outstanding_depth=64",
+        "batching.policy.shard_dealing=fixed",  # the skew stays on one rank: IDLE steps
     )
     audit = read_audit(run_dir, 2)
     assert len(audit[0]) == len(audit[1]) == summary["steps_per_rank"]

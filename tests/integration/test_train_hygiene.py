@@ -2,7 +2,7 @@
 (the working directory, ``HOME`` and ``TMPDIR`` are empty directories before and after),
 listens only on the job's store and its Gloo groups (the ODB metadata channel meets on
 the job's store: no port of its own), and a record whose
-preprocessing raises is skipped and counted under ``batching.on_bad_sample=skip``.
+preprocessing raises is skipped and counted under ``batching.loader.on_bad_sample=skip``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         "data=jsonl",
         f"data.path={data}",
         "data.max_samples=null",
-        "batching.on_bad_sample=skip",
+        "batching.loader.on_bad_sample=skip",
         "audit_ids=true",
         "tokenizer._target_=experiments.harness.fault_injection.RaisingTokenizer",
         env={"HOME": str(home), "TMPDIR": str(temp)},

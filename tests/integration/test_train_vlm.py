@@ -42,8 +42,8 @@ def test_two_ranks_every_image_sample_once(tmp_path: Path) -> None:
         "data.max_samples=null",
         "data.val_samples=0",
         f"data.images.max_pixels={MAX_PIXELS}",
-        "batching.max_steps_per_round=1",
-        "batching.outstanding_depth=8",
+        "batching.policy.max_steps_per_round=1",
+        "batching.policy.outstanding_depth=8",
         "batching.token_budget=512",
         "data.max_seq_len=512",
     )

@@ -21,6 +21,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from odb_lightning.app.run_dir import register_run_name_resolver
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.modes import MODES, Mode
 
 
 def target_of(cls: type) -> str:
@@ -72,9 +74,15 @@ def register_configs() -> None:
         store.store(group=group, name=name, node=node)
 
 
+def batching_node(mode: Mode) -> dict[str, Any]:
+    """The ``batching`` option of ``mode``: the defaults of :class:`BatchingConfig` with the
+    mode's policy and row layout nodes whole, and the run's ``seed``."""
+    return node_of(BatchingConfig, seed="${seed}", policy=mode.policy(), rows=mode.rows())
+
+
 def _generated_nodes() -> list[tuple[str, str, dict[str, Any]]]:
     """``(group, option, node)`` of every generated config option."""
-    return []
+    return [("batching", mode.name, batching_node(mode)) for mode in MODES.values()]
 
 
 def prepare_composition() -> None:

@@ -29,7 +29,7 @@ from odb_lightning.app.checkpoints import NoValidCheckpointError
 from odb_lightning.app.run_config import ResumeConfigError
 from odb_lightning.app.run_dir import RunDirError
 from odb_lightning.app.validation import ConfigError
-from odb_lightning.core.config import SettingsMismatchError
+from odb_lightning.core.handshake import SettingsMismatchError
 from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.lit.callbacks import print_summary
 from odb_lightning.lit.memory import MemoryBudgetError

@@ -4,6 +4,7 @@ the launch environment (every error names the variable to set)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from odb_lightning.app.run_dir import srun_tasks
-from odb_lightning.core.config import packed_attention_of
+from odb_lightning.core.checks import is_int
 from odb_lightning.data.sizes import check_size
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import gloo_binding, job_store_address
@@ -24,7 +25,10 @@ class ConfigError(ValueError):
 
 def _failing_key(cfg: DictConfig, key: str, message: str) -> str:
     """``key.field`` when ``message`` is about one of ``cfg``'s fields (constructors start
-    their messages with the argument name, which equals the YAML key), else ``key``."""
+    their messages with the argument name, which equals the YAML key, or with the full
+    key, ``batching.policy.outstanding_depth``), else ``key``."""
+    if message.startswith(f"{key}."):
+        return re.split(r"[\s:=]", message, maxsplit=1)[0]
     fields = sorted((name for name in cfg if isinstance(name, str)), key=len, reverse=True)
     for name in fields:
         for spelled in (f"{key}.{name}", name):
@@ -36,7 +40,7 @@ def _failing_key(cfg: DictConfig, key: str, message: str) -> str:
 def instantiate_checked(
     cfg: DictConfig, key: str, objects: dict[str, Any] | None = None, **kwargs: Any
 ) -> Any:
-    """``hydra.utils.instantiate`` whose errors name the config key (``batching.timeout_s``,
+    """``hydra.utils.instantiate`` whose errors name the config key (``batching.loader.timeout_s``,
     or the group ``batching`` when the message names no field).
 
     ``objects`` are built arguments (a tokenizer, a ``BatchingConfig``) handed to the
@@ -60,15 +64,11 @@ def instantiate_checked(
         ) from error
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _validate_data(data: DictConfig) -> None:
     """Data knobs that would otherwise fail late (inside DDP setup or the first loader
     build); the sizes by the data layer's own rule."""
     max_seq_len = data.get("max_seq_len")
-    if max_seq_len is not None and not (_is_int(max_seq_len) and max_seq_len >= 1):
+    if max_seq_len is not None and not (is_int(max_seq_len) and max_seq_len >= 1):
         raise ConfigError(f"data.max_seq_len must be an integer >= 1, got {max_seq_len!r}")
     for name, least in (("max_samples", 1), ("val_samples", 0)):
         try:
@@ -84,30 +84,24 @@ def validate_config(cfg: DictConfig) -> None:
     budget = cfg.batching.get("token_budget")
     max_seq_len = cfg.data.get("max_seq_len")
     # An invalid budget itself is the batching schema's to report, naming its key.
-    if max_seq_len is not None and _is_int(budget) and budget > 0 and max_seq_len > budget:
+    if max_seq_len is not None and is_int(budget) and budget > 0 and max_seq_len > budget:
         raise ConfigError(
             f"data.max_seq_len ({max_seq_len}) must not exceed batching.token_budget "
             f"({budget}): a sample of max_seq_len tokens must fit one step"
         )
-    _validate_packed_attention(cfg)
+    _validate_row_attention(cfg)
 
 
-def _validate_packed_attention(cfg: DictConfig) -> None:
-    """With ``attention_weight > 0`` a packed row's attention cost depends on the kernel:
-    the budget's ``packed_attention`` must be the one ``model.attn_implementation`` runs."""
-    batching, model = cfg.batching, cfg.get("model") or {}
-    backend = model.get("attn_implementation")
-    weight = batching.get("attention_weight") or 0
-    if batching.get("mode") != "odb_packed" or not backend or not weight:
+def _validate_row_attention(cfg: DictConfig) -> None:
+    """The row layout's attention cost against ``model.attn_implementation`` (the layout
+    says what it needs: :meth:`~odb_lightning.core.rows.RowLayout.attention_mismatch`)."""
+    backend = (cfg.get("model") or {}).get("attn_implementation")
+    if not backend:
         return
-    expected = packed_attention_of(str(backend)).value
-    if str(batching.get("packed_attention", "varlen")) != expected:
-        raise ConfigError(
-            f"batching.packed_attention must be {expected} with "
-            f"model.attn_implementation={backend} and batching.attention_weight={weight}: "
-            "sdpa and eager attend over a dense block mask (N^2 per packed row), flash and "
-            "flex attention skip the blocks across samples (sum of L_i^2)"
-        )
+    rows = instantiate_checked(cfg.batching.rows, "batching")
+    problem = rows.attention_mismatch(str(backend))
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def launched_world_size(environ: Mapping[str, str]) -> int:

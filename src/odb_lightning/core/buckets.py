@@ -1,6 +1,6 @@
 """Bucket optimizer for ``bucketed`` batching: edges that minimize modelled padding.
 
-Model. A bucket holds ``m`` samples; each epoch they are shuffled and packed greedily in
+Model. A bucket holds ``m`` samples; each epoch they are shuffled and cut greedily in
 batches of (about) ``b``. Shuffled chunks of a random permutation are draws *without
 replacement*, so a batch is padded to the maximum of ``b`` such draws, and the bucket
 costs about ``m * E[max_b]`` padded tokens. With the bucket's values sorted,
@@ -30,13 +30,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from odb_lightning.core.config import BatchingConfig, BatchingMode
-from odb_lightning.core.planners import (
-    bucket_of,
-    plan_epoch,
-    summarize_plan,
-    validate_lengths,
-)
+from odb_lightning.core.budget import Budget
+from odb_lightning.core.checks import is_int
+from odb_lightning.core.plans import bucket_of, plan_bucketed, summarize_plan, validate_lengths
 
 # Below this probability the rest of the histogram cannot move E[max] by a visible amount.
 _TAIL_MASS = 1e-13
@@ -53,7 +49,7 @@ class BucketRow:
         mean_length: Their mean length.
         batch_size: Model batch size ``b`` (largest with ``b * E[max_b] <= budget``).
         predicted_efficiency: Real / modelled padded tokens of the bucket.
-        efficiency: Real / padded tokens measured by the real packer (``plan_epoch``).
+        efficiency: Real / padded tokens measured by the real packer (``plan_bucketed``).
     """
 
     lo: int
@@ -166,7 +162,7 @@ def _check_args(
         ("max_batch_size", max_batch_size),
         ("num_candidates", num_candidates),
     ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
@@ -308,14 +304,13 @@ def _bucketed_plans(
     seed: int,
     epochs: int,
 ) -> list[list[int]]:
-    config = BatchingConfig(
-        mode=BatchingMode.BUCKETED,
-        token_budget=token_budget,
-        max_batch_size=max_batch_size,
-        boundaries=tuple(boundaries),
-        seed=seed,
-    )
-    return [batch for epoch in range(epochs) for batch in plan_epoch(lengths, config, epoch=epoch)]
+    validate_lengths(lengths)
+    budget = Budget(token_budget)
+    return [
+        batch
+        for epoch in range(epochs)
+        for batch in plan_bucketed(lengths, boundaries, budget, max_batch_size, seed, epoch)
+    ]
 
 
 def simulate_bucketed(
@@ -327,7 +322,7 @@ def simulate_bucketed(
     seed: int = 0,
     epochs: int = 3,
 ) -> float:
-    """Padding efficiency the real packer (``plan_epoch`` bucketed) reaches over epochs."""
+    """Padding efficiency the real packer (``plan_bucketed``) reaches over epochs."""
     batches = _bucketed_plans(lengths, boundaries, token_budget, max_batch_size, seed, epochs)
     return summarize_plan(lengths, batches, token_budget).padding_efficiency
 

@@ -9,16 +9,23 @@ With ``pad_to_multiple_of = m`` the collate pads each row to a multiple of ``m``
 cores and compiled kernels like round shapes), so the cost is taken of the rounded length
 ``ceil(L / m) * m``: rounding after grouping would push ``g x L`` over the budget.
 
-A packed row (``odb_packed``) of ``N = sum L_i`` tokens costs ``N`` (rounded up to the
-multiple) plus the attention term: ``w * sum L_i**2`` where the kernel skips the blocks
-across samples (flash-attention varlen, flex attention), ``w * N**2`` where it computes the
-dense block mask's whole square (sdpa, eager: ``dense_packed_attention``).
+A packed row (:class:`PackedBudget`, ``odb_packed``) of ``N = sum L_i`` tokens costs ``N``
+(rounded up to the multiple) plus the attention term: ``w * sum L_i**2`` where the kernel
+skips the blocks across samples (flash-attention varlen, flex attention), ``w * N**2``
+where it computes the dense block mask's whole square (sdpa, eager:
+``dense_packed_attention``).
+
+The group cost of a layout is written here once (:meth:`Budget.group_cost`,
+:meth:`Budget.fits_group`); the grouping, the window, the sync figures and the plan
+statistics ask the budget they are given, never which layout it is.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +41,10 @@ class Budget:
     token_budget: int
     attention_weight: float = 0.0
     pad_to_multiple_of: int = 1
-    dense_packed_attention: bool = False
+
+    balances_padding: ClassVar[bool] = True
+    """Groups are padded rows, so a cut can move slack to where it saves padding
+    (:func:`~odb_lightning.core.grouping.padded_cuts`); else the greedy cut is final."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_budget, int) or self.token_budget < 1:
@@ -56,13 +66,6 @@ class Budget:
         longest = self.padded_length(longest)
         return longest + self.attention_weight * longest * longest
 
-    def packed_cost(self, total: int, sum_of_squares: int) -> float:
-        """Cost of one packed row of ``total`` real tokens whose samples' squared lengths
-        sum to ``sum_of_squares`` (see the module docstring)."""
-        row = self.padded_length(total)
-        square = row * row if self.dense_packed_attention else sum_of_squares
-        return row + self.attention_weight * square
-
     def cost(self, group_size: int, longest: int) -> float:
         return group_size * self.row_cost(longest)
 
@@ -78,3 +81,38 @@ class Budget:
     def is_over_budget(self, length: int) -> bool:
         """True when one sample alone costs more than the budget."""
         return self.row_cost(length) > self.token_budget
+
+    def group_cost(self, lengths: Sequence[int]) -> float:
+        """Cost of one group of samples of these lengths: ``g`` rows of the longest."""
+        return self.cost(len(lengths), max(lengths))
+
+    def fits_group(self, size: int, longest: int, total: int, sum_of_squares: int) -> bool:
+        """A group of ``size`` samples (the longest ``longest`` tokens, ``total`` in all,
+        their squares summing to ``sum_of_squares``) is within the budget."""
+        return self.fits(size, longest)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBudget(Budget):
+    """The budget of packed rows: one padding-free row per group (see the module docstring).
+
+    Attributes:
+        dense_packed_attention: The kernel computes the row's whole ``N x N`` square.
+    """
+
+    dense_packed_attention: bool = False
+
+    balances_padding: ClassVar[bool] = False
+
+    def packed_cost(self, total: int, sum_of_squares: int) -> float:
+        """Cost of one packed row of ``total`` real tokens whose samples' squared lengths
+        sum to ``sum_of_squares`` (see the module docstring)."""
+        row = self.padded_length(total)
+        square = row * row if self.dense_packed_attention else sum_of_squares
+        return row + self.attention_weight * square
+
+    def group_cost(self, lengths: Sequence[int]) -> float:
+        return self.packed_cost(sum(lengths), sum(n * n for n in lengths))
+
+    def fits_group(self, size: int, longest: int, total: int, sum_of_squares: int) -> bool:
+        return self.packed_cost(total, sum_of_squares) <= self.token_budget

@@ -88,18 +88,17 @@ def greedy_cuts(
     ordered: list[SampleInfo],
     budget: Budget,
     *,
-    packed: bool = False,
     patch_budget: PatchBudget | None = None,
     cap: int | None = None,
 ) -> list[int]:
     """Group start positions where each group takes adjacent samples while the token
-    cost fits (padded ``g x row_cost(L)``, or the packed row's
-    :meth:`~odb_lightning.core.budget.Budget.packed_cost`) and, with a ``patch_budget``,
-    the group's summed :meth:`~odb_lightning.core.patch_budget.PatchBudget.sample_cost`.
-    Both costs only fall when a sample leaves a group of adjacent samples, so the greedy
-    cut has the fewest groups (:mod:`~odb_lightning.core.patch_budget`); packed rows carry
-    no padding to balance, so for them it is final. A sample that alone breaks a budget is
-    a group of one."""
+    cost fits (:meth:`~odb_lightning.core.budget.Budget.fits_group`, the layout's) and,
+    with a ``patch_budget``, the group's summed
+    :meth:`~odb_lightning.core.patch_budget.PatchBudget.sample_cost`. Both costs only fall
+    when a sample leaves a group of adjacent samples, so the greedy cut has the fewest
+    groups (:mod:`~odb_lightning.core.patch_budget`); a budget without padding to balance
+    (``balances_padding`` false) takes it as final. A sample that alone breaks a budget
+    is a group of one."""
     cuts, start = [], 0
     while start < len(ordered):
         cuts.append(start)
@@ -111,10 +110,7 @@ def greedy_cuts(
         while start + size < len(ordered) and (cap is None or size < cap):
             nxt = ordered[start + size]
             total, squares = total + nxt.length, squares + nxt.length * nxt.length
-            if packed:
-                tokens_fit = budget.packed_cost(total, squares) <= budget.token_budget
-            else:
-                tokens_fit = budget.fits(size + 1, first.length)
+            tokens_fit = budget.fits_group(size + 1, first.length, total, squares)
             if patch_budget is not None:
                 patches += patch_budget.sample_cost(nxt.num_patches, nxt.patch_square_sum)
             if not tokens_fit or (patch_budget is not None and patches > patch_budget.max_patches):
@@ -128,23 +124,20 @@ def group_window(
     samples: Iterable[SampleInfo],
     budget: Budget,
     *,
-    packed: bool = False,
     max_group_size: int | None = None,
     patch_budget: PatchBudget | None = None,
 ) -> list[Group]:
     """Sort the window longest first and cut it into adjacent groups
-    (:func:`padded_cuts` for padded groups on tokens alone, else :func:`greedy_cuts`:
-    packed rows, or a ``patch_budget`` too). An over-budget sample becomes a group of one;
-    ``max_group_size`` caps every group.
+    (:func:`padded_cuts` for a budget that balances padding on tokens alone, else
+    :func:`greedy_cuts`: one row per group, or a ``patch_budget`` too). An over-budget
+    sample becomes a group of one; ``max_group_size`` caps every group.
 
     Returns:
         Groups in longest-first order, every sample in exactly one group.
     """
     ordered = sort_longest_first(samples)
-    if packed or patch_budget is not None:
-        cuts = greedy_cuts(
-            ordered, budget, packed=packed, patch_budget=patch_budget, cap=max_group_size
-        )
+    if not budget.balances_padding or patch_budget is not None:
+        cuts = greedy_cuts(ordered, budget, patch_budget=patch_budget, cap=max_group_size)
     else:
         cuts = padded_cuts(ordered, budget, max_group_size)
     bounds = [*cuts, len(ordered)]
@@ -152,13 +145,9 @@ def group_window(
 
 
 def group_lengths(
-    lengths: list[int],
-    budget: Budget,
-    *,
-    packed: bool = False,
-    max_group_size: int | None = None,
+    lengths: list[int], budget: Budget, *, max_group_size: int | None = None
 ) -> list[list[int]]:
     """Group indices of ``lengths`` longest first (offline form of :func:`group_window`)."""
     samples = [SampleInfo(sample_id=i, length=n, position=i) for i, n in enumerate(lengths)]
-    groups = group_window(samples, budget, packed=packed, max_group_size=max_group_size)
+    groups = group_window(samples, budget, max_group_size=max_group_size)
     return [[s.sample_id for s in g.samples] for g in groups]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from odb_lightning.core.checks import is_int
 from odb_lightning.core.order import make_rng
 
 
@@ -18,7 +19,7 @@ def lognormal_lengths(
     ``max_len`` is given, clipped to it (what truncation at ``max_seq_len`` does), which
     lowers the realised mean and CV slightly. The same arguments always give the same list.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}")
     if not (math.isfinite(mean) and mean > 0):
         raise ValueError(f"mean must be a positive number, got {mean!r}")

@@ -9,10 +9,11 @@ instantly; the runtime waits for them instead, which changes timing but not the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from odb_lightning.core.alignment import plan_round
-from odb_lightning.core.config import BatchingConfig, ShardDealing, resolve_config
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.sync import SyncFigures, sync_figures
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, Step
@@ -87,9 +88,9 @@ def simulate_epoch(
     ``rank_lengths`` are the shards, so the windows run with ``shard_dealing=fixed``
     whatever ``config`` says (:func:`simulate_dealt_epoch` deals one order by need).
     ``patches`` (and ``patch_squares``): per rank, each sample's ViT patches (and its
-    images' squared patch counts summed), for ``batching.max_patches``; ``sample_bytes``:
-    per rank, each sample's serialized size, for ``batching.window_max_mib``."""
-    config = replace(config, shard_dealing=ShardDealing.FIXED)
+    images' squared patch counts summed), for ``batching.rows.max_patches``; ``sample_bytes``:
+    per rank, each sample's serialized size, for ``batching.policy.window_max_mib``."""
+    config = BatchingConfig.of(config, shard_dealing=ShardDealing.FIXED)
     losses = loss_tokens if loss_tokens is not None else rank_lengths
     if len(losses) != len(rank_lengths):
         raise ValueError("loss_tokens must have one list per rank")
@@ -122,8 +123,8 @@ def simulate_dealt_epoch(
 ) -> SimulationResult:
     """Simulate one epoch dealt by need from one global order (``lengths`` in that
     order, as the loader's seeded epoch order gives them); sample ids are positions in it.
-    ``sample_bytes``: each sample's serialized size, for ``batching.window_max_mib``."""
-    if config.shard_dealing is not ShardDealing.BY_NEED:
+    ``sample_bytes``: each sample's serialized size, for ``batching.policy.window_max_mib``."""
+    if not config.policy.by_need:
         raise ValueError("simulate_dealt_epoch needs shard_dealing=by_need")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -154,7 +155,7 @@ def _run(
     sample_bytes: list[list[int]] | None = None,
 ) -> SimulationResult:
     steps: list[list[Step]] = [[] for _ in windows]
-    max_steps = config.max_steps_per_round
+    max_steps = config.policy.max_steps_per_round
     # Every emitting round takes >= 1 sample from some rank, every round that only deals
     # deals >= 1 sample; one more round ends the epoch.
     bound = 2 * num_samples + 2
@@ -167,7 +168,7 @@ def _run(
             sizes = None if sample_bytes is None else sample_bytes[rank]
             _fill(window, lengths, loss, rank_patches, squares, sizes)
         messages = [encode_report(w.make_report(), max_steps) for w in windows]
-        plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.join)
+        plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.policy.join)
         for window, rank_steps in zip(windows, steps, strict=True):
             rank_steps.extend(window.apply(plan).steps)
         if plan.epoch_over:
@@ -178,9 +179,7 @@ def _run(
                 over_budget=[w.num_over_budget for w in windows],
                 grouped=[w.num_grouped for w in windows],
                 over_patch_budget=tuple(w.num_over_patch_budget for w in windows),
-                sync=sync_figures(
-                    [[s.group for s in rank] for rank in steps], config.budget, packed=config.packed
-                ),
+                sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")
 
@@ -198,18 +197,18 @@ def simulate(
 
     Args:
         rank_lengths: Per rank, the token lengths of its fixed shard in arrival order.
-        config: The batching settings (``mode`` ``odb_packed`` budgets real tokens).
+        config: The batching settings (the row layout sets what a group costs).
         loss_tokens: Per rank, supervised tokens per sample (default: the lengths).
         epoch: Epoch number (changes the step order).
         patches: Per rank, ViT patches per sample (for ``max_patches``; default none).
-        **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
-            those of ``config`` (or make a config of their own).
+        **knobs: Settings by their field names that replace those of ``config``
+            (:meth:`~odb_lightning.core.config.BatchingConfig.of`).
 
     Returns:
         For each rank its steps in order; each step the indices into that rank's list it
         emits, ``[]`` for an IDLE step. Every rank has the same number of steps.
     """
-    resolved = resolve_config(config, knobs)
+    resolved = BatchingConfig.of(config, **knobs)
     result = simulate_epoch(
         rank_lengths, resolved, loss_tokens=loss_tokens, epoch=epoch, patches=patches
     )

@@ -2,8 +2,9 @@
 
 In synchronous data parallelism a step takes as long as its slowest rank. With the cost
 model of the budget (:class:`~odb_lightning.core.budget.Budget`: a padded group of ``g``
-samples with longest ``L`` costs ``g x row_cost(L)``; a packed group the sum of its rows'
-costs; an IDLE step 0), step position ``t`` costs every rank ``M_t = max_r c_{r,t}``:
+samples with longest ``L`` costs ``g x row_cost(L)``, one padding-free row its own cost
+(:meth:`~odb_lightning.core.budget.Budget.group_cost`); an IDLE step 0), step position
+``t`` costs every rank ``M_t = max_r c_{r,t}``:
 
 * **sync efficiency** of a step: ``mean_r c_{r,t} / M_t``, the share of the step the
   ranks spend computing rather than waiting for the slowest one; the figure is the mean
@@ -24,14 +25,11 @@ from odb_lightning.core.budget import Budget
 from odb_lightning.core.types import Group
 
 
-def group_cost(group: Group | None, budget: Budget, *, packed: bool = False) -> float:
+def group_cost(group: Group | None, budget: Budget) -> float:
     """The budget's cost of one step's group (``None``: an IDLE step, cost 0)."""
     if group is None:
         return 0.0
-    if packed:
-        lengths = [s.length for s in group.samples]
-        return budget.packed_cost(sum(lengths), sum(n * n for n in lengths))
-    return budget.cost(group.size, group.longest)
+    return budget.group_cost([s.length for s in group.samples])
 
 
 def useful_cost(group: Group | None, budget: Budget) -> float:
@@ -64,9 +62,7 @@ class SyncFigures:
     useful_cost_sum: float
 
 
-def sync_figures(
-    rank_groups: Sequence[Sequence[Group | None]], budget: Budget, *, packed: bool = False
-) -> SyncFigures:
+def sync_figures(rank_groups: Sequence[Sequence[Group | None]], budget: Budget) -> SyncFigures:
     """Figures of per-rank step sequences (``None`` for IDLE), paired by position.
 
     Raises:
@@ -80,7 +76,7 @@ def sync_figures(
     ratios: list[float] = []
     max_sum = 0.0
     for column in zip(*rank_groups, strict=True):
-        costs = [group_cost(g, budget, packed=packed) for g in column]
+        costs = [group_cost(g, budget) for g in column]
         top = max(costs)
         max_sum += top
         if top > 0:

@@ -22,7 +22,7 @@ class SampleInfo:
         patch_square_sum: ``sum(p**2)`` over its images of ``p`` patches (the patch
             budget's per-image quadratic term).
         num_bytes: Size of the serialized sample the runtime holds until it is collated
-            (for ``batching.window_max_mib``; 0: not counted).
+            (for ``batching.policy.window_max_mib``; 0: not counted).
     """
 
     sample_id: int

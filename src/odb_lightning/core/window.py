@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
 from odb_lightning.core.budget import Budget
-from odb_lightning.core.config import BatchingConfig, ShardDealing
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
+from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.core.order import make_rng
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
@@ -67,25 +68,23 @@ class RoundOutcome:
     dropped: int = 0
 
 
-def peel_figures(
-    groups: list[Group], num_peels: int, budget: Budget, *, packed: bool
-) -> list[tuple[int, int, int]]:
+def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
     """Per peel of :func:`split_groups`, in order: the peeled sample's supervised tokens,
     the cost of its singleton and how much the cost of the group it leaves falls (costs
     rounded up to integers, so the falls add up to the rounded cost of what is left)."""
     members = [list(g.samples) for g in groups]
     figures = []
     for index in peel_order([len(m) for m in members], num_peels):
-        before = _step_cost(Group(tuple(members[index])), budget, packed)
+        before = _step_cost(Group(tuple(members[index])), budget)
         peeled = members[index].pop()
-        after = _step_cost(Group(tuple(members[index])), budget, packed)
-        single = _step_cost(Group((peeled,)), budget, packed)
+        after = _step_cost(Group(tuple(members[index])), budget)
+        single = _step_cost(Group((peeled,)), budget)
         figures.append((peeled.num_loss_tokens, single, before - after))
     return figures
 
 
-def _step_cost(group: Group, budget: Budget, packed: bool) -> int:
-    return math.ceil(group_cost(group, budget, packed=packed))
+def _step_cost(group: Group, budget: Budget) -> int:
+    return math.ceil(group_cost(group, budget))
 
 
 def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
@@ -118,10 +117,11 @@ class GroupingWindow:
         if shard_size < 0:
             raise ValueError(f"shard_size must be >= 0, got {shard_size}")
         self.config = config
+        self.policy: OnlinePolicy = config.policy  # type: ignore[assignment]
         self.shard_size = shard_size
         self.rank = rank
         self.epoch = epoch
-        self.by_need = config.shard_dealing is ShardDealing.BY_NEED
+        self.by_need = self.policy.by_need
         self._budget = config.budget
         self._buffer: list[SampleInfo] = []
         # Row costs rounded up to integers, so the sums do not depend on arrival order.
@@ -176,7 +176,7 @@ class GroupingWindow:
     def target_cost(self) -> float | None:
         """The work the window fills to: ``window_budgets`` token budgets (``None``: the
         window is ``outstanding_depth`` samples)."""
-        budgets = self.config.window_budgets
+        budgets = self.policy.window_budgets
         return None if budgets is None else budgets * self._budget.token_budget
 
     def shortfall(self) -> int:
@@ -190,17 +190,17 @@ class GroupingWindow:
         of samples that arrived, never of how fast they did, so the window a round sees is
         the same in production and in the simulator.
         """
-        room = self.config.outstanding_depth - self.num_buffered - self.num_in_flight
+        room = self.policy.outstanding_depth - self.num_buffered - self.num_in_flight
         target = self.target_cost
         if target is None or room <= 0:
             return max(0, room)
-        cap = self.config.window_max_bytes
+        cap = self.policy.window_max_bytes
         over_bytes = cap is not None and self._buffered_bytes >= cap
         if self.num_in_flight or self._buffered_cost >= target or over_bytes:
             return 0
         seen = self._num_received - self.num_skipped
         if seen == 0:
-            return min(room, self.config.window_budgets)
+            return min(room, self.policy.window_budgets)
         missing = target - self._buffered_cost
         wanted = max(1, math.ceil(missing * seen / self._received_cost))
         if cap is not None and self._received_bytes:
@@ -283,7 +283,7 @@ class GroupingWindow:
         sees never depends on how fast the consumer is."""
         if not self.is_ready():
             raise RuntimeError("the window is not ready: samples are still in flight")
-        max_steps = self.config.max_steps_per_round
+        max_steps = self.policy.max_steps_per_round
         wanted = self.wanted()
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing.
@@ -291,8 +291,7 @@ class GroupingWindow:
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
-        packed = self.config.packed
-        peels = peel_figures(groups, num_peels, self._budget, packed=packed)
+        peels = peel_figures(groups, num_peels, self._budget)
         return RankReport(
             epoch=self.epoch,
             round_index=self.round_index,
@@ -304,7 +303,7 @@ class GroupingWindow:
             group_sizes=tuple(g.size for g in shown),
             group_loss_tokens=tuple(g.num_loss_tokens for g in shown),
             peel_loss_tokens=tuple(loss for loss, _, _ in peels),
-            group_costs=tuple(_step_cost(g, self._budget, packed) for g in shown),
+            group_costs=tuple(_step_cost(g, self._budget) for g in shown),
             peel_costs=tuple(cost for _, cost, _ in peels),
             peel_savings=tuple(saving for _, _, saving in peels),
             undealt=self._undealt,
@@ -317,12 +316,7 @@ class GroupingWindow:
     def _grouped(self) -> list[Group]:
         """The buffer's groups, oldest first; grouped again only if the buffer changed."""
         if self._buffer_changed:
-            groups = group_window(
-                self._buffer,
-                self._budget,
-                packed=self.config.packed,
-                patch_budget=self.config.patch_budget,
-            )
+            groups = group_window(self._buffer, self._budget, patch_budget=self.config.patch_budget)
             groups.sort(key=lambda g: g.age)
             self._cached_groups = groups
             self._buffer_changed = False
@@ -432,7 +426,7 @@ class GroupingWindow:
 
 def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
     """One round as the runtime runs it: report, all-gather, plan, act."""
-    max_steps = window.config.max_steps_per_round
+    max_steps = window.policy.max_steps_per_round
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
-    return window.apply(plan_round(reports, join=window.config.join))
+    return window.apply(plan_round(reports, join=window.policy.join))

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import math
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from odb_lightning.core.checks import is_int
 
 
 def check_size(name: str, value: object, *, least: int) -> None:
     """Refuse a size that is neither ``null``, an integer ``>= least``, nor a fraction
     in ``(0, 1)``; the message starts with ``name``."""
-    if value is None or (_is_int(value) and value >= least):
+    if value is None or (is_int(value) and value >= least):
         return
     is_fraction = isinstance(value, float) and 0.0 < value < 1.0
     if not is_fraction:
@@ -31,7 +29,7 @@ def check_size(name: str, value: object, *, least: int) -> None:
 def records_to_read(max_samples: int | float | None) -> int | None:
     """How many records the source must yield: a count caps it, a fraction or ``null``
     needs all of them (the fraction is taken by :func:`kept_records`)."""
-    return max_samples if _is_int(max_samples) else None
+    return max_samples if is_int(max_samples) else None
 
 
 def kept_records(max_samples: int | float | None, num_records: int) -> int:

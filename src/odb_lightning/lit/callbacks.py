@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
-from odb_lightning.core.config import FIXED_SIZE_MODES
+from odb_lightning.core.modes import MODES
 from odb_lightning.lit.run_report import (
     AddsToSummary,
     CountsParameters,
@@ -242,7 +242,7 @@ class ODBMetricsCallback(pl.Callback):
             self.summary.update(entries)
         if report is not None:
             self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))
-            max_patches = report.batching.max_patches
+            max_patches = report.batching.rows.max_patches
             rank_steps = trainer.world_size * self.summary["steps_per_rank"]
             # Mean ViT patches per rank step over max_patches (image-text data).
             self.summary["patch_fill"] = (
@@ -254,7 +254,7 @@ class ODBMetricsCallback(pl.Callback):
             self.summary["skipped_sample_ids"] = sorted(i for row in rows for i in row)
             self.summary.update(_gather_first_epoch_records(trainer, pl_module, report))
         self.summary["not_trained_samples"] = _not_trained_samples(trainer, self.summary)
-        if self.summary.get("mode") in FIXED_SIZE_MODES:
+        if _fixed_size(self.summary):
             # batch_size samples a step whatever their length: no budget to go over.
             self.summary["over_budget_samples"] = None
         for callback in trainer.callbacks:  # on every rank: the entries may gather
@@ -467,12 +467,17 @@ FIXED_SIZE_LABELS = {"budget_fill": "padded tokens/step / token_budget (no budge
 limit (and ``over_budget_samples`` is null)."""
 
 
+def _fixed_size(summary: dict[str, Any]) -> bool:
+    mode = MODES.get(summary.get("mode"))  # type: ignore[arg-type]
+    return mode is not None and mode.policy.fixed_size
+
+
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     """The end-of-run table."""
     table = Table(title="odb_lightning run summary", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    fixed_size = summary.get("mode") in FIXED_SIZE_MODES
+    fixed_size = _fixed_size(summary)
     for key, label, fmt in SUMMARY_ROWS:
         value = summary.get(key)
         if fixed_size:

@@ -10,12 +10,7 @@ import lightning.pytorch as pl
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
-from odb_lightning.core.config import (
-    LENGTH_PASS_MODES,
-    ONLINE_MODES,
-    BatchingConfig,
-    ShardDealing,
-)
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.data import (
     Augmentation,
@@ -154,7 +149,9 @@ class ODBDataModule(pl.LightningDataModule):
             )
         arguments = self._source_arguments()
         records = load_source(
-            arguments.pop("name"), **arguments, on_bad_record=self.batching.on_bad_sample.value
+            arguments.pop("name"),
+            **arguments,
+            on_bad_record=self.batching.loader.on_bad_sample.value,
         )
         self.source_counts = dict(records.counts)
         kept = records.records[: kept_records(self.max_samples, len(records.records))]
@@ -186,14 +183,14 @@ class ODBDataModule(pl.LightningDataModule):
         self.dataset = dataset
         self.val_set = Subset(_without_augmentation(dataset), sorted(order[:num_val]))
         self.train_indices = sorted(order[num_val:])
-        if self.batching.mode in LENGTH_PASS_MODES:
+        if self.batching.policy.needs_length_pass:
             world_size, rank = self._world()
-            method = self.batching.multiprocessing_context
+            method = self.batching.loader.multiprocessing_context
             exact = exact_lengths(
                 dataset,
                 self._source_arguments(),
                 self.length_cache_dir,
-                num_workers=self.batching.num_workers,
+                num_workers=self.batching.loader.num_workers,
                 multiprocessing_context=None if method is None else method.value,
                 rank=rank,
                 world_size=world_size,
@@ -266,7 +263,7 @@ class ODBDataModule(pl.LightningDataModule):
             return None, None
         if self._job_rendezvous is None:
             self._job_rendezvous = JobRendezvous.connect(
-                world_size, rank, self.batching.alignment_timeout_s
+                world_size, rank, self.batching.loader.alignment_timeout_s
             )
         return self._job_rendezvous.for_loader(name), self._job_rendezvous.store
 
@@ -299,10 +296,10 @@ class ODBDataModule(pl.LightningDataModule):
         )
 
     def _build_train_loader(self) -> ODBLoader | PlannedLoader:
-        if self.batching.mode in ONLINE_MODES:
+        if self.batching.policy.online:
             rendezvous, store = self._metadata("train")
             seed = self.batching.seed
-            if self.batching.shard_dealing is ShardDealing.BY_NEED:
+            if self.batching.policy.by_need:
                 indices = {"order": TrainOrder(self.train_indices, seed)}
             else:
                 indices = {"shard": TrainShard(self.train_indices, *self._world(), seed)}
@@ -345,11 +342,11 @@ class ODBDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> LightningLoader | list:
         if not self.num_val_samples:
             return []  # Lightning runs no validation for an empty list
-        plan = in_order_plan(len(self.val_set), self.batching.batch_size)
+        plan = in_order_plan(len(self.val_set), self.batching.eval_batch_size)
         return self._keep(self._planned_loader(self.val_set, plan))
 
     def evaluation_loader(self, split: str) -> LightningLoader:
-        """Fixed in-order batches of ``batching.batch_size`` over a split (after
+        """Fixed in-order batches of ``batching.eval_batch_size`` over a split (after
         ``setup``): ``val`` (the held-out records, as validation sees them), ``train``
         (the training records, unaugmented) or ``all``; closed in :meth:`teardown`."""
         check_split(split)
@@ -358,7 +355,7 @@ class ODBDataModule(pl.LightningDataModule):
         subset = Subset(_without_augmentation(self.dataset), sorted(splits[split]))
         if not len(subset):
             raise ValueError(f"split={split!r} holds no records (data.val_samples=0?)")
-        plan = in_order_plan(len(subset), self.batching.batch_size)
+        plan = in_order_plan(len(subset), self.batching.eval_batch_size)
         return self._keep(self._planned_loader(subset, plan))
 
     @override
@@ -438,7 +435,7 @@ class ODBDataModule(pl.LightningDataModule):
             "train_samples": self.num_train_samples,
             "length_cache_s": self.length_cache_s,
             "source_records": self.source_counts,
-            # Source lines skipped as bad records (jsonl, batching.on_bad_sample=skip);
+            # Source lines skipped as bad records (jsonl, batching.loader.on_bad_sample=skip);
             # the loader's own skips are skipped_bad_samples.
             "skipped_bad_records": self.source_counts.get("dropped/bad_record", 0),
             **self.train_record_counts,

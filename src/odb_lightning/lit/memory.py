@@ -85,12 +85,12 @@ def worst_case_shapes(config: BatchingConfig, max_seq_len: int) -> list[StepShap
     budget = config.budget
     longest = budget.padded_length(max_seq_len)
     shortest = budget.padded_length(2)  # the shortest sample with a target
-    if config.packed:
+    if config.rows.packs:
         row = max(longest, budget.padded_length(config.token_budget))
         return [StepShape("one full packed row", 1, row, packed=True)]
     rows = budget.max_group_size(2)
-    if config.max_batch_size is not None:
-        rows = min(rows, config.max_batch_size)
+    if config.policy.batch_cap is not None:
+        rows = min(rows, config.policy.batch_cap)
     shapes = [StepShape(f"one sample of max_seq_len={max_seq_len}", 1, longest)]
     full = budget.max_group_size(max_seq_len)
     if full > 1:

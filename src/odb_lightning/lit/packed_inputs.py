@@ -45,7 +45,7 @@ def body_inputs(
       ``max_length_q/k`` (the varlen kernel, without a device-to-host copy to find them);
       ``flex_attention`` builds a block-sparse mask; ``sdpa`` and ``eager`` build a dense
       ``N x N`` block mask, the last resort, which the budget charges as ``N**2``
-      (``batching.packed_attention=dense``).
+      (``batching.rows.packed_attention=dense``).
 
     Raises:
         ValueError: A packed row with an ``attention_mask`` (``transformers`` then takes the

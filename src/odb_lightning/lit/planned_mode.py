@@ -1,22 +1,18 @@
 """Epoch plans of the planned modes (``standard``, ``sorted``, ``bucketed``, ``oracle``)
-for the data module, and the bucket edges of ``bucketed``."""
+for the data module: each policy fitted to the cached lengths, then planned per epoch."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from odb_lightning.core.buckets import bucket_table, optimize_boundaries
-from odb_lightning.core.config import LENGTH_PASS_MODES, BatchingConfig, BatchingMode
+from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.planners import plan_epoch
 
 log = logging.getLogger(__name__)
 
 PlanFn = Callable[[int], list[list[int]]]
-
-DEFAULT_MAX_BATCH_SIZE = 64
 
 
 def in_order_plan(num_samples: int, batch_size: int) -> PlanFn:
@@ -28,56 +24,24 @@ def in_order_plan(num_samples: int, batch_size: int) -> PlanFn:
     return lambda epoch: [list(batch) for batch in batches]
 
 
-def resolve_boundaries(lengths: Sequence[int], batching: BatchingConfig) -> list[int]:
-    """The configured bucket edges, or edges optimized on the cached lengths (logged as a
-    table: range, count, mean length, batch size, efficiency)."""
-    max_batch_size = batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-    if batching.boundaries:
-        edges = list(batching.boundaries)
-        how = "configured"
-    else:
-        started = time.perf_counter()
-        edges = optimize_boundaries(
-            lengths,
-            batching.num_buckets,
-            token_budget=batching.token_budget,
-            max_batch_size=max_batch_size,
-        )
-        how = f"optimized in {time.perf_counter() - started:.2f} s"
-    rows = bucket_table(
-        lengths, edges, token_budget=batching.token_budget, max_batch_size=max_batch_size
-    )
-    log.info("bucket edges %s (%s)", edges, how)
-    log.info("%16s %8s %9s %6s %11s", "range", "count", "mean len", "batch", "efficiency")
-    for row in rows:
-        log.info(
-            "%16s %8d %9.0f %6d %10.1f%%",
-            f"[{row.lo}, {row.hi})",
-            row.count,
-            row.mean_length,
-            row.batch_size,
-            100 * row.efficiency,
-        )
-    return edges
-
-
 def epoch_plan(lengths: Sequence[int], batching: BatchingConfig, num_samples: int) -> PlanFn:
     """``plan(epoch)`` for a planned training mode over ``num_samples`` samples.
 
     Args:
         lengths: Exact lengths (length-pass modes); ignored by ``standard``.
-        batching: The mode and its knobs; ``bucketed`` without boundaries gets optimized
-            ones, and a cap of :data:`DEFAULT_MAX_BATCH_SIZE` when it has none.
+        batching: The policy and its knobs, fitted to the lengths
+            (:meth:`~odb_lightning.core.policy.Policy.fitted`: ``bucketed`` without
+            boundaries gets optimized ones).
         num_samples: Samples in the training set.
     """
-    mode = batching.mode
-    if mode in LENGTH_PASS_MODES and len(lengths) != num_samples:
-        raise ValueError(f"mode '{mode}' needs {num_samples} lengths, got {len(lengths)}")
-    if mode is BatchingMode.BUCKETED:
-        batching = replace(
-            batching,
-            boundaries=tuple(resolve_boundaries(lengths, batching)),
-            max_batch_size=batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
-        )
-    plan_lengths = list(lengths) if mode in LENGTH_PASS_MODES else [1] * num_samples
-    return lambda epoch: plan_epoch(plan_lengths, batching, epoch=epoch)
+    policy = batching.policy
+    if not policy.needs_length_pass:
+        return lambda epoch: plan_epoch([1] * num_samples, batching, epoch=epoch)
+    if len(lengths) != num_samples:
+        raise ValueError(f"mode '{batching.mode}' needs {num_samples} lengths, got {len(lengths)}")
+    fitted, notes = policy.fitted(lengths, batching.token_budget)  # type: ignore[arg-type]
+    for line in notes:
+        log.info("%s", line)
+    fitted_batching = replace(batching, policy=fitted)
+    plan_lengths = list(lengths)
+    return lambda epoch: plan_epoch(plan_lengths, fitted_batching, epoch=epoch)

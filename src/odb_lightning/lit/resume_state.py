@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
-from odb_lightning.core.config import HANDSHAKE_FIELDS, BatchingConfig
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import HANDSHAKE_FIELDS
 from odb_lightning.runtime.resume import ResumeStateError
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def data_identity(
 def batching_settings(batching: BatchingConfig) -> dict[str, Any]:
     """The batching fields of the ranks' handshake (what a round plans), as plain values
     that ``torch.load(weights_only=True)`` reads back."""
-    values = {name: getattr(batching, name) for name in HANDSHAKE_FIELDS}
+    values = {name: batching.knob(name) for name in HANDSHAKE_FIELDS}
     return {k: v.value if isinstance(v, Enum) else v for k, v in values.items()}
 
 

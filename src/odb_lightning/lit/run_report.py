@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from odb_lightning.core.config import BatchingConfig
@@ -83,11 +83,8 @@ class RunReport:
 
     def summary_facts(self) -> dict[str, Any]:
         """The summary's description of the run, with this rank's round latency."""
-        facts = {"mode": self.batching.mode.value, **self.facts}
-        facts["batching"] = {
-            name: getattr(value, "value", value)
-            for name, value in ((n, getattr(self.batching, n)) for n in _BATCHING_FIELDS)
-        }
+        facts = {"mode": self.batching.mode, **self.facts}
+        facts["batching"] = _plain_settings(self.batching)
         latency_ms = sorted(1000 * t for t in self.round_latency_s)
         if latency_ms:
             facts["alignment_round_ms_median"] = statistics.median(latency_ms)
@@ -96,7 +93,11 @@ class RunReport:
         return facts
 
 
-_BATCHING_FIELDS = tuple(BatchingConfig.__dataclass_fields__)
+def _plain_settings(settings: Any) -> Any:
+    """A configuration dataclass as nested plain values, shaped like its Hydra node."""
+    if is_dataclass(settings):
+        return {f.name: _plain_settings(getattr(settings, f.name)) for f in fields(settings)}
+    return getattr(settings, "value", settings)
 
 
 @runtime_checkable

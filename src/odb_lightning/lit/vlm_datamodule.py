@@ -105,7 +105,7 @@ class VisionDataModule(ODBDataModule):
         records = llava_records(
             path,
             max_samples=records_to_read(self.max_samples),
-            on_bad_record=self.batching.on_bad_sample.value,
+            on_bad_record=self.batching.loader.on_bad_sample.value,
         )
         self.source_counts = dict(records.counts)
         kept = records.records[: kept_records(self.max_samples, len(records.records))]

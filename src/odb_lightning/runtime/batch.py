@@ -6,18 +6,20 @@ tensors and passes the integers through (it refuses frozen dataclasses).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.rows import PackedRows, PaddedRows, RowLayout
 from odb_lightning.core.window import Step
 from odb_lightning.runtime.vlm_batch import (
     has_image_fields,
     image_inputs,
-    packed_positions,
     padded_positions,
+    sample_positions,
 )
 from odb_lightning.sample import IGNORE_INDEX
 
@@ -88,8 +90,8 @@ def pin_batch(inputs: dict[str, torch.Tensor | int]) -> dict[str, torch.Tensor |
 
 
 def pins_memory(config: BatchingConfig) -> bool:
-    """Batches are pinned: ``batching.pin_memory`` is set and CUDA is available."""
-    return config.pin_memory and torch.cuda.is_available()
+    """Batches are pinned: ``batching.loader.pin_memory`` is set and CUDA is available."""
+    return config.loader.pin_memory and torch.cuda.is_available()
 
 
 def round_up(length: int, multiple: int) -> int:
@@ -102,8 +104,7 @@ def build_step_meta(
     lengths: Sequence[int],
     num_loss_tokens: int,
     *,
-    packed: bool,
-    pad_to_multiple_of: int = 1,
+    rows: RowLayout,
     global_samples: int,
     global_loss_tokens: int | None,
     round_index: int,
@@ -111,15 +112,9 @@ def build_step_meta(
     epoch: int,
 ) -> StepMeta:
     """The metadata of one step from its samples' ids, lengths and supervised tokens
-    (padded tokens as the collate pads them: each row, or the packed row, rounded up to a
-    multiple of ``pad_to_multiple_of``)."""
+    (padded tokens as the collate of the layout ``rows`` pads them)."""
     real = sum(lengths)
-    if not lengths:
-        padded = 0
-    elif packed:
-        padded = round_up(real, pad_to_multiple_of)
-    else:
-        padded = len(lengths) * round_up(max(lengths), pad_to_multiple_of)
+    padded = rows.padded_tokens(lengths)
     return StepMeta(
         sample_ids=tuple(sample_ids),
         is_idle=not sample_ids,
@@ -136,17 +131,14 @@ def build_step_meta(
     )
 
 
-def make_step_meta(
-    step: Step, *, step_index: int, epoch: int, packed: bool, pad_to_multiple_of: int = 1
-) -> StepMeta:
+def make_step_meta(step: Step, *, step_index: int, epoch: int, rows: RowLayout) -> StepMeta:
     """The metadata of an aligned core :class:`~odb_lightning.core.window.Step`."""
     members = () if step.group is None else step.group.samples
     return build_step_meta(
         [s.sample_id for s in members],
         [s.length for s in members],
         sum(s.num_loss_tokens for s in members),
-        packed=packed,
-        pad_to_multiple_of=pad_to_multiple_of,
+        rows=rows,
         global_samples=step.global_samples,
         global_loss_tokens=step.global_loss_tokens,
         round_index=step.round_index,
@@ -251,7 +243,8 @@ def pack_collate(
     position_ids = torch.arange(input_ids.numel()) - torch.repeat_interleave(starts, lengths)
     rows = position_ids.unsqueeze(0)
     if images:  # 3-D rotary positions, restarting per sample: runtime/vlm_batch.py
-        rows = packed_positions(samples).unsqueeze(1)
+        # Each sample's own [4, L] positions, one after the other: [4, 1, N].
+        rows = torch.cat([sample_positions(s) for s in samples], dim=1).unsqueeze(1)
     return images | {
         "input_ids": input_ids.unsqueeze(0),
         "labels": labels.unsqueeze(0),
@@ -259,3 +252,17 @@ def pack_collate(
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(lengths.max()),
     }
+
+
+ROW_COLLATES: dict[type[RowLayout], Callable[..., dict[str, Any]]] = {
+    PaddedRows: pad_collate,
+    PackedRows: pack_collate,
+}
+"""The collate of each row layout (its rows as tensors)."""
+
+
+def collate_of(rows: RowLayout, pad_id: int) -> CollateFn:
+    """The collate that builds ``rows``' layout, padding with ``pad_id`` to a multiple of
+    ``rows.pad_to_multiple_of``."""
+    collate = ROW_COLLATES[type(rows)]
+    return functools.partial(collate, pad_id=pad_id, pad_to_multiple_of=rows.pad_to_multiple_of)

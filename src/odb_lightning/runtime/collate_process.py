@@ -20,7 +20,8 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Semaphore
 from typing import Protocol
 
-from odb_lightning.core.config import BatchingConfig, DataHandshake
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import DataHandshake
 from odb_lightning.runtime.batch import CollateFn
 from odb_lightning.runtime.engine import EpochRunner
 from odb_lightning.runtime.errors import SampleTimeoutError
@@ -158,7 +159,9 @@ def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
         spec.config,
         rank=spec.rank,
         channel=ProgressChannel(channel, spec.progress),
-        source=WorkerQueues(spec.requests, spec.results, spec.config.timeout_s, spec.progress),
+        source=WorkerQueues(
+            spec.requests, spec.results, spec.config.loader.timeout_s, spec.progress
+        ),
         slots=SemaphoreSlots(spec.slots),
         collate_fn=spec.collate_fn,
         pad_id=spec.pad_id,

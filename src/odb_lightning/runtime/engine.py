@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from odb_lightning.core.alignment import AlignmentError, PeerFailedError
-from odb_lightning.core.config import BatchingConfig, SettingsMismatchError
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import SettingsMismatchError
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, RoundOutcome, Step, exchange_round
 from odb_lightning.core.wire import encode_report
@@ -84,7 +85,10 @@ class InlineSource:
 
     def receive(self) -> FetchResult:
         return fetch_sample(
-            self._dataset, self._pending.popleft(), self._config.on_bad_sample, self._max_seq_len
+            self._dataset,
+            self._pending.popleft(),
+            self._config.loader.on_bad_sample,
+            self._max_seq_len,
         )
 
 
@@ -268,15 +272,14 @@ class EpochRunner:
             step,
             step_index=log.steps,
             epoch=log.epoch,
-            packed=self._config.packed,
-            pad_to_multiple_of=self._config.pad_to_multiple_of,
+            rows=self._config.rows,
         )
         log.steps += 1
         log.idle_steps += int(step.is_idle)
         return ODBBatch(self._collate_fn(samples), meta)
 
     def _publish_abort(self, window: GroupingWindow, error: Exception) -> None:
-        max_steps = self._config.max_steps_per_round
+        max_steps = self._config.policy.max_steps_per_round
         message = encode_report(window.make_abort_report(), max_steps)
         context = f"epoch {window.epoch} round {window.round_index} (abort report)"
         try:

@@ -15,8 +15,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from odb_lightning.core.config import (
-    BatchingConfig,
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import (
     DataHandshake,
     check_data_agree,
     check_settings_agree,
@@ -146,7 +146,7 @@ def open_channel(
     """
     if rendezvous is None or rendezvous.world_size == 1:
         return LocalChannel()
-    channel = GlooChannel(rendezvous, generation, config.alignment_timeout_s)
+    channel = GlooChannel(rendezvous, generation, config.loader.alignment_timeout_s)
     try:
         messages = channel.allgather(handshake_message(config, data), HANDSHAKE_CONTEXT)
         check_settings_agree(messages)

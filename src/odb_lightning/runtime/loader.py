@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from odb_lightning.core.config import (
-    ONLINE_MODES,
-    BatchingConfig,
-    DataHandshake,
-    ShardDealing,
-    resolve_config,
-)
-from odb_lightning.core.order import epoch_permutation, shard_indices
+from odb_lightning.core.checks import is_int
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import DataHandshake
+from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.runtime.batch import (
     CollateFn,
     ODBBatch,
-    pack_collate,
-    pad_collate,
+    collate_of,
     pin_batch,
     pins_memory,
 )
@@ -28,6 +22,7 @@ from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.pipeline import Pipeline
+from odb_lightning.runtime.rank_indices import ShardFn, epoch_indices, given_indices
 from odb_lightning.runtime.rendezvous import (
     JobRendezvous,
     MetadataStore,
@@ -39,12 +34,9 @@ from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.worker import MapDataset
 from odb_lightning.sample import SampleLimits
 
-ShardFn = Callable[[int], list[int]]
-"""``shard(epoch)``: this rank's dataset indices for an epoch, in order."""
-
 
 def _is_count(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    return is_int(value) and value >= minimum
 
 
 class ODBLoader:
@@ -67,10 +59,9 @@ class ODBLoader:
     Args:
         dataset: Map-style dataset of ``{"input_ids": LongTensor[L], "labels": ...}``.
         config: The batching settings (:class:`~odb_lightning.core.config.BatchingConfig`:
-            token budget, window, workers, join, seed, timeouts, ...); ``mode``
-            ``odb_packed`` emits groups padding-free with :func:`pack_collate`.
-        collate_fn: Builds model inputs from a list of samples (default: pad to the
-            longest, or pack for ``odb_packed``).
+            token budget, the online policy, the row layout, the loader's processes).
+        collate_fn: Builds model inputs from a list of samples (default: the row
+            layout's collate, :func:`~odb_lightning.runtime.batch.collate_of`).
         shard: ``shard(epoch) -> indices`` of this rank (``shard_dealing=fixed``);
             default: a seeded shuffle split by rank
             (:func:`~odb_lightning.core.order.shard_indices`).
@@ -89,8 +80,9 @@ class ODBLoader:
         max_seq_len: Longer samples are bad samples (``None``: no limit).
         vocab_size: Samples with a token id (or supervised label) at or above it are bad
             samples (``None``: not checked), as are negative ids.
-        **knobs: ``BatchingConfig`` fields that replace those of ``config``, or make a
-            config of their own: ``ODBLoader(dataset, token_budget=8192, num_workers=2)``.
+        **knobs: Settings by their field names that replace those of ``config``
+            (:meth:`~odb_lightning.core.config.BatchingConfig.of`):
+            ``ODBLoader(dataset, token_budget=8192, num_workers=2)``.
     """
 
     def __init__(
@@ -108,11 +100,11 @@ class ODBLoader:
         vocab_size: int | None = None,
         **knobs: Any,
     ) -> None:
-        self.config = resolve_config(config, knobs)
-        if self.config.mode not in ONLINE_MODES:
+        self.config = BatchingConfig.of(config, **knobs)
+        if not self.config.policy.online:
             raise ValueError(
-                f"ODBLoader forms batches online (mode odb or odb_packed), got mode "
-                f"{self.config.mode.value!r}: planned modes use PlannedLoader"
+                f"ODBLoader forms batches online (an odb mode), got mode "
+                f"{self.config.mode!r}: planned modes use PlannedLoader"
             )
         if not _is_count(pad_id, 0):
             raise ValueError(f"pad_id must be an integer >= 0, got {pad_id!r}")
@@ -123,29 +115,19 @@ class ODBLoader:
         self.pad_id, self.max_seq_len, self.vocab_size = pad_id, max_seq_len, vocab_size
         self._limits = SampleLimits(max_seq_len, vocab_size)  # what every sample is checked on
         if collate_fn is None:
-            collate = pack_collate if self.config.packed else pad_collate
-            multiple = self.config.pad_to_multiple_of
-            collate_fn = functools.partial(collate, pad_id=pad_id, pad_to_multiple_of=multiple)
+            collate_fn = collate_of(self.config.rows, pad_id)
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._pin = pins_memory(self.config)
-        by_need = self.config.shard_dealing is ShardDealing.BY_NEED
-        if shard is not None and by_need:
-            raise ValueError(
-                "shard= gives every rank fixed indices, batching.shard_dealing=by_need deals "
-                "one global order: give order= (the epoch's order), or shard_dealing=fixed"
-            )
-        if order is not None and not by_need:
-            raise ValueError(
-                "order= is the global order that batching.shard_dealing=by_need deals; "
-                "with shard_dealing=fixed give shard= (this rank's indices)"
-            )
-        self._shard = shard if shard is not None else order
+        self._policy: OnlinePolicy = self.config.policy  # type: ignore[assignment]
+        self._shard = given_indices(self._policy, shard, order)
         self._store = metadata_store
         if rendezvous is None:
             world_size, rank = default_world()
             if world_size > 1:
-                job = JobRendezvous.connect(world_size, rank, self.config.alignment_timeout_s)
+                job = JobRendezvous.connect(
+                    world_size, rank, self.config.loader.alignment_timeout_s
+                )
                 rendezvous, self._store = job.for_loader("loader"), job.store
         self._rendezvous = rendezvous
         self.rank = 0 if rendezvous is None else rendezvous.rank
@@ -201,7 +183,7 @@ class ODBLoader:
     def __iter__(self) -> Iterator[ODBBatch]:
         if self._closed:
             raise RuntimeError("this ODBLoader is closed; build a new one to iterate again")
-        if self.config.num_workers == 0:
+        if self.config.loader.num_workers == 0:
             return self._iterate_in_process()
         return self._iterate_with_processes()
 
@@ -232,12 +214,9 @@ class ODBLoader:
         return batch._replace(inputs=pin_batch(batch.inputs))
 
     def _indices(self, epoch: int) -> list[int]:
-        """This rank's shard for ``epoch``; dealt by need, the epoch's global order."""
-        if self._shard is not None:  # shard= or order=
-            return list(self._shard(epoch))
-        if self.config.shard_dealing is ShardDealing.BY_NEED:
-            return epoch_permutation(len(self.dataset), self.config.seed, epoch)
-        return shard_indices(len(self.dataset), self.world_size, self.rank, self.config.seed, epoch)
+        place = (self.world_size, self.rank)
+        seed = self.config.seed
+        return epoch_indices(self._shard, self._policy, len(self.dataset), place, seed, epoch)
 
     def _data_handshake(self) -> DataHandshake:
         """What the channel's handshake compares across ranks (``shard=`` or ``order=``:
@@ -245,7 +224,7 @@ class ODBLoader:
         shard = None
         if self._shard is not None and self.world_size > 1:
             shard = self._indices(self._epoch)
-        by_need = self.config.shard_dealing is ShardDealing.BY_NEED
+        by_need = self._policy.by_need
         return DataHandshake.of(
             len(self.dataset), self.max_seq_len, self._epoch, shard, order=by_need
         )
@@ -281,7 +260,7 @@ class ODBLoader:
         ordered = self._store is not None and self._rendezvous is not None
         prefix = self._rendezvous.channel_prefix(generation) if ordered else ""
         if ordered:
-            self._store.wait_for_rank_zero(prefix, self.config.alignment_timeout_s)
+            self._store.wait_for_rank_zero(prefix, self.config.loader.alignment_timeout_s)
         pipeline = Pipeline(
             self.dataset,
             self.config,
@@ -323,7 +302,7 @@ class ODBLoader:
         self._epoch_active = False
         record.finished = True
         self.last_epoch_stats = replace(message.stats, loader_wait_s=waited_s)
-        if not self.config.persistent_workers:
+        if not self.config.loader.persistent_workers:
             self._close_pipeline(graceful=True)
 
     def _iterate_in_process(self) -> Generator[ODBBatch, None, None]:

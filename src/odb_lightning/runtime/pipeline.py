@@ -14,7 +14,8 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
-from odb_lightning.core.config import BatchingConfig, DataHandshake
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import DataHandshake
 from odb_lightning.runtime.batch import CollateFn, ODBBatch
 from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
 from odb_lightning.runtime.errors import LoaderProcessError, RemoteTraceback
@@ -40,10 +41,10 @@ process's bounded waits) before one that makes no progress counts as stuck."""
 
 
 def start_method(config: BatchingConfig) -> str | None:
-    """The start method of the loader's processes: ``batching.multiprocessing_context``,
+    """The start method of the loader's processes: ``batching.loader.multiprocessing_context``,
     else ``forkserver`` once CUDA is initialized in this process (a forked child would
     inherit a CUDA context it cannot use), else the platform's default."""
-    method = config.multiprocessing_context
+    method = config.loader.multiprocessing_context
     if method is not None:
         return method.value
     if torch.cuda.is_initialized() and "forkserver" in multiprocessing.get_all_start_methods():
@@ -60,7 +61,7 @@ beyond them wait uncollated (their samples are already in memory)."""
 def output_slots(config: BatchingConfig) -> int:
     """Collated batches queued at most: :data:`OUTPUT_SLOTS`, or ``2 Q`` when that is
     fewer."""
-    return min(OUTPUT_SLOTS, 2 * config.max_steps_per_round)
+    return min(OUTPUT_SLOTS, 2 * config.policy.max_steps_per_round)
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -98,14 +99,14 @@ class Pipeline:
     ) -> None:
         context = multiprocessing.get_context(start_method(config))
         self._rank = rank
-        self._requests = [context.Queue() for _ in range(config.num_workers)]
+        self._requests = [context.Queue() for _ in range(config.loader.num_workers)]
         self._results = context.Queue()
         self._commands = context.Queue()
         self._outputs = context.Queue()
         self._slots = context.Semaphore(output_slots(config))
         self._progress = context.RawValue(ctypes.c_uint64, 0)
         # Every wait of the collate process is bounded by one of the two timeouts.
-        self._stall_s = config.timeout_s + config.alignment_timeout_s + STALL_GRACE_S
+        self._stall_s = config.loader.timeout_s + config.loader.alignment_timeout_s + STALL_GRACE_S
         self._workers = [
             context.Process(
                 target=worker_main,

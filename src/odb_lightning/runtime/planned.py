@@ -14,19 +14,19 @@ next batch of the uninterrupted run. Every rank knows the plan: saving needs no 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, Dataset
 
-from odb_lightning.core.config import BatchingConfig, resolve_config
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.rows import RowLayout
 from odb_lightning.runtime.batch import (
     CollateFn,
     ODBBatch,
     build_step_meta,
+    collate_of,
     idle_samples,
-    pad_collate,
     pin_batch,
     pins_memory,
 )
@@ -138,11 +138,10 @@ class _PlannedCollate:
         collate_fn: CollateFn,
         pad_id: int,
         limits: SampleLimits,
-        packed: bool,
-        pad_to_multiple_of: int = 1,
+        rows: RowLayout,
     ) -> None:
         self.batches, self.collate_fn, self.pad_id = batches, collate_fn, pad_id
-        self.limits, self.packed, self.pad_to_multiple_of = limits, packed, pad_to_multiple_of
+        self.limits, self.rows = limits, rows
 
     def __call__(self, items: Sequence[tuple[int, Mapping[str, Any]]]) -> ODBBatch:
         ids = tuple(index for index, _ in items)
@@ -153,8 +152,7 @@ class _PlannedCollate:
             ids,
             [length for length, _ in counts],
             sum(loss for _, loss in counts),
-            packed=self.packed,
-            pad_to_multiple_of=self.pad_to_multiple_of,
+            rows=self.rows,
             global_samples=0,  # the global counts and the step: PlannedLoader.__iter__
             global_loss_tokens=None,
             round_index=0,
@@ -170,19 +168,19 @@ class PlannedLoader:
     Args:
         dataset: Map-style dataset of ``{"input_ids", "labels"}`` samples.
         plan: ``plan(epoch)``: the whole job's batches for that epoch.
-        config: Loader settings (``num_workers``, ``timeout_s``, ``persistent_workers``,
-            ``multiprocessing_context``; ``mode`` ``odb_packed`` counts padded = real).
+        config: The batching settings: the loader's processes (``config.loader``) and
+            the row layout (its collate and padded-token count).
         world_size: Ranks sharing the plan.
         rank: This rank.
-        collate_fn: Model inputs from a list of samples (default: pad to the longest).
+        collate_fn: Model inputs from a list of samples (default: the row layout's).
         pad_id: Padding id (default collate and IDLE batches).
         max_seq_len: Longer samples are bad samples.
         vocab_size: Samples with a token id (or supervised label) at or above it are bad
             samples (``None``: not checked).
         loss_tokens: Supervised tokens of every sample, when a length pass knows them:
             then each step's global count is in its metadata (no collective needed).
-        **knobs: :class:`~odb_lightning.core.config.BatchingConfig` fields that replace
-            those of ``config``.
+        **knobs: Settings by their field names that replace those of ``config``
+            (:meth:`~odb_lightning.core.config.BatchingConfig.of`).
     """
 
     def __init__(
@@ -200,7 +198,7 @@ class PlannedLoader:
         loss_tokens: Sequence[int] | None = None,
         **knobs: Any,
     ) -> None:
-        config = resolve_config(config, knobs)
+        config = BatchingConfig.of(config, **knobs)
         self.config = config
         self.batches = _EpochBatches(plan, world_size, rank, loss_tokens)
         self._num_samples = len(dataset)
@@ -208,17 +206,13 @@ class PlannedLoader:
         self._shares: list[list[list[int]]] = []  # every rank's batches of the recorded epoch
         collate = _PlannedCollate(
             self.batches,
-            collate_fn
-            or functools.partial(
-                pad_collate, pad_id=pad_id, pad_to_multiple_of=config.pad_to_multiple_of
-            ),
+            collate_fn or collate_of(config.rows, pad_id),
             pad_id,
             SampleLimits(max_seq_len, vocab_size),
-            config.packed,
-            config.pad_to_multiple_of,
+            config.rows,
         )
         self._pin = pins_memory(config)
-        workers = config.num_workers
+        workers = config.loader.num_workers
         method = start_method(config)
         self._loader = DataLoader(
             _IndexedDataset(dataset),
@@ -226,8 +220,8 @@ class PlannedLoader:
             collate_fn=collate,
             num_workers=workers,
             multiprocessing_context=method if workers else None,
-            persistent_workers=config.persistent_workers and workers > 0,
-            timeout=config.timeout_s if workers else 0,
+            persistent_workers=config.loader.persistent_workers and workers > 0,
+            timeout=config.loader.timeout_s if workers else 0,
         )
 
     def set_epoch(self, epoch: int) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from odb_lightning.core.checks import is_int
+
 STATE_FORMAT = 1
 """Version of the dictionary :meth:`EpochProgress.to_state` writes."""
 
@@ -61,12 +63,12 @@ class EpochProgress:
                 "(not a state written by this version's state_dict())"
             )
         epoch = state.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ResumeStateError(f"loader state: 'epoch' must be an integer >= 0, got {epoch!r}")
         ids = state.get("consumed_ids")
         if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
             raise ResumeStateError(f"loader state: 'consumed_ids' must be a list, got {ids!r}")
-        bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)]
+        bad = [i for i in ids if not is_int(i)]
         bad += [i for i in ids if isinstance(i, int) and not 0 <= i < num_samples]
         if bad:
             raise ResumeStateError(

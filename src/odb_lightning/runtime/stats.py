@@ -33,7 +33,7 @@ class EpochStats:
         image_tokens: Tokens standing for images in the emitted samples.
         image_patches: ViT patches of the emitted samples' images.
         over_patch_budget: Samples emitted alone because their patches alone exceed
-            ``batching.max_patches``.
+            ``batching.rows.max_patches``.
     """
 
     epoch: int

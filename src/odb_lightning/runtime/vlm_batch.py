@@ -5,8 +5,8 @@ A sample with images carries ``pixel_values`` (``[patches, D]``), ``image_grid_t
 ``input_ids``/``labels``; a text-only sample of an image set carries them empty (no
 patch, no image) and with plain positions. The positions are computed per sample in the
 loader workers (:func:`odb_lightning.data.vision.mrope_positions`, Qwen2-VL's
-``get_rope_index`` semantics), so they are right in a padded row and in a packed one,
-where every sample's positions restart at 0.
+``get_rope_index`` semantics), so they are right in a padded row and in a row of
+several samples one after the other, where every sample's positions restart at 0.
 
 :func:`~odb_lightning.runtime.batch.pad_collate` and
 :func:`~odb_lightning.runtime.batch.pack_collate` add these fields when their samples
@@ -15,7 +15,7 @@ their ``image_grid_thw`` along the image axis, in sample order: the order of the
 blocks in the batch's ``input_ids`` (row-major), in which the model scatters the vision
 features into the ``<|image_pad|>`` positions. ``position_ids`` is ``[4, batch, L]``:
 row 0 the per-sample text positions (from which ``transformers`` builds the causal and
-packed-sequence masks), rows 1-3 the temporal, height and width positions.
+per-sample masks), rows 1-3 the temporal, height and width positions.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def has_image_fields(samples: Sequence[Mapping[str, object]]) -> bool:
 
 def sample_positions(sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The sample's ``[4, L]`` positions (plain ones for a sample that has none, such as
-    the padding segment of a packed row)."""
+    the padding segment that rounds a row of several samples up)."""
     length = sample["input_ids"].numel()
     positions = sample.get(MROPE_POSITIONS)
     if positions is None:
@@ -72,8 +72,3 @@ def padded_positions(samples: Sequence[Mapping[str, torch.Tensor]], width: int) 
         own = sample_positions(sample)
         positions[:, row, : own.shape[1]] = own
     return positions
-
-
-def packed_positions(samples: Sequence[Mapping[str, torch.Tensor]]) -> torch.Tensor:
-    """``[4, N]`` positions of a packed row: each sample's own, one after the other."""
-    return torch.cat([sample_positions(s) for s in samples], dim=1)

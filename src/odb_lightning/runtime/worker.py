@@ -6,7 +6,8 @@ import traceback
 from multiprocessing.queues import Queue
 from typing import Any, Protocol
 
-from odb_lightning.core.config import BatchingConfig, OnBadSample
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.loader_config import OnBadSample
 from odb_lightning.runtime.lifecycle import prepare_child
 from odb_lightning.runtime.messages import (
     FetchedSample,
@@ -137,4 +138,4 @@ def worker_main(
         request = requests.get()
         if isinstance(request, StopWorker):
             return
-        results.put(fetch_sample(dataset, request, config.on_bad_sample, limits))
+        results.put(fetch_sample(dataset, request, config.loader.on_bad_sample, limits))

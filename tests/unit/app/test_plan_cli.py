@@ -12,13 +12,17 @@ from importlib.metadata import entry_points
 import numpy as np
 import pytest
 
+from odb_lightning.app.plan import build_parser, main
 from odb_lightning.core.buckets import bucket_table, optimize_boundaries, predict_efficiency
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.modes import MODES
+from odb_lightning.core.online_policy import ShardDealing
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.planners import plan_epoch, summarize_plan
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.plans import summarize_plan
+from odb_lightning.core.policy import BucketedPolicy, StandardPolicy
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
-from odb_lightning.plan import main
 
 ALL_MODES = "standard,sorted,bucketed,oracle,odb,odb_packed"
 
@@ -39,7 +43,8 @@ def _expected_stats(lengths, mode, budget, edges, *, seed=0, batch_size=8, windo
         outstanding_depth=window,
         seed=seed,
     )
-    return dataclasses.asdict(summarize_plan(lengths, batches, budget, packed=mode == "odb_packed"))
+    rows = MODES[mode].rows()
+    return dataclasses.asdict(summarize_plan(lengths, batches, budget, rows=rows))
 
 
 def test_synthetic_json_matches_the_core_planners(capsys):
@@ -160,10 +165,10 @@ def test_bad_arguments_exit_with_usage(argv, capsys):
 
 def test_module_entry_point_and_console_script():
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("odb-plan") == "odb_lightning.plan:main"
+    assert scripts.get("odb-plan") == "odb_lightning.app.plan:main"
     argv = ["--synthetic", "1000,0.5,300", "--modes", "oracle", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "odb_lightning.plan", *argv],
+        [sys.executable, "-m", "odb_lightning.app.plan", *argv],
         capture_output=True,
         text=True,
         check=True,
@@ -179,7 +184,7 @@ def test_ranks_scores_odb_by_its_slowest_rank(tmp_path, capsys) -> None:
     np.save(path := tmp_path / "lengths.npy", np.array(lengths))
     result = _run_json(capsys, "--lengths", str(path), "--modes", "odb", "--ranks", "4")
     ranks = result["budgets"][0]["ranks"]
-    config = BatchingConfig(token_budget=16384)
+    config = BatchingConfig.of(token_budget=16384)
     order = epoch_permutation(len(lengths), 0, 0)
     ordered = [lengths[i] for i in order]
     expected = simulate_dealt_epoch(ordered, 4, config)
@@ -197,3 +202,16 @@ def test_ranks_scores_odb_by_its_slowest_rank(tmp_path, capsys) -> None:
     expected = simulate_epoch([ordered[r::4] for r in range(4)], config)
     assert fixed["shard_dealing"] == "fixed"
     assert fixed["utilization"] == pytest.approx(expected.sync.utilization)
+
+
+def test_batching_options_come_from_the_policy_fields():
+    args = build_parser().parse_args(["--synthetic", "1000,0.5,10"])
+    assert args.batch_size == StandardPolicy().batch_size
+    assert args.num_buckets == BucketedPolicy().num_buckets
+    assert args.max_batch_size == BucketedPolicy().max_batch_size
+    assert args.outstanding_depth is None and args.shard_dealing is None  # the config's
+    for dealing in ShardDealing:  # the choices are the enum's values
+        given = build_parser().parse_args(["--synthetic", "1000,0.5,10", "--dealing", dealing])
+        assert given.shard_dealing == dealing.value
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--synthetic", "1000,0.5,10", "--dealing", "round_robin"])

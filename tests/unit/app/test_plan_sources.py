@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from helpers.own_data import write_own_jsonl
+from odb_lightning.app.plan import SOURCES, build_parser, main
 from odb_lightning.data import QwenTokenizer, SourceName, jsonl_records
 from odb_lightning.data.lengths import SYNTHETIC
 from odb_lightning.data.template import build_chat_template
-from odb_lightning.plan import SOURCES, build_parser, main
 
 
 def test_source_choices_are_the_data_layers() -> None:

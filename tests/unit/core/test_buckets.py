@@ -20,7 +20,8 @@ from odb_lightning.core.buckets import (
     predict_efficiency,
     simulate_bucketed,
 )
-from odb_lightning.core.planners import bucket_of, plan_epoch
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.plans import bucket_of
 from odb_lightning.core.profiles import lognormal_lengths
 
 SEED_BOUNDARIES = [0, 770, 1216, 1728, 2432, 3296, 8192]

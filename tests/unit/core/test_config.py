@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 
 import pytest
 
-from odb_lightning.core.config import (
-    BatchingConfig,
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import (
     DataHandshake,
-    OnBadSample,
     SettingsMismatchError,
-    ShardDealing,
-    StartMethod,
     check_data_agree,
     check_settings_agree,
     handshake_message,
-    resolve_config,
 )
+from odb_lightning.core.loader_config import LoaderConfig, OnBadSample, StartMethod
+from odb_lightning.core.modes import MODES
+from odb_lightning.core.online_policy import ShardDealing
+from odb_lightning.core.policy import StandardPolicy
+from odb_lightning.core.rows import PackedRows
 from odb_lightning.core.wire import RankReport, WireFormatError, decode_report, encode_report
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.pipeline import output_slots
@@ -31,20 +33,21 @@ class SchemaContext(Enum):
 
 def test_defaults_and_enum_coercion() -> None:
     assert (
-        BatchingConfig(
+        BatchingConfig.of(
             token_budget=64, multiprocessing_context=SchemaContext.SPAWN
-        ).multiprocessing_context
+        ).loader.multiprocessing_context
         is StartMethod.SPAWN
     )
-    config = BatchingConfig(
+    config = BatchingConfig.of(
         token_budget=4096, on_bad_sample="skip", multiprocessing_context="spawn"
     )
-    assert config.on_bad_sample is OnBadSample.SKIP
-    assert config.multiprocessing_context is StartMethod.SPAWN
+    assert config.loader.on_bad_sample is OnBadSample.SKIP
+    assert config.loader.multiprocessing_context is StartMethod.SPAWN
     assert output_slots(config) == 64
-    assert output_slots(BatchingConfig(max_steps_per_round=8)) == 16
-    assert config.handshake() == BatchingConfig(token_budget=4096).handshake()
-    assert BatchingConfig(boundaries=[0, 10, 20]).boundaries == (0, 10, 20)
+    assert output_slots(BatchingConfig.of(max_steps_per_round=8)) == 16
+    assert config.handshake() == BatchingConfig.of(token_budget=4096).handshake()
+    bucketed = BatchingConfig.of(mode="bucketed", boundaries=[0, 10, 20])
+    assert bucketed.policy.boundaries == (0, 10, 20)
 
 
 @pytest.mark.parametrize(
@@ -70,8 +73,12 @@ def test_defaults_and_enum_coercion() -> None:
     ],
 )
 def test_invalid_values_name_the_hydra_key(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=rf"^batching\.{field}"):
-        BatchingConfig(**{"token_budget": 1024, field: value})  # type: ignore[arg-type]
+    # The knob's own mode: the fixed-size and bucketed knobs live in those policies.
+    mode = {"batch_size": "standard", "max_batch_size": "bucketed"}.get(field, "odb")
+    mode = "bucketed" if field in ("num_buckets", "boundaries") else mode
+    settings = {"token_budget": 1024, **({} if field == "mode" else {"mode": mode})}
+    with pytest.raises(ValueError, match=rf"^batching\.((policy|rows|loader)\.)?{field}"):
+        BatchingConfig.of(**{**settings, field: value})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("field", "value"), [("pad_id", -2), ("max_seq_len", 0)])
@@ -81,14 +88,14 @@ def test_loader_arguments_outside_the_config_are_checked(field: str, value: int)
 
 
 def test_keyword_form_replaces_fields_by_name() -> None:
-    base = BatchingConfig(token_budget=2048, seed=4)
-    assert resolve_config(base, {}) is base
-    assert resolve_config(base, {"join": False}) == BatchingConfig(
+    base = BatchingConfig.of(token_budget=2048, seed=4)
+    assert BatchingConfig.of(base) is base
+    assert BatchingConfig.of(base, join=False) == BatchingConfig.of(
         token_budget=2048, seed=4, join=False
     )
-    assert resolve_config(None, {"token_budget": 8}) == BatchingConfig(token_budget=8)
+    assert BatchingConfig.of(None, token_budget=8) == BatchingConfig.of(token_budget=8)
     with pytest.raises(TypeError, match="unknown batching settings \\['window'\\]"):
-        resolve_config(None, {"window": 8})
+        BatchingConfig.of(None, window=8)
 
 
 def test_planned_mode_is_refused_by_the_online_loader() -> None:
@@ -97,28 +104,22 @@ def test_planned_mode_is_refused_by_the_online_loader() -> None:
 
 
 def test_handshake_names_the_first_setting_that_differs() -> None:
-    one = BatchingConfig(token_budget=1024, outstanding_depth=32)
-    other = BatchingConfig(token_budget=1024, outstanding_depth=64, mode="odb_packed")
+    one = BatchingConfig.of(token_budget=1024, outstanding_depth=32)
+    other = BatchingConfig.of(token_budget=1024, outstanding_depth=64, mode="odb_packed")
     check_settings_agree([one.handshake(), one.handshake()])
     with pytest.raises(
         SettingsMismatchError, match="'outstanding_depth' \\(rank 0: 32, rank 1: 64\\)"
     ):
         check_settings_agree([one.handshake(), other.handshake()])
-    packed = BatchingConfig(token_budget=1024, outstanding_depth=32, mode="odb_packed")
+    packed = BatchingConfig.of(token_budget=1024, outstanding_depth=32, mode="odb_packed")
     with pytest.raises(SettingsMismatchError, match="'mode'"):
         check_settings_agree([one.handshake(), packed.handshake()])
     # Knobs that do not change the plan may differ between ranks.
-    check_settings_agree(
-        [one.handshake(), BatchingConfig(**{**_fields(one), "num_workers": 0}).handshake()]
-    )
-
-
-def _fields(config: BatchingConfig) -> dict:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+    check_settings_agree([one.handshake(), BatchingConfig.of(one, num_workers=0).handshake()])
 
 
 def _data_messages(*data: DataHandshake | None) -> list[list[int]]:
-    config = BatchingConfig(token_budget=64)
+    config = BatchingConfig.of(token_budget=64)
     return [handshake_message(config, d) for d in data]
 
 
@@ -180,14 +181,21 @@ def test_garbage_reports_fail_naming_the_field(field: int, value: int, expected:
 
 
 def test_window_and_dealing_knobs_are_checked_and_shared() -> None:
-    with pytest.raises(ValueError, match=r"batching\.window_budgets must be a positive integer"):
-        BatchingConfig(window_budgets=0)
-    with pytest.raises(ValueError, match=r"batching\.shard_dealing must be one of fixed, by_need"):
-        BatchingConfig(shard_dealing="round_robin")
-    assert BatchingConfig(shard_dealing="fixed").shard_dealing is ShardDealing.FIXED
-    assert BatchingConfig(window_budgets=None).window_budgets is None
-    one = BatchingConfig()
-    for other in (BatchingConfig(window_budgets=32), BatchingConfig(shard_dealing="fixed")):
+    with pytest.raises(
+        ValueError, match=r"batching\.policy\.window_budgets must be a positive integer"
+    ):
+        BatchingConfig.of(window_budgets=0)
+    with pytest.raises(
+        ValueError, match=r"batching\.policy\.shard_dealing must be one of fixed, by_need"
+    ):
+        BatchingConfig.of(shard_dealing="round_robin")
+    assert BatchingConfig.of(shard_dealing="fixed").policy.shard_dealing is ShardDealing.FIXED
+    assert BatchingConfig.of(window_budgets=None).policy.window_budgets is None
+    one = BatchingConfig.of()
+    for other in (
+        BatchingConfig.of(window_budgets=32),
+        BatchingConfig.of(shard_dealing="fixed"),
+    ):
         with pytest.raises(SettingsMismatchError):
             check_settings_agree([one.handshake(), other.handshake()])
 
@@ -201,7 +209,7 @@ def test_loader_refuses_fixed_shards_dealt_by_need() -> None:
 
 def test_ranks_dealt_by_need_must_give_the_same_order() -> None:
     def orders(*per_rank: list[int]) -> list[list[int]]:
-        config = BatchingConfig().handshake()
+        config = BatchingConfig.of().handshake()
         return [config + DataHandshake.of(6, None, 1, o, order=True).encode() for o in per_rank]
 
     check_data_agree(orders([5, 1, 0, 2, 3, 4], [5, 1, 0, 2, 3, 4]))
@@ -212,6 +220,46 @@ def test_ranks_dealt_by_need_must_give_the_same_order() -> None:
     # The same indices in another order deal different samples to each rank: refused.
     with pytest.raises(SettingsMismatchError, match=r"order= indices \(digest\)"):
         check_data_agree(orders([5, 1, 0, 2, 3, 4], [0, 1, 2, 3, 4, 5]))
-    fixed = BatchingConfig().handshake() + DataHandshake.of(6, None, 1, [0, 1, 2]).encode()
+    fixed = BatchingConfig.of().handshake() + DataHandshake.of(6, None, 1, [0, 1, 2]).encode()
     with pytest.raises(SettingsMismatchError, match=r"shard= \(or order=\) on every rank"):
         check_data_agree([orders([5, 1, 0, 2, 3, 4])[0], fixed])
+
+
+def test_keyword_form_routes_each_knob_to_its_concern() -> None:
+    config = BatchingConfig.of(
+        mode="odb_packed", token_budget=8192, outstanding_depth=64, num_workers=0
+    )
+    assert config.mode == "odb_packed" and config.rows.packs
+    assert config.policy.outstanding_depth == 64 and config.loader.num_workers == 0
+    assert config.knob("outstanding_depth") == 64 and config.knob("mode") == "odb_packed"
+    # Switching mode keeps the fields both layouts have; another policy's knob is not read.
+    padded = BatchingConfig.of(config, mode="oracle", pad_to_multiple_of=8, batch_size=4)
+    assert padded.mode == "oracle" and padded.rows.pad_to_multiple_of == 8
+    assert padded.knob("batch_size") is None and padded.knob("outstanding_depth") is None
+    with pytest.raises(KeyError, match="'window'"):
+        config.knob("window")
+
+
+def test_every_registered_mode_is_its_policy_and_layout() -> None:
+    for name, mode in MODES.items():
+        config = BatchingConfig(policy=mode.policy(), rows=mode.rows())
+        assert config.mode == name == BatchingConfig.of(mode=name).mode
+    assert [m for m, e in MODES.items() if e.policy.online] == ["odb", "odb_packed"]
+    assert {m for m, e in MODES.items() if e.policy.needs_length_pass} == {
+        "sorted",
+        "bucketed",
+        "oracle",
+    }
+    with pytest.raises(ValueError, match=r"^batching\.policy StandardPolicy with batching\.rows"):
+        BatchingConfig(policy=StandardPolicy(), rows=PackedRows())
+
+
+def test_knob_names_are_unique_across_concerns() -> None:
+    def names(kind: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(kind)}
+
+    policies = set().union(*(names(m.policy) for m in MODES.values()))
+    layouts = set().union(*(names(m.rows) for m in MODES.values()))
+    top = names(BatchingConfig) - {"policy", "rows", "loader"}
+    concerns = [top, policies, layouts, names(LoaderConfig)]
+    assert sum(map(len, concerns)) == len(set().union(*concerns))  # one owner per name

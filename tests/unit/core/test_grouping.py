@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb_lightning.core.budget import Budget
+from odb_lightning.core.budget import Budget, PackedBudget
 from odb_lightning.core.grouping import group_lengths, group_window, padded_cuts
 from odb_lightning.core.types import SampleInfo
 
@@ -97,8 +97,8 @@ def test_the_slack_goes_where_it_saves_padding():
 
 def test_packed_groups_fill_the_real_token_budget_in_order():
     lengths = [10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
-    assert group_lengths(lengths, Budget(20), packed=True) == [[0, 1], [2, 3], [4, 5, 6, 7, 8], [9]]
-    assert group_lengths(lengths, Budget(20), packed=True, max_group_size=3)[2] == [4, 5, 6]
+    assert group_lengths(lengths, PackedBudget(20)) == [[0, 1], [2, 3], [4, 5, 6, 7, 8], [9]]
+    assert group_lengths(lengths, PackedBudget(20), max_group_size=3)[2] == [4, 5, 6]
 
 
 def test_ties_go_to_the_larger_first_group():

@@ -105,10 +105,12 @@ def test_bad_windows_and_settings_are_refused() -> None:
         PatchBudget(0)
     with pytest.raises(ValueError, match="patch_attention_weight"):
         PatchBudget(10, -1.0)
-    assert BatchingConfig().patch_budget is None
-    assert BatchingConfig(max_patches=64, patch_attention_weight=0.5).patch_budget == PatchBudget(
-        64, 0.5
-    )
+    assert BatchingConfig.of().patch_budget is None
+    assert BatchingConfig.of(
+        max_patches=64, patch_attention_weight=0.5
+    ).patch_budget == PatchBudget(64, 0.5)
     for bad in ({"max_patches": 0}, {"max_patches": 2.5}, {"patch_attention_weight": float("inf")}):
-        with pytest.raises(ValueError, match=r"batching\.(max_patches|patch_attention_weight)"):
-            BatchingConfig(**bad)
+        with pytest.raises(
+            ValueError, match=r"batching\.rows\.(max_patches|patch_attention_weight)"
+        ):
+            BatchingConfig.of(**bad)

@@ -33,7 +33,7 @@ def shards(world_size: int, seed: int) -> tuple[list[list[int]], list[list[int]]
 def test_window_groups_within_both_budgets_exactly_once(world_size: int, packed: bool) -> None:
     for seed in range(4):
         lengths, patches = shards(world_size, seed + 10 * world_size)
-        config = BatchingConfig(
+        config = BatchingConfig.of(
             mode="odb_packed" if packed else "odb",
             token_budget=1200,
             max_patches=1500,

@@ -9,16 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_lightning.core.budget import Budget
-from odb_lightning.core.config import BatchingMode
 from odb_lightning.core.grouping import group_lengths
+from odb_lightning.core.modes import MODES
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.core.planners import (
-    bucket_of,
-    pack_in_order,
-    plan_epoch,
-    summarize_plan,
-)
+from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.plans import bucket_of, pack_in_order, summarize_plan
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.rows import PackedRows
 
 LENGTHS = st.lists(st.integers(1, 3000), min_size=1, max_size=150)
 BUDGETS = st.integers(1, 12000)
@@ -49,7 +46,7 @@ def _assert_exactly_once(batches: list[list[int]], n: int) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(lengths=LENGTHS, budget=BUDGETS, cap=st.none() | st.integers(1, 20), seed=st.integers(0, 9))
-@pytest.mark.parametrize("mode", list(BatchingMode))
+@pytest.mark.parametrize("mode", list(MODES))
 def test_every_mode_covers_each_index_once(mode, lengths, budget, cap, seed):
     _assert_exactly_once(_plan(lengths, mode, budget, cap, seed=seed), len(lengths))
 
@@ -72,7 +69,7 @@ def test_over_budget_sample_is_alone_and_counted():
     for mode in ("bucketed", "oracle", "odb", "odb_packed"):
         batches = _plan(lengths, mode, 1000)
         assert [1] in batches
-        stats = summarize_plan(lengths, batches, 1000, packed=mode == "odb_packed")
+        stats = summarize_plan(lengths, batches, 1000, rows=MODES[mode].rows())
         assert stats.over_budget_samples == 1
         assert stats.over_budget_batches == 0
 
@@ -102,7 +99,7 @@ def test_sorted_breaks_ties_by_index():
     assert sorted(batches) == [[0, 1], [2, 3], [4, 5]]
 
 
-@pytest.mark.parametrize("mode", list(BatchingMode))
+@pytest.mark.parametrize("mode", list(MODES))
 def test_same_seed_same_plan(mode):
     lengths = lognormal_lengths(300, 900, 0.7, seed=2)
     assert _plan(lengths, mode, 8192, 16, seed=5, epoch=1) == _plan(
@@ -162,7 +159,7 @@ def test_odb_packed_fills_a_real_token_budget():
     batches = _plan(lengths, "odb_packed", 8192, seed=3, window=64)
     assert sorted(i for b in batches for i in b) == list(range(500))
     assert all(sum(lengths[i] for i in b) <= 8192 for b in batches if len(b) > 1)
-    packed = summarize_plan(lengths, batches, 8192, packed=True)
+    packed = summarize_plan(lengths, batches, 8192, rows=PackedRows())
     padded = summarize_plan(lengths, _plan(lengths, "odb", 8192, seed=3, window=64), 8192)
     assert packed.padding_efficiency == 1.0
     assert packed.steps < padded.steps  # the same budget buys more real tokens
@@ -190,7 +187,7 @@ def test_summarize_plan_numbers():
     assert stats.over_budget_samples == 1
     assert stats.over_budget_batches == 1  # [0, 1] costs 20 > 16
     assert (stats.real_tokens, stats.padded_tokens) == (40, 46)
-    packed = summarize_plan(lengths, [[0, 1], [2], [3]], token_budget=16, packed=True)
+    packed = summarize_plan(lengths, [[0, 1], [2], [3]], token_budget=16, rows=PackedRows())
     assert packed.padding_efficiency == 1.0 and packed.over_budget_batches == 0
 
 
@@ -224,7 +221,7 @@ def test_bad_length_names_its_index(bad):
 
 def test_mode_accepts_enum_and_string():
     lengths = [3, 1, 2]
-    assert plan_epoch(lengths, mode=BatchingMode.ORACLE, token_budget=9) == plan_epoch(
+    assert plan_epoch(lengths, mode="oracle", token_budget=9) == plan_epoch(
         lengths, mode="oracle", token_budget=9
     )
 

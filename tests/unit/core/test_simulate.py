@@ -42,7 +42,7 @@ def jobs(draw: st.DrawFn) -> dict:
 
 
 def run(job: dict, *, join: bool):
-    settings_ = BatchingConfig(
+    settings_ = BatchingConfig.of(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         window_budgets=job.get("window_budgets"),
@@ -80,7 +80,7 @@ def check_steps_aligned(result, job: dict) -> None:
 def check_costs_paired(result, token_budget: int) -> None:
     """Within a round every rank's steps are in the same cost order: wherever one rank's
     step at one position costs more than at another, no rank's costs less there."""
-    budget = BatchingConfig(token_budget=token_budget).budget
+    budget = BatchingConfig.of(token_budget=token_budget).budget
     rounds: dict[int, list[list[float]]] = {}
     for rank_steps in result.steps:
         for step in rank_steps:
@@ -141,7 +141,9 @@ def test_step_order_changes_with_the_seed() -> None:
 
 
 def test_over_budget_sample_is_its_own_step_and_counted() -> None:
-    result = simulate_epoch([[5, 50, 4, 3]], BatchingConfig(token_budget=16, outstanding_depth=4))
+    result = simulate_epoch(
+        [[5, 50, 4, 3]], BatchingConfig.of(token_budget=16, outstanding_depth=4)
+    )
     groups = [sorted(s.sample_id for s in st_.group.samples) for st_ in result.steps[0]]
     assert [1] in groups
     assert result.over_budget == [1]
@@ -154,7 +156,9 @@ def test_1024_ranks_finish_fast_and_align() -> None:
         for _ in range(1024)
     ]
     start = time.perf_counter()
-    result = simulate_epoch(rank_lengths, BatchingConfig(token_budget=16384, outstanding_depth=64))
+    result = simulate_epoch(
+        rank_lengths, BatchingConfig.of(token_budget=16384, outstanding_depth=64)
+    )
     elapsed = time.perf_counter() - start
     assert elapsed < 60
     job = {"rank_lengths": rank_lengths, "token_budget": 16384}
@@ -167,7 +171,7 @@ def test_1024_ranks_finish_fast_and_align() -> None:
 @settings(max_examples=60, deadline=None)
 @given(jobs())
 def test_packed_groups_fit_a_real_token_budget_and_cover_every_sample(job: dict) -> None:
-    settings_ = BatchingConfig(
+    settings_ = BatchingConfig.of(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         max_steps_per_round=job["max_steps_per_round"],
@@ -186,7 +190,7 @@ def test_packed_groups_fit_a_real_token_budget_and_cover_every_sample(job: dict)
 
 def run_dealt(job: dict, *, join: bool):
     """The job's samples as one global order dealt by need over its ranks."""
-    settings_ = BatchingConfig(
+    settings_ = BatchingConfig.of(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         window_budgets=job.get("window_budgets"),
@@ -244,10 +248,10 @@ def test_dealt_by_need_balances_heavy_shards() -> None:
     # Every 8th sample is 40x longer: fixed shards give one rank all of them.
     lengths = [400 if i % 8 == 0 else 10 for i in range(800)]
     fixed = simulate_epoch(
-        [lengths[r::8] for r in range(8)], BatchingConfig(token_budget=800, window_budgets=4)
+        [lengths[r::8] for r in range(8)], BatchingConfig.of(token_budget=800, window_budgets=4)
     )
     dealt = simulate_dealt_epoch(
-        lengths, 8, BatchingConfig(token_budget=800, window_budgets=4, shard_dealing="by_need")
+        lengths, 8, BatchingConfig.of(token_budget=800, window_budgets=4, shard_dealing="by_need")
     )
     assert fixed.sync.idle_fraction > 0.5
     assert dealt.sync.idle_fraction < 0.1
@@ -259,7 +263,7 @@ def test_dealt_by_need_ends_the_epoch_with_level_work(world: int) -> None:
     # One window holds a whole share of the epoch, so every sample is dealt before the
     # first step: only the deal decides each rank's work. Heavy tail: lognormal, CV 1.5.
     lengths = lognormal_lengths(40 * world, 600, 1.5, seed=world, max_len=4096)
-    config = BatchingConfig(token_budget=8192, window_budgets=64, shard_dealing="by_need")
+    config = BatchingConfig.of(token_budget=8192, window_budgets=64, shard_dealing="by_need")
     result = simulate_dealt_epoch(lengths, world, config)
     work = [
         sum(s.length for step in rank if step.group for s in step.group.samples)

@@ -7,6 +7,7 @@ import pytest
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.rows import PaddedRows
 from odb_lightning.core.simulate import simulate_epoch
 from odb_lightning.core.sync import group_cost, sync_figures
 from odb_lightning.core.types import Group, SampleInfo
@@ -41,12 +42,14 @@ def test_cost_model_is_the_budgets() -> None:
 
 def test_summary_figures_equal_the_simulators() -> None:
     lengths = lognormal_lengths(1200, 700.0, 0.9, seed=2, max_len=4096)
-    config = BatchingConfig(token_budget=8192, window_budgets=8)
+    config = BatchingConfig.of(token_budget=8192, window_budgets=8)
     result = simulate_epoch([lengths[r::3] for r in range(3)], config)
     totals = [RankTotals() for _ in range(3)]
     for rank, steps in enumerate(result.steps):
         for index, step in enumerate(steps):
-            totals[rank].add(make_step_meta(step, step_index=index, epoch=0, packed=False), 0.0)
+            totals[rank].add(
+                make_step_meta(step, step_index=index, epoch=0, rows=PaddedRows()), 0.0
+            )
     figures = _sync_figures(totals)
     # The plan's costs are whole tokens, as are the simulator's with attention_weight 0.
     assert figures["sync_efficiency"] == pytest.approx(result.sync.sync_efficiency)
@@ -57,10 +60,10 @@ def test_summary_figures_equal_the_simulators() -> None:
 def test_grouped_counts_the_planners_work() -> None:
     lengths = [[(i * 37) % 500 + 20 for i in range(300)]]
     # A round that may emit every group of the window groups each sample once.
-    drained = simulate_epoch(lengths, BatchingConfig(token_budget=2000, max_steps_per_round=512))
+    drained = simulate_epoch(lengths, BatchingConfig.of(token_budget=2000, max_steps_per_round=512))
     assert drained.grouped == [300]
     # Two steps a round regroup what the window kept: each sample is grouped many times.
     kept = simulate_epoch(
-        lengths, BatchingConfig(token_budget=2000, window_budgets=16, max_steps_per_round=2)
+        lengths, BatchingConfig.of(token_budget=2000, window_budgets=16, max_steps_per_round=2)
     )
     assert kept.grouped[0] > 3 * 300

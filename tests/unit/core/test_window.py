@@ -11,7 +11,7 @@ from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round
 
 # Fixed shards: the window requests from its own shard (dealt by need, see test_simulate).
-SETTINGS = BatchingConfig(
+SETTINGS = BatchingConfig.of(
     token_budget=64, outstanding_depth=6, max_steps_per_round=4, shard_dealing="fixed"
 )
 LENGTHS = [9, 30, 2, 17, 5, 40, 8, 3, 12, 21]
@@ -83,7 +83,7 @@ def test_empty_shard_is_finished_at_once() -> None:
     assert outcome.epoch_over and outcome.dropped == 0
 
 
-WORK = BatchingConfig(
+WORK = BatchingConfig.of(
     token_budget=32,
     outstanding_depth=8,
     window_budgets=2,
@@ -116,7 +116,7 @@ def test_window_sized_in_work_fills_to_its_budgets() -> None:
 
 
 def test_window_sized_in_work_stops_at_the_sample_cap() -> None:
-    capped = BatchingConfig(
+    capped = BatchingConfig.of(
         token_budget=32, outstanding_depth=3, window_budgets=8, shard_dealing="fixed"
     )
     window = GroupingWindow(capped, shard_size=len(LENGTHS))
@@ -127,7 +127,7 @@ def test_window_sized_in_work_stops_at_the_sample_cap() -> None:
 def test_window_sized_in_work_stops_at_the_byte_cap() -> None:
     def asks(cap_mib: float | None) -> tuple[list[int], GroupingWindow]:
         # 40 samples of 4 tokens, 100 KiB each: 8 budgets of 32 tokens would take all.
-        config = BatchingConfig(
+        config = BatchingConfig.of(
             token_budget=32, window_budgets=8, window_max_mib=cap_mib, shard_dealing="fixed"
         )
         window = GroupingWindow(config, shard_size=40)

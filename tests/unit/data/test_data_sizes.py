@@ -56,13 +56,13 @@ def test_a_file_of_ten_records_trains_on_nine(tmp_path: Path, compose_cfg: Compo
     cfg = compose_cfg(["data=jsonl", f"data.path={path}"])
     assert cfg.data.max_samples is None and cfg.data.val_samples == 0.05
     data = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig(), path=str(path),
+        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path),
         max_samples=cfg.data.max_samples, val_samples=cfg.data.val_samples,
     )  # fmt: skip
     data.setup("fit")
     assert data.num_train_samples == 9 and len(data.val_set) == 1
     half = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig(), path=str(path), max_samples=0.5,
+        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path), max_samples=0.5,
         val_samples=0.2,
     )  # fmt: skip
     half.setup("fit")

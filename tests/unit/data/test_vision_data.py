@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers.vlm import image_record, write_image, write_records
-from odb_lightning.core.config import OnBadSample
+from odb_lightning.core.loader_config import OnBadSample
 from odb_lightning.data import BadRecordError, ChatMLTemplate
 from odb_lightning.data.image_generator import ResolutionProfile
 from odb_lightning.data.sources.llava import llava_records

@@ -230,10 +230,10 @@ def test_a_valid_last_ckpt_and_other_paths_are_kept(tmp_path: Path) -> None:
 def test_a_resume_with_another_budget_and_window_warns_naming_each_change(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    saved = BatchingConfig(token_budget=4096, outstanding_depth=128)
+    saved = BatchingConfig.of(token_budget=4096, outstanding_depth=128)
     state = pack_state({"source": "x"}, 1, {"epoch": 0}, batching_settings(saved))
     restored = torch.load(_roundtrip(state), weights_only=True)
-    now = batching_settings(BatchingConfig(token_budget=8192, outstanding_depth=64))
+    now = batching_settings(BatchingConfig.of(token_budget=8192, outstanding_depth=64))
     with caplog.at_level(logging.WARNING):
         assert unpack_state(restored, {"source": "x"}, 1) == {"epoch": 0}
         changed = resume_changes(restored, now)

@@ -28,7 +28,7 @@ MAX_SEQ_LEN = 64
 
 
 def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
-    padded = BatchingConfig(token_budget=1024, pad_to_multiple_of=8, max_batch_size=None)
+    padded = BatchingConfig.of(token_budget=1024, pad_to_multiple_of=8)
     shapes = {s.name: (s.rows, s.tokens) for s in worst_case_shapes(padded, MAX_SEQ_LEN)}
     assert shapes == {
         "one sample of max_seq_len=64": (1, 64),
@@ -36,9 +36,9 @@ def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
         # The shortest sample with a target has 2 tokens, padded to 8: 1024 // 8 rows.
         "the largest group of the shortest samples": (128, 8),
     }
-    capped = replace(padded, max_batch_size=32)
+    capped = BatchingConfig.of(padded, mode="oracle", max_batch_size=32)  # a capped policy
     assert worst_case_shapes(capped, MAX_SEQ_LEN)[-1].rows == 32
-    packed = BatchingConfig(mode="odb_packed", token_budget=1000, pad_to_multiple_of=64)
+    packed = BatchingConfig.of(mode="odb_packed", token_budget=1000, pad_to_multiple_of=64)
     (row,) = worst_case_shapes(packed, MAX_SEQ_LEN)
     assert (row.rows, row.tokens, row.packed) == (1, 1024, True)
 
@@ -60,7 +60,7 @@ def peak_gib(module: torch.nn.Module, config: BatchingConfig) -> float:
 
 def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() -> None:
     module = tiny_module(model_dtype="float32")
-    config = BatchingConfig(token_budget=2048, num_workers=0)
+    config = BatchingConfig.of(token_budget=2048, num_workers=0)
     capacity = peak_gib(module, config) * 0.6  # 60 % of what the budget needs
     warmup = MemoryWarmup(margin=0.1, capacity_gib=capacity)
     with pytest.raises(MemoryBudgetError) as raised:
@@ -80,8 +80,8 @@ def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() ->
 
 def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
     module = tiny_module(model_dtype="float32")
-    capacity = peak_gib(module, BatchingConfig(token_budget=1024)) / 0.9
-    auto = BatchingConfig(token_budget="auto", num_workers=0)
+    capacity = peak_gib(module, BatchingConfig.of(token_budget=1024)) / 0.9
+    auto = BatchingConfig.of(token_budget="auto", num_workers=0)
     trainer = fake_trainer(module, auto)
     warmup = MemoryWarmup(margin=0.1, capacity_gib=capacity)
     warmup.on_fit_start(trainer, module)
@@ -96,16 +96,16 @@ def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
 
 def test_auto_without_a_gpu_or_capacity_is_refused() -> None:
     module = tiny_module(model_dtype="float32")
-    trainer = fake_trainer(module, BatchingConfig(token_budget="auto", num_workers=0))
+    trainer = fake_trainer(module, BatchingConfig.of(token_budget="auto", num_workers=0))
     with pytest.raises(MemoryBudgetError, match="needs a CUDA device"):
         MemoryWarmup().on_fit_start(trainer, module)
     with pytest.raises(ValueError, match="resolved at fit start"):
-        _ = BatchingConfig(token_budget="auto").budget
+        _ = BatchingConfig.of(token_budget="auto").budget
     with pytest.raises(ValueError, match="positive integer or auto"):
-        BatchingConfig(token_budget="big")
+        BatchingConfig.of(token_budget="big")
     # Off on a CPU by default: nothing is measured.
     warmup = MemoryWarmup()
-    warmup.on_fit_start(fake_trainer(module, BatchingConfig(num_workers=0)), module)
+    warmup.on_fit_start(fake_trainer(module, BatchingConfig.of(num_workers=0)), module)
     assert warmup.report is None
 
 

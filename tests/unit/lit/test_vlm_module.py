@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.vlm import model_sample, tiny_vlm
+from odb_lightning.core.rows import PaddedRows
 from odb_lightning.lit.vlm_module import VisionLanguageModule, fold_vlm_ids
 from odb_lightning.runtime.batch import build_step_meta, idle_samples, pack_collate, pad_collate
 
@@ -90,7 +91,7 @@ def test_packed_rows_give_the_padded_per_token_losses(module, samples) -> None:
         range(len(samples)),
         [s["input_ids"].numel() for s in samples],
         n_padded,
-        packed=False,
+        rows=PaddedRows(),
         global_samples=len(samples),
         global_loss_tokens=n_padded,
         round_index=0,

@@ -91,7 +91,7 @@ def test_byte_capped_window_dealt_by_need_matches_simulation() -> None:
     sizes = [
         len(fetch_sample(dataset, FetchRequest(0, i, 1), "raise", None).payload) for i in order
     ]
-    config = BatchingConfig(**knobs)
+    config = BatchingConfig.of(**knobs)
     capped = simulate_dealt_epoch(
         [dataset.lengths[i] for i in order],
         1,

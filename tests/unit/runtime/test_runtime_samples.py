@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from odb_lightning.core.rows import PackedRows, PaddedRows
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.window import Step
 from odb_lightning.runtime import BadSampleError, idle_sample, pad_collate
@@ -162,11 +163,11 @@ def test_step_meta_counts_local_tokens() -> None:
     samples = (SampleInfo(4, 10, 6, 0), SampleInfo(2, 7, 3, 1))
     step = Step(Group(samples), global_samples=5, global_loss_tokens=30, round_index=2,
                 index_in_round=1)  # fmt: skip
-    meta = make_step_meta(step, step_index=9, epoch=1, packed=False)
+    meta = make_step_meta(step, step_index=9, epoch=1, rows=PaddedRows())
     assert meta.sample_ids == (4, 2) and not meta.is_idle
     assert (meta.local_samples, meta.local_real_tokens, meta.local_padded_tokens) == (2, 17, 20)
     assert (meta.local_loss_tokens, meta.global_samples, meta.global_loss_tokens) == (9, 5, 30)
     assert (meta.round_index, meta.step, meta.epoch) == (2, 9, 1)
-    assert make_step_meta(step, step_index=9, epoch=1, packed=True).local_padded_tokens == 17
-    idle = make_step_meta(Step(None, 5, 30, 2, 0), step_index=3, epoch=1, packed=False)
+    assert make_step_meta(step, step_index=9, epoch=1, rows=PackedRows()).local_padded_tokens == 17
+    idle = make_step_meta(Step(None, 5, 30, 2, 0), step_index=3, epoch=1, rows=PaddedRows())
     assert idle.is_idle and idle.sample_ids == () and idle.local_samples == 0

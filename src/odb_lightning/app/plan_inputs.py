@@ -1,0 +1,104 @@
+"""The lengths ``odb-plan`` plans over: a file, a lognormal profile or a data source."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from odb_lightning.core.plans import validate_lengths
+from odb_lightning.core.profiles import lognormal_lengths
+
+SOURCES = ("sharegpt", "chitchat", "ultrachat", "jsonl", "synthetic")
+"""``--source`` names: :class:`~odb_lightning.data.sources.SourceName` and ``synthetic``
+(spelled here so that ``--help`` needs no data layer; a test keeps them equal)."""
+SOURCES_WITH_PATH = ("ultrachat", "jsonl")
+
+
+class PlanCliError(Exception):
+    """Bad input the user can fix; printed without a traceback."""
+
+
+def read_lengths_file(path: Path) -> list[int]:
+    """Lengths from a ``.npy`` array (integer dtype) or whitespace-separated integers."""
+    if not path.is_file():
+        raise PlanCliError(f"--lengths: no such file {path}")
+    if path.suffix == ".npy":
+        import numpy as np
+
+        array = np.load(path, allow_pickle=False)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise PlanCliError(f"--lengths: {path} has dtype {array.dtype}, expected integers")
+        return [int(v) for v in array.reshape(-1)]
+    lengths = []
+    for position, token in enumerate(path.read_text().split()):
+        try:
+            lengths.append(int(token))
+        except ValueError:
+            raise PlanCliError(
+                f"--lengths: {path} entry {position} is not an integer: {token!r}"
+            ) from None
+    return lengths
+
+
+def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
+    """The lengths the command plans over, and a description of where they came from.
+
+    ``--max-seq-len`` truncates file lengths and synthetic draws, and is handed to
+    ``--source`` (default 4096 there).
+    """
+    if args.lengths is not None:
+        lengths, origin = read_lengths_file(args.lengths), str(args.lengths)
+    elif args.synthetic is not None:
+        mean, cv, n = args.synthetic
+        lengths = lognormal_lengths(n, mean, cv, args.seed, max_len=args.max_seq_len)
+        origin = f"lognormal(mean={mean:g}, cv={cv:g}, n={n}, seed={args.seed})"
+    else:
+        try:
+            from odb_lightning.data.lengths import measure_source
+        except ImportError as error:
+            raise PlanCliError(
+                f"--source needs the data layer (odb_lightning.data.lengths): {error}"
+            ) from error
+        max_seq_len = args.max_seq_len or 4096
+        if args.source in SOURCES_WITH_PATH and args.path is None:
+            raise PlanCliError(f"--source {args.source} needs --path (the data to tokenize)")
+        try:
+            report = measure_source(
+                args.source,
+                max_seq_len=max_seq_len,
+                max_samples=args.max_samples,
+                path=args.path,
+                tokenizer=args.tokenizer,
+                template=args.template,
+                over_length="truncate",  # as training does
+                on_bad_record="skip" if args.skip_bad_records else "raise",
+            )
+        except (OSError, ValueError) as error:  # a missing file, a bad record or template
+            raise PlanCliError(f"--source {args.source}: {error}") from None
+        lengths = list(report.lengths)
+        origin = f"source {args.source} (max_seq_len={max_seq_len})"
+        if report.counts.get("dropped/bad_record"):
+            origin += f", {report.counts['dropped/bad_record']} bad records skipped"
+    if not lengths:
+        raise PlanCliError(f"no lengths in {origin}")
+    try:
+        validate_lengths(lengths)
+    except ValueError as error:
+        raise PlanCliError(f"{origin}: {error}") from None
+    if args.max_seq_len is not None:
+        lengths = [min(n, args.max_seq_len) for n in lengths]
+    return lengths, origin
+
+
+def describe(lengths: list[int], origin: str) -> dict[str, Any]:
+    mean = statistics.fmean(lengths)
+    return {
+        "origin": origin,
+        "n": len(lengths),
+        "mean": mean,
+        "cv": statistics.pstdev(lengths) / mean,
+        "min": min(lengths),
+        "max": max(lengths),
+    }

@@ -1,0 +1,70 @@
+"""The online policy (the ``odb`` modes): the window, the dealing, the join and the
+round size of the ODB runtime, which forms batches while the epoch runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+from odb_lightning.core.checks import check_bool, check_positive, check_positive_int, enum_member
+from odb_lightning.core.policy import POLICY_KEY, Policy
+
+
+class ShardDealing(StrEnum):
+    """How an epoch's samples reach the ranks' windows."""
+
+    FIXED = "fixed"
+    """Each rank owns a fixed shard (every ``W``-th index of the seeded order, or ``shard=``)."""
+    BY_NEED = "by_need"
+    """One seeded global order, dealt in every round to the ranks whose windows need work."""
+
+
+@dataclass(frozen=True)
+class OnlinePolicy(Policy):
+    """Online dynamic batching: a window of preprocessed samples per rank, grouped longest
+    first under the budget, aligned across ranks each round."""
+
+    outstanding_depth: int = 8192
+    """Window cap ``D``: most samples buffered or in flight per rank (the whole window
+    when ``window_budgets`` is ``None``)."""
+    window_budgets: int | None = 128
+    """The window fills until its samples' row costs sum to this many ``token_budget``s
+    (about as many full batches), within ``outstanding_depth`` samples; ``None``: the
+    window is ``D`` samples (experiments/sync_efficiency chose 128)."""
+    window_max_mib: float | None = 1024.0
+    """Most MiB of serialized samples the window sized in work holds (meant for
+    image-heavy samples); ``None``: no cap. The emitted steps waiting to be collated (at
+    most one round's) and the queued batches come on top."""
+    shard_dealing: ShardDealing = ShardDealing.BY_NEED
+    """``by_need``: one seeded global order dealt each round to the windows that lack
+    work, levelling the ranks' work so they finish together (a loader takes the order as
+    ``order=``); ``fixed``: each rank owns a shard (every ``W``-th index, or ``shard=``)."""
+    max_steps_per_round: int = 128
+    """``Q``: most steps one alignment round emits per rank (as many as the window holds
+    budgets: a round may drain it, and each sample is grouped about once)."""
+    join: bool = True
+    """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
+    epoch at the first finished rank and count the rest as dropped."""
+
+    online: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        key = POLICY_KEY
+        check_positive_int(f"{key}.outstanding_depth", self.outstanding_depth)
+        check_positive_int(f"{key}.window_budgets", self.window_budgets, optional=True)
+        check_positive(f"{key}.window_max_mib", self.window_max_mib, "MiB", optional=True)
+        dealing = enum_member(ShardDealing, f"{key}.shard_dealing", self.shard_dealing)
+        object.__setattr__(self, "shard_dealing", dealing)
+        check_positive_int(f"{key}.max_steps_per_round", self.max_steps_per_round)
+        check_bool(f"{key}.join", self.join)
+
+    @property
+    def window_max_bytes(self) -> int | None:
+        """``window_max_mib`` in bytes (``None``: no cap)."""
+        return None if self.window_max_mib is None else int(self.window_max_mib * 2**20)
+
+    @property
+    def by_need(self) -> bool:
+        """Samples are dealt by need from one global order."""
+        return self.shard_dealing is ShardDealing.BY_NEED
