@@ -118,9 +118,9 @@ def test_max_seq_len_over_budget_fails_at_startup(compose_cfg: ComposeConfig) ->
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_generated_batching_option_is_the_dataclass_defaults(mode: str, tmp_path: Path) -> None:
+def test_generated_batching_option_is_the_dataclass_defaults(mode: str, compose_cfg: ComposeConfig) -> None:
     assert not (CONF / "batching").exists()  # no YAML: the dataclasses are the defaults
-    cfg = compose_train(tmp_path, [f"batching={mode}", "experiment=sharegpt_odb"])
+    cfg = compose_cfg([f"batching={mode}", "experiment=sharegpt_odb"])
     batching = instantiate_checked(cfg.batching, "batching")
     expected = MODES[mode]
     assert batching.mode == mode
@@ -129,8 +129,8 @@ def test_generated_batching_option_is_the_dataclass_defaults(mode: str, tmp_path
     assert cfg.batching.loader.persistent_workers is True
 
 
-def test_switching_mode_gives_the_new_policy_whole(tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, ["experiment=sharegpt_standard"])
+def test_switching_mode_gives_the_new_policy_whole(compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg(["experiment=sharegpt_standard"])
     assert set(cfg.batching.policy) == {"_target_", "batch_size"}
 
 
@@ -138,23 +138,23 @@ def test_switching_mode_gives_the_new_policy_whole(tmp_path: Path) -> None:
     "override",
     ["batching.policy.outstanding_dept=64", "batching.loader.num_worker=1", "batching.mode=odb"],
 )
-def test_a_typo_key_fails_at_composition(override: str, tmp_path: Path) -> None:
+def test_a_typo_key_fails_at_composition(override: str, compose_cfg: ComposeConfig) -> None:
     with pytest.raises(Exception, match="outstanding_dept|num_worker|mode"):
-        compose_train(tmp_path, [override])
+        compose_cfg([override])
 
 
-def test_an_unknown_mode_fails_naming_the_modes(tmp_path: Path) -> None:
+def test_an_unknown_mode_fails_naming_the_modes(compose_cfg: ComposeConfig) -> None:
     with pytest.raises(Exception, match="batching/fastest") as info:
-        compose_train(tmp_path, ["batching=fastest"])
+        compose_cfg(["batching=fastest"])
     assert all(mode in str(info.value) for mode in MODES)
 
 
-def test_packed_row_attention_must_match_the_backend(tmp_path: Path) -> None:
+def test_packed_row_attention_must_match_the_backend(compose_cfg: ComposeConfig) -> None:
     packed = ["batching=odb_packed", "batching.rows.attention_weight=0.001"]
-    cfg = compose_train(tmp_path, [*packed, "model.attn_implementation=sdpa"])
+    cfg = compose_cfg([*packed, "model.attn_implementation=sdpa"])
     with pytest.raises(ConfigError, match=r"^batching\.rows\.packed_attention must be dense"):
         validate_config(cfg)
     dense = "batching.rows.packed_attention=dense"
-    validate_config(compose_train(tmp_path, [*packed, dense, "model.attn_implementation=sdpa"]))
+    validate_config(compose_cfg([*packed, dense, "model.attn_implementation=sdpa"]))
     padded = ["batching=odb", "batching.rows.attention_weight=0.001"]
-    validate_config(compose_train(tmp_path, [*padded, "model.attn_implementation=sdpa"]))
+    validate_config(compose_cfg([*padded, "model.attn_implementation=sdpa"]))
