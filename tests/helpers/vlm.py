@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from odb_lightning.data.vision import ImageSettings
-from odb_lightning.lit.vlm_module import VisionLanguageModule
+from helpers.tiny_lm import module_arguments
+from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.lit.vlm_module import VisionLanguageModule, VisionTower
 
 SMALL_IMAGES = ImageSettings(min_pixels=56 * 56, max_pixels=112 * 112)
 """At most 16 LLM tokens (64 patches) per image: fast model tests."""
@@ -44,9 +45,15 @@ def write_records(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
+VISION_TOKENS = VisionTokens(vision_start_id=998, vision_end_id=999, image_pad_id=997)
+"""The vision ids of :func:`tiny_vlm`, inside its 1000-token vocabulary."""
+
+
 def tiny_vlm_arguments(**overrides: Any) -> dict[str, Any]:
-    """A tiny float64 Qwen2-VL with a 1000-token vocabulary and the vision ids inside it."""
-    arguments: dict[str, Any] = dict(
+    """A tiny float64 Qwen2-VL with a 1000-token vocabulary and the vision ids inside it;
+    ``overrides`` are flat knobs (``vision_<field>`` for the tower's fields, the rest as
+    :func:`~helpers.tiny_lm.module_arguments` routes them)."""
+    knobs: dict[str, Any] = dict(
         vocab_size=1000,
         hidden_size=32,
         num_hidden_layers=2,
@@ -57,11 +64,12 @@ def tiny_vlm_arguments(**overrides: Any) -> dict[str, Any]:
         vision_depth=2,
         vision_embed_dim=32,
         vision_num_heads=2,
-        image_token_id=997,
-        vision_start_token_id=998,
-        vision_end_token_id=999,
-    )
-    return arguments | overrides
+    ) | overrides
+    tower = {k.removeprefix("vision_"): knobs.pop(k) for k in list(knobs) if k.startswith("vision_")}
+    return module_arguments(**knobs) | {
+        "vision": VisionTower(**tower),
+        "vision_tokens": VISION_TOKENS,
+    }
 
 
 def tiny_vlm(**overrides: Any) -> VisionLanguageModule:

@@ -17,6 +17,7 @@ from helpers.tiny_lm import (
     grads_of,
     hand_over,
     loss_tokens,
+    module_arguments,
     pad,
     quiet_trainer,
     seeded_samples,
@@ -25,6 +26,7 @@ from helpers.tiny_lm import (
 from odb_lightning.lit.flops import flops_per_token
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.model_config import Architecture
 from odb_lightning.lit.module import CausalLMModule
 
 
@@ -98,7 +100,7 @@ def test_packed_row_with_position_ids_equals_the_padded_batch() -> None:
 def test_pretrained_path_loads_the_saved_weights(tmp_path: Path) -> None:
     source = tiny_module(tie_word_embeddings=False)
     source.model.save_pretrained(tmp_path)
-    loaded = CausalLMModule(pretrained_path=str(tmp_path), model_dtype="float64")
+    loaded = CausalLMModule(**module_arguments(pretrained_path=str(tmp_path), model_dtype="float64"))
     loaded.configure_model()
     assert loaded.model.config._attn_implementation == "sdpa"
     expected = source.model.state_dict()
@@ -124,7 +126,8 @@ def test_token_id_fold_shrinks_the_vocabulary_and_folds_ids_and_labels() -> None
     assert flops_per_token(module.model.config)["head"] == 6 * fold * 32
     # A random-init knob, like the architecture: a pretrained model keeps its vocabulary
     # (so debug=smoke runs with model.pretrained_path).
-    assert CausalLMModule(pretrained_path="unused", token_id_fold=fold).token_id_fold is None
+    unused = module_arguments(pretrained_path="unused", token_id_fold=fold)
+    assert CausalLMModule(**unused).token_id_fold is None
 
 
 def test_flops_per_token_against_a_hand_count() -> None:
@@ -140,7 +143,7 @@ def test_flops_per_token_against_a_hand_count() -> None:
     # 6 FLOPs per weight per trained token: 3 layers x 576 x 6 = 10368.
     # Attention: 3 layers x 12 x 8 (query width) x 10 keys = 2880.
     assert flops_per_token(config, context_tokens=10) == {"body": 10368 + 2880, "head": 48000}
-    default = flops_per_token(CausalLMModule().random_init)
+    default = flops_per_token(Architecture().random_init())
     assert default == {"body": 6 * 2 * 36864, "head": 6 * 151936 * 64}
 
 
@@ -155,7 +158,8 @@ def test_lr_factor_warmup_cosine_and_constant() -> None:
 
 
 def test_configure_optimizers_decays_matrices_only() -> None:
-    module = tiny_module(weight_decay=0.1, betas=[0.8, 0.9], decay_steps=10, warmup_steps=2)
+    lr = 1e-3
+    module = tiny_module(lr=lr, weight_decay=0.1, betas=[0.8, 0.9], decay_steps=10, warmup_steps=2)
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     matrices, vectors = optimizer.param_groups
@@ -164,7 +168,7 @@ def test_configure_optimizers_decays_matrices_only() -> None:
         p.ndim == 1 for p in vectors["params"]
     )
     assert optimizer.defaults["betas"] == (0.8, 0.9)
-    assert scheduler.get_last_lr()[0] == pytest.approx(module.lr * 0.5)  # warmup step 0 of 2
+    assert scheduler.get_last_lr()[0] == pytest.approx(lr * 0.5)  # warmup step 0 of 2
 
 
 def test_validation_loss_is_token_weighted_over_batches() -> None:

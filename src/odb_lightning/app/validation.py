@@ -24,7 +24,10 @@ class ConfigError(ValueError):
 
 def _failing_key(cfg: DictConfig, key: str, message: str) -> str:
     """``key.field`` when ``message`` is about one of ``cfg``'s fields (constructors start
-    their messages with the argument name, which equals the YAML key), else ``key``."""
+    their messages with the argument name, which equals the YAML key, or with the full
+    key below ``key``), else ``key``."""
+    if message.startswith(f"{key}."):
+        return message.split()[0].split("=")[0].rstrip(":")
     fields = sorted((name for name in cfg if isinstance(name, str)), key=len, reverse=True)
     for name in fields:
         for spelled in (f"{key}.{name}", name):
@@ -94,9 +97,10 @@ def validate_config(cfg: DictConfig) -> None:
 
 def _validate_packed_attention(cfg: DictConfig) -> None:
     """With ``attention_weight > 0`` a packed row's attention cost depends on the kernel:
-    the budget's ``packed_attention`` must be the one ``model.attn_implementation`` runs."""
+    the budget's ``packed_attention`` must be the one
+    ``model.architecture.attn_implementation`` runs."""
     batching, model = cfg.batching, cfg.get("model") or {}
-    backend = model.get("attn_implementation")
+    backend = (model.get("architecture") or {}).get("attn_implementation")
     weight = batching.get("attention_weight") or 0
     if batching.get("mode") != "odb_packed" or not backend or not weight:
         return
@@ -104,7 +108,8 @@ def _validate_packed_attention(cfg: DictConfig) -> None:
     if str(batching.get("packed_attention", "varlen")) != expected:
         raise ConfigError(
             f"batching.packed_attention must be {expected} with "
-            f"model.attn_implementation={backend} and batching.attention_weight={weight}: "
+            f"model.architecture.attn_implementation={backend} and batching.attention_weight="
+            f"{weight}: "
             "sdpa and eager attend over a dense block mask (N^2 per packed row), flash and "
             "flex attention skip the blocks across samples (sum of L_i^2)"
         )
@@ -150,13 +155,19 @@ def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
     built by :func:`instantiate_checked` (errors name their group), after seeding."""
     import lightning.pytorch as pl
 
+    from odb_lightning.lit.run_context import RunContext
+
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")
+    architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
+    run = RunContext(
+        max_seq_len=cfg.data.max_seq_len, vocab_size=architecture.checked_vocab_size()
+    )
     datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching}
+        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching, "run": run}
     )
     # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
     # torch.load(weights_only=True) then reads without OmegaConf types.
-    model = instantiate_checked(cfg.model, "model", _convert_="all")
+    model = instantiate_checked(cfg.model, "model", objects={"run": run}, _convert_="all")
     return tokenizer, batching, datamodule, model

@@ -17,6 +17,7 @@ order on every rank, and the dummy changes no gradient.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,8 @@ from torch import Tensor
 from transformers import Qwen2VLConfig
 from typing_extensions import override
 
+from odb_lightning.core.nodes import plain
+from odb_lightning.data.vision import VisionTokens
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW, PIXEL_VALUES
@@ -62,59 +65,81 @@ def fold_vlm_ids(
     return folded
 
 
-class VisionLanguageModule(CausalLMModule):
-    """A Qwen2-VL model (random init from these arguments, or ``pretrained_path``).
+@dataclass(frozen=True)
+class VisionTower:
+    """The vision tower of a random init (``model.vision``); its patch settings must match
+    the data's ``images``."""
 
-    Takes every argument of :class:`~odb_lightning.lit.module.CausalLMModule` (the text
-    model's shape and the training settings) plus the vision tower's shape.
+    depth: int = 2
+    """Vision transformer blocks."""
+    embed_dim: int = 32
+    """Their width."""
+    num_heads: int = 2
+    """Their attention heads."""
+    mlp_ratio: int = 2
+    """MLP width over ``embed_dim``."""
+    patch_size: int = 14
+    """ViT patch side in pixels (``data.images.patch_size``)."""
+    spatial_merge_size: int = 2
+    """Patches merged per side into one LLM token (``data.images.merge_size``)."""
+    temporal_patch_size: int = 2
+    """Frames per patch."""
+    mrope_section: tuple[int, ...] | None = None
+    """Rotary frequency pairs per axis (temporal, height, width); ``None``: Qwen2-VL's
+    1:1.5:1.5 proportion."""
+    rope_theta: float = 1_000_000.0
+    """Rotary base of the language model."""
+
+    def __post_init__(self) -> None:
+        if self.mrope_section is not None:
+            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+        for name in ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size",
+                     "spatial_merge_size", "temporal_patch_size"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.vision.{name} must be an integer >= 1, got {value!r}")
+
+
+class VisionLanguageModule(CausalLMModule):
+    """A Qwen2-VL model (random init from ``architecture`` and ``vision``, or the
+    architecture's ``pretrained_path``).
 
     Args:
-        vision_depth: Vision transformer blocks.
-        vision_embed_dim: Their width.
-        vision_num_heads: Their attention heads.
-        vision_mlp_ratio: MLP width over ``vision_embed_dim``.
-        patch_size: ViT patch side in pixels (must match the data's ``images``).
-        spatial_merge_size: Patches merged per side into one LLM token.
-        temporal_patch_size: Frames per patch.
-        mrope_section: Rotary frequency pairs per axis; ``None``: Qwen2-VL's proportion.
-        rope_theta: Rotary base of the language model.
-        image_token_id: ``<|image_pad|>`` (and ``vision_start_token_id``,
-            ``vision_end_token_id``): must match the data's ``vision_tokens``.
-        **text: :class:`CausalLMModule` arguments.
+        vision: The vision tower of a random init.
+        vision_tokens: The ids that frame an image (the tokenizer's).
+        **parts: :class:`~odb_lightning.lit.module.CausalLMModule` arguments (the text
+            model and the training settings).
     """
 
     def __init__(
-        self,
-        vision_depth: int = 2,
-        vision_embed_dim: int = 32,
-        vision_num_heads: int = 2,
-        vision_mlp_ratio: int = 2,
-        patch_size: int = 14,
-        spatial_merge_size: int = 2,
-        temporal_patch_size: int = 2,
-        mrope_section: Sequence[int] | None = None,
-        rope_theta: float = 1_000_000.0,
-        image_token_id: int = 151655,
-        vision_start_token_id: int = 151652,
-        vision_end_token_id: int = 151653,
-        **text: Any,
-    ) -> None:
-        super().__init__(**text)
+        self, *, vision: VisionTower = VisionTower(), vision_tokens: VisionTokens = VisionTokens(),
+        **parts: Any,
+    ) -> None:  # fmt: skip
+        # Before the base's constructor, which saves hyperparameters() (plain values: no
+        # nn.Module state is needed to hold them).
+        self.vision, self.vision_tokens = vision, vision_tokens
+        super().__init__(**parts)
         fold = self.token_id_fold
         if fold is not None and fold < 4:
-            raise ValueError(f"token_id_fold must leave room for the 3 vision ids, got {fold}")
-        vision_ids = (image_token_id, vision_start_token_id, vision_end_token_id)
+            raise ValueError(
+                f"model.architecture.token_id_fold must leave room for the 3 vision ids, got {fold}"
+            )
+        vision_ids = (
+            vision_tokens.image_pad_id, vision_tokens.vision_start_id, vision_tokens.vision_end_id
+        )
         self.vision_ids = vision_ids
         model_ids = [fold - 1 - k for k in range(3)] if fold is not None else list(vision_ids)
-        base = self.random_init  # the text model's Qwen2Config, from CausalLMModule
+        base = self.random_init  # the text model's config, from CausalLMModule
         head_dim = base.hidden_size // base.num_attention_heads
-        section = list(mrope_section) if mrope_section else default_mrope_section(head_dim)
+        section = list(vision.mrope_section or default_mrope_section(head_dim))
         if sum(section) != head_dim // 2:
-            raise ValueError(f"mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}")
+            raise ValueError(
+                f"model.vision.mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}"
+            )
         text_config = base.to_dict() | {
             "rope_parameters": {
                 "rope_type": "default",
-                "rope_theta": rope_theta,
+                "rope_theta": vision.rope_theta,
                 "mrope_section": section,
             },
         }
@@ -123,20 +148,27 @@ class VisionLanguageModule(CausalLMModule):
         self.random_init = Qwen2VLConfig(
             text_config=text_config,
             vision_config={
-                "depth": vision_depth,
-                "embed_dim": vision_embed_dim,
-                "num_heads": vision_num_heads,
-                "mlp_ratio": vision_mlp_ratio,
+                "depth": vision.depth,
+                "embed_dim": vision.embed_dim,
+                "num_heads": vision.num_heads,
+                "mlp_ratio": vision.mlp_ratio,
                 "hidden_size": base.hidden_size,
-                "patch_size": patch_size,
-                "spatial_merge_size": spatial_merge_size,
-                "temporal_patch_size": temporal_patch_size,
+                "patch_size": vision.patch_size,
+                "spatial_merge_size": vision.spatial_merge_size,
+                "temporal_patch_size": vision.temporal_patch_size,
             },
             image_token_id=model_ids[0],
             vision_start_token_id=model_ids[1],
             vision_end_token_id=model_ids[2],
             tie_word_embeddings=base.tie_word_embeddings,
         )
+
+    @override
+    def hyperparameters(self) -> dict[str, Any]:
+        return super().hyperparameters() | {
+            "vision": plain(self.vision),
+            "vision_tokens": plain(self.vision_tokens),
+        }
 
     def multimodal_body(self) -> Any:
         """The model's vision tower + language model (``Qwen2VLModel``), under LoRA too."""
