@@ -53,19 +53,23 @@ def tiny_vlm_arguments(**overrides: Any) -> dict[str, Any]:
     """A tiny float64 Qwen2-VL with a 1000-token vocabulary and the vision ids inside it;
     ``overrides`` are flat knobs (``vision_<field>`` for the tower's fields, the rest as
     :func:`~helpers.tiny_lm.module_arguments` routes them)."""
-    knobs: dict[str, Any] = dict(
-        vocab_size=1000,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        model_dtype="float64",
-        vision_depth=2,
-        vision_embed_dim=32,
-        vision_num_heads=2,
-    ) | overrides
-    tower = {k.removeprefix("vision_"): knobs.pop(k) for k in list(knobs) if k.startswith("vision_")}
+    knobs: dict[str, Any] = (
+        dict(
+            vocab_size=1000,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            model_dtype="float64",
+            vision_depth=2,
+            vision_embed_dim=32,
+            vision_num_heads=2,
+        )
+        | overrides
+    )
+    names = [k for k in knobs if k.startswith("vision_")]
+    tower = {k.removeprefix("vision_"): knobs.pop(k) for k in names}
     return module_arguments(**knobs) | {
         "vision": VisionTower(**tower),
         "vision_tokens": VISION_TOKENS,

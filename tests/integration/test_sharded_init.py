@@ -41,7 +41,7 @@ class Gather(CausalLMModule):
         record = {"weights": full, "buffers": buffers, "local": local}
         local_weights = {k: v.to_local().clone() for k, v in self.model.state_dict().items()}
         record["local_weights"] = local_weights
-        tag = self.hparams.finetuning if self.hparams.pretrained_path else "random"
+        tag = self.finetuning.method.value if self.architecture.pretrained_path else "random"
         torch.save(record, self.out / f"{tag}_rank{self.global_rank}.pt")
 
     @override

@@ -179,7 +179,11 @@ def fsdp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     """A two-rank FSDP2 run of train.py with the tokenizer's vocabulary (no fold), cut
     short so the 151,936-row LM head stays cheap."""
     run_dir = tmp_path_factory.mktemp("fsdp")
-    overrides = ("trainer=fsdp_cpu", "model.architecture.token_id_fold=null", "model.optimizer.lr=1e-2")
+    overrides = (
+        "trainer=fsdp_cpu",
+        "model.architecture.token_id_fold=null",
+        "model.optimizer.lr=1e-2",
+    )
     data = ("data.max_samples=12", "data.val_samples=0", "data.max_seq_len=128")
     summary = train(run_dir, *overrides, *data)
     return run_dir / "checkpoints" / "last.ckpt", summary

@@ -100,7 +100,8 @@ def test_packed_row_with_position_ids_equals_the_padded_batch() -> None:
 def test_pretrained_path_loads_the_saved_weights(tmp_path: Path) -> None:
     source = tiny_module(tie_word_embeddings=False)
     source.model.save_pretrained(tmp_path)
-    loaded = CausalLMModule(**module_arguments(pretrained_path=str(tmp_path), model_dtype="float64"))
+    arguments = module_arguments(pretrained_path=str(tmp_path), model_dtype="float64")
+    loaded = CausalLMModule(**arguments)
     loaded.configure_model()
     assert loaded.model.config._attn_implementation == "sdpa"
     expected = source.model.state_dict()

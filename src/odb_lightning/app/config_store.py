@@ -2,8 +2,9 @@
 
 The dataclasses (their fields, defaults, docs under each field and checks in
 ``__post_init__``) are the only place a default lives.
-:func:`~odb_lightning.core.nodes.node_of` turns one into a plain ``_target_`` node with those defaults (Enums as their values, tuples as lists,
-nested dataclass defaults as nested nodes), and :func:`register_configs` stores the nodes
+:func:`~odb_lightning.core.nodes.node_of` turns one into a plain ``_target_`` node with
+those defaults (Enums as their values, tuples as lists, nested dataclass defaults as nested
+nodes), and :func:`register_configs` stores the nodes
 in Hydra's ``ConfigStore`` before anything composes ``conf/train.yaml``. The YAML files
 under ``conf/`` then hold presets only: the values that differ from the defaults.
 

@@ -48,6 +48,7 @@ DISTRIBUTED_METADATA_FILENAME = "meta.pt"
 """What Lightning's ``ModelParallelStrategy`` saves beside the shards of a distributed
 checkpoint: everything but the model and optimizer states (the hyperparameters too)."""
 
+
 class ExportError(Exception):
     """Bad input the user can fix; printed without a traceback."""
 

@@ -161,9 +161,7 @@ def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")
     architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
-    run = RunContext(
-        max_seq_len=cfg.data.max_seq_len, vocab_size=architecture.checked_vocab_size()
-    )
+    run = RunContext(max_seq_len=cfg.data.max_seq_len, vocab_size=architecture.checked_vocab_size())
     datamodule = instantiate_checked(
         cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching, "run": run}
     )

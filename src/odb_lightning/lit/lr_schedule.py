@@ -81,16 +81,20 @@ class WarmupSchedule(LambdaLR):
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"model.scheduler.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
         if decay_steps is not None and (not isinstance(decay_steps, int) or decay_steps < 1):
-            raise ValueError(f"model.scheduler.decay_steps must be >= 1 or null, got {decay_steps!r}")
+            raise ValueError(
+                f"model.scheduler.decay_steps must be >= 1 or null, got {decay_steps!r}"
+            )
         try:
             schedule = LRSchedule(shape)
         except ValueError:
             choices = ", ".join(s.value for s in LRSchedule)
-            raise ValueError(f"model.scheduler.shape must be one of {choices}, got {shape!r}") from None
+            raise ValueError(
+                f"model.scheduler.shape must be one of {choices}, got {shape!r}"
+            ) from None
         # Plain values only: the state dict (these attributes) goes into checkpoints that
         # torch.load(weights_only=True) reads.
-        self.shape, self.warmup_steps, self.min_lr_ratio = schedule.value, warmup_steps, min_lr_ratio
-        self.decay_steps = decay_steps
+        self.shape, self.warmup_steps = schedule.value, warmup_steps
+        self.min_lr_ratio, self.decay_steps = min_lr_ratio, decay_steps
         self._length: int | None = None
         self._progress: Callable[[], float] | None = None
         super().__init__(optimizer, lambda step: self.factor(step))

@@ -227,7 +227,8 @@ class ModelRuntime:
     instead of all of them, for one more forward)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", enum_choice(ModelDType, self.dtype, "model.runtime.dtype"))
+        dtype = enum_choice(ModelDType, self.dtype, "model.runtime.dtype")
+        object.__setattr__(self, "dtype", dtype)
         if self.fsdp_param_dtype is not None:
             param_dtype = enum_choice(
                 ModelDType, self.fsdp_param_dtype, "model.runtime.fsdp_param_dtype"

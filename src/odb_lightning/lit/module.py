@@ -97,7 +97,8 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             and stepped once per optimizer step (a
             :class:`~odb_lightning.lit.lr_schedule.WarmupSchedule` learns the run's length
             at the start when it needs one).
-        architecture: What is built (:class:`~odb_lightning.lit.model_config.Architecture`).
+        architecture: What is built (:class:`~odb_lightning.lit.model_config.Architecture`;
+            ``None``: its defaults, as for the other concerns).
         finetuning: Which weights train (:class:`~odb_lightning.lit.model_config.Finetuning`).
         runtime: Dtypes, compile, activation checkpointing
             (:class:`~odb_lightning.lit.model_config.ModelRuntime`).
@@ -111,12 +112,15 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         *,
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory,
-        architecture: Architecture = Architecture(),
-        finetuning: Finetuning = Finetuning(),
-        runtime: ModelRuntime = ModelRuntime(),
-        step: StepPolicy = StepPolicy(),
+        architecture: Architecture | None = None,
+        finetuning: Finetuning | None = None,
+        runtime: ModelRuntime | None = None,
+        step: StepPolicy | None = None,
         run: RunContext | None = None,
     ) -> None:
+        # None: the concern's defaults (the generated Hydra node holds the same).
+        architecture, finetuning = architecture or Architecture(), finetuning or Finetuning()
+        runtime, step = runtime or ModelRuntime(), step or StepPolicy()
         super().__init__(tokens_per_step=step.tokens_per_step)
         check_optimization(optimizer, scheduler)
         self.architecture, self.finetuning, self.runtime = architecture, finetuning, runtime

@@ -112,12 +112,14 @@ class VisionLanguageModule(CausalLMModule):
     """
 
     def __init__(
-        self, *, vision: VisionTower = VisionTower(), vision_tokens: VisionTokens = VisionTokens(),
+        self, *, vision: VisionTower | None = None, vision_tokens: VisionTokens | None = None,
         **parts: Any,
     ) -> None:  # fmt: skip
         # Before the base's constructor, which saves hyperparameters() (plain values: no
         # nn.Module state is needed to hold them).
-        self.vision, self.vision_tokens = vision, vision_tokens
+        self.vision = vision or VisionTower()
+        self.vision_tokens = vision_tokens or VisionTokens()
+        vision, vision_tokens = self.vision, self.vision_tokens
         super().__init__(**parts)
         fold = self.token_id_fold
         if fold is not None and fold < 4:
@@ -125,7 +127,9 @@ class VisionLanguageModule(CausalLMModule):
                 f"model.architecture.token_id_fold must leave room for the 3 vision ids, got {fold}"
             )
         vision_ids = (
-            vision_tokens.image_pad_id, vision_tokens.vision_start_id, vision_tokens.vision_end_id
+            vision_tokens.image_pad_id,
+            vision_tokens.vision_start_id,
+            vision_tokens.vision_end_id,
         )
         self.vision_ids = vision_ids
         model_ids = [fold - 1 - k for k in range(3)] if fold is not None else list(vision_ids)
