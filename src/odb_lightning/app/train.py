@@ -17,13 +17,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.checkpoints import resolve_resume_checkpoint
-from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_config import (
     RunConfigCheckpoint,
     config_for_resume,
     saved_run_config,
     shape_conflict,
 )
+from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_log import (
     failed_marker,
     full_error_requested,
