@@ -110,3 +110,39 @@ def test_max_seq_len_over_budget_fails_at_startup(tmp_path: Path) -> None:
     cfg = compose_train(tmp_path, ["data.max_seq_len=8192", "batching.token_budget=4096"])
     with pytest.raises(ConfigError, match=r"data.max_seq_len \(8192\).*batching.token_budget"):
         validate_config(cfg)
+
+
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+SMALL_MODELS = {"tiny_qwen2", "tiny_llama", "tiny_qwen2_vl", "cpu_bench"}
+
+
+@pytest.mark.parametrize("preset", MODELS)
+def test_model_preset_composes_and_instantiates(preset: str, tmp_path: Path) -> None:
+    overrides = [f"model={preset}"]
+    if preset == "pretrained":  # a mandatory key: any local directory composes
+        overrides.append(f"model.architecture.pretrained_path={tmp_path}")
+    cfg = compose_train(tmp_path, overrides)
+    assert cfg.model.optimizer._partial_ and cfg.model.scheduler._partial_
+    if preset == "pretrained":
+        return  # the directory holds no checkpoint to build from
+    model = instantiate_checked(cfg.model, "model", _convert_="all")
+    assert model.random_init.model_type == cfg.model.architecture.model_type or "vl" in preset
+    if preset in SMALL_MODELS:
+        model.configure_model()
+        assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_model_defaults_are_the_dataclasses_and_typos_fail(tmp_path: Path) -> None:
+    from odb_lightning.lit.model_config import Architecture, ModelRuntime, StepPolicy
+
+    cfg = compose_train(tmp_path, ["model=tiny_qwen2"])
+    assert cfg.model.architecture.hidden_size == Architecture.hidden_size
+    assert cfg.model.runtime.dtype == ModelRuntime.dtype.value
+    assert cfg.model.step.loss_chunk_tokens == StepPolicy.loss_chunk_tokens
+    assert "hidden_size" not in (CONF / "model" / "tiny_qwen2.yaml").read_text()
+    typo = compose_train(tmp_path, ["+model.architecture.hiden_size=8"])
+    with pytest.raises(ConfigError, match="hiden_size"):
+        instantiate_checked(typo.model, "model", _convert_="all")
+    wrong = compose_train(tmp_path, ["model.architecture.hidden_size=30"])
+    with pytest.raises(ConfigError, match=r"model\.architecture\.hidden_size \(30\) must be a"):
+        instantiate_checked(wrong.model, "model", _convert_="all")
