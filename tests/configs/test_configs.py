@@ -16,6 +16,16 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
 
 
+def model_objects(cfg: DictConfig) -> dict[str, object]:
+    """What the app hands a model beside its config: a vision module gets the vision
+    family with the tokenizer's ids."""
+    if not cfg.model._target_.endswith("VisionLanguageModule"):
+        return {}
+    from odb_lightning.data.vision_family import Qwen2VLFamily
+
+    return {"family": Qwen2VLFamily.of_tokenizer(hydra.utils.instantiate(cfg.tokenizer))}
+
+
 def test_every_config_group_is_covered() -> None:
     assert {"sharegpt_odb", "sharegpt_standard", "chitchat_odb", "ultrachat_odb"} <= set(
         EXPERIMENTS
@@ -34,7 +44,7 @@ def test_experiment_composes_and_instantiates(experiment: str, tmp_path: Path) -
     assert isinstance(batching, BatchingConfig)
     assert batching.mode in set(BatchingMode)
     assert cfg.experiment_name == experiment
-    model = instantiate_checked(cfg.model, "model")
+    model = instantiate_checked(cfg.model, "model", objects=model_objects(cfg))
     model.configure_model()
     assert sum(p.numel() for p in model.parameters()) > 0
     for logger in cfg.logger.values():
@@ -125,7 +135,7 @@ def test_model_preset_composes_and_instantiates(preset: str, tmp_path: Path) -> 
     assert cfg.model.optimizer._partial_ and cfg.model.scheduler._partial_
     if preset == "pretrained":
         return  # the directory holds no checkpoint to build from
-    model = instantiate_checked(cfg.model, "model", _convert_="all")
+    model = instantiate_checked(cfg.model, "model", objects=model_objects(cfg), _convert_="all")
     assert model.random_init.model_type == cfg.model.architecture.model_type or "vl" in preset
     if preset in SMALL_MODELS:
         model.configure_model()

@@ -11,7 +11,8 @@ import torch
 
 from helpers.tiny_lm import module_arguments
 from odb_lightning.data.vision import ImageSettings, VisionTokens
-from odb_lightning.lit.vlm_module import VisionLanguageModule, VisionTower
+from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
+from odb_lightning.lit.vlm_module import VisionLanguageModule
 
 SMALL_IMAGES = ImageSettings(min_pixels=56 * 56, max_pixels=112 * 112)
 """At most 16 LLM tokens (64 patches) per image: fast model tests."""
@@ -45,8 +46,8 @@ def write_records(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
-VISION_TOKENS = VisionTokens(vision_start_id=998, vision_end_id=999, image_pad_id=997)
-"""The vision ids of :func:`tiny_vlm`, inside its 1000-token vocabulary."""
+FAMILY = Qwen2VLFamily(VisionTokens(vision_start_id=998, vision_end_id=999, image_pad_id=997))
+"""Qwen2-VL with the vision ids of :func:`tiny_vlm`, inside its 1000-token vocabulary."""
 
 
 def tiny_vlm_arguments(**overrides: Any) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def tiny_vlm_arguments(**overrides: Any) -> dict[str, Any]:
     tower = {k.removeprefix("vision_"): knobs.pop(k) for k in names}
     return module_arguments(**knobs) | {
         "vision": VisionTower(**tower),
-        "vision_tokens": VISION_TOKENS,
+        "family": FAMILY,
     }
 
 
@@ -95,7 +96,8 @@ def model_sample(
     block (ids 998, 997 x n, 999), then ``answer`` supervised random tokens."""
     from PIL import Image
 
-    from odb_lightning.data.vision import ImageProcessor, image_token_count, mrope_positions
+    from odb_lightning.data.vision import image_token_count
+    from odb_lightning.data.vision_family import ImageProcessor, mrope_positions
 
     generator = torch.Generator().manual_seed(seed)
     pictures = [

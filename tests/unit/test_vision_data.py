@@ -13,15 +13,17 @@ from helpers.vlm import image_record, write_image, write_records
 from odb_lightning.core.config import OnBadSample
 from odb_lightning.data import BadRecordError, ChatMLTemplate
 from odb_lightning.data.image_generator import ResolutionProfile
+from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources.llava import llava_records
-from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
+from odb_lightning.data.vision_family import Qwen2VLFamily
 from odb_lightning.runtime.messages import FetchedSample, FetchRequest, SampleFailed, SampleSkipped
 from odb_lightning.runtime.transport import load_sample
 from odb_lightning.runtime.worker import fetch_sample
 
 SETTINGS = ImageSettings(max_pixels=512 * 28 * 28, max_image_pixels=1500 * 1500)
-VISION = VisionTokens()
+VISION = Qwen2VLFamily.of_tokenizer(QwenTokenizer()).tokens  # the tokenizer's own ids
 # (width, height): below min_pixels, not multiples of 28, tall, wide, above max_pixels.
 RESOLUTIONS = [(40, 30), (300, 500), (1000, 200), (97, 1203), (1400, 1000)]
 

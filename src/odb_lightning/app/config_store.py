@@ -21,9 +21,10 @@ from hydra.core.config_store import ConfigStore
 
 from odb_lightning.app.run_dir import register_run_name_resolver
 from odb_lightning.core.nodes import node_of, target_of
+from odb_lightning.data.vision_family import VisionTower
 from odb_lightning.lit.model_config import Architecture, Finetuning, ModelRuntime, StepPolicy
 from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.vlm_module import VisionLanguageModule, VisionTower
+from odb_lightning.lit.vlm_module import VisionLanguageModule
 
 
 def register_configs() -> None:

@@ -155,7 +155,9 @@ def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
     built by :func:`instantiate_checked` (errors name their group), after seeding."""
     import lightning.pytorch as pl
 
+    from odb_lightning.data.vision_family import Qwen2VLFamily
     from odb_lightning.lit.run_context import RunContext
+    from odb_lightning.lit.vlm_module import VisionLanguageModule
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
@@ -167,5 +169,8 @@ def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
     )
     # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
     # torch.load(weights_only=True) then reads without OmegaConf types.
-    model = instantiate_checked(cfg.model, "model", objects={"run": run}, _convert_="all")
+    model_objects: dict[str, Any] = {"run": run}
+    if issubclass(hydra.utils.get_class(cfg.model._target_), VisionLanguageModule):
+        model_objects["family"] = Qwen2VLFamily.of_tokenizer(tokenizer)  # the tokenizer's ids
+    model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
     return tokenizer, batching, datamodule, model

@@ -17,32 +17,19 @@ order on every rank, and the dummy changes no gradient.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import Qwen2VLConfig
 from typing_extensions import override
 
 from odb_lightning.core.nodes import plain
-from odb_lightning.data.vision import VisionTokens
+from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW, PIXEL_VALUES
 
 NOT_MODEL_INPUTS = ("labels", "cu_seqlens", "max_seqlen")
-DUMMY_GRID = (1, 2, 2)
-"""The dummy image's patch grid: one merge window, the smallest image the tower takes."""
-
-
-def default_mrope_section(head_dim: int) -> list[int]:
-    """Rotary frequency pairs per axis (temporal, height, width) in Qwen2-VL's 1:1.5:1.5
-    proportion (``[16, 24, 24]`` for its 128-wide heads)."""
-    half = head_dim // 2
-    temporal = half // 4
-    spatial = (half - temporal) // 2
-    return [half - 2 * spatial, spatial, spatial]
 
 
 def fold_vlm_ids(
@@ -65,134 +52,50 @@ def fold_vlm_ids(
     return folded
 
 
-@dataclass(frozen=True)
-class VisionTower:
-    """The vision tower of a random init (``model.vision``); its patch settings must match
-    the data's ``images``."""
-
-    depth: int = 2
-    """Vision transformer blocks."""
-    embed_dim: int = 32
-    """Their width."""
-    num_heads: int = 2
-    """Their attention heads."""
-    mlp_ratio: int = 2
-    """MLP width over ``embed_dim``."""
-    patch_size: int = 14
-    """ViT patch side in pixels (``data.images.patch_size``)."""
-    spatial_merge_size: int = 2
-    """Patches merged per side into one LLM token (``data.images.merge_size``)."""
-    temporal_patch_size: int = 2
-    """Frames per patch."""
-    mrope_section: tuple[int, ...] | None = None
-    """Rotary frequency pairs per axis (temporal, height, width); ``None``: Qwen2-VL's
-    1:1.5:1.5 proportion."""
-    rope_theta: float = 1_000_000.0
-    """Rotary base of the language model."""
-
-    def __post_init__(self) -> None:
-        if self.mrope_section is not None:
-            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
-        for name in ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size",
-                     "spatial_merge_size", "temporal_patch_size"):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.vision.{name} must be an integer >= 1, got {value!r}")
-
-
 class VisionLanguageModule(CausalLMModule):
     """A Qwen2-VL model (random init from ``architecture`` and ``vision``, or the
     architecture's ``pretrained_path``).
 
     Args:
-        vision: The vision tower of a random init.
-        vision_tokens: The ids that frame an image (the tokenizer's).
+        family: The vision family (its model config, token ids and dummy pass), with the
+            tokenizer's ids (:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.of_tokenizer`).
+        vision: The vision tower of a random init; ``None``: its defaults.
         **parts: :class:`~odb_lightning.lit.module.CausalLMModule` arguments (the text
             model and the training settings).
     """
 
     def __init__(
-        self, *, vision: VisionTower | None = None, vision_tokens: VisionTokens | None = None,
-        **parts: Any,
-    ) -> None:  # fmt: skip
+        self, *, family: Qwen2VLFamily, vision: VisionTower | None = None, **parts: Any
+    ) -> None:
         # Before the base's constructor, which saves hyperparameters() (plain values: no
         # nn.Module state is needed to hold them).
-        self.vision = vision or VisionTower()
-        self.vision_tokens = vision_tokens or VisionTokens()
-        vision, vision_tokens = self.vision, self.vision_tokens
+        self.family, self.vision = family, vision or VisionTower()
         super().__init__(**parts)
         fold = self.token_id_fold
         if fold is not None and fold < 4:
             raise ValueError(
                 f"model.architecture.token_id_fold must leave room for the 3 vision ids, got {fold}"
             )
-        vision_ids = (
-            vision_tokens.image_pad_id,
-            vision_tokens.vision_start_id,
-            vision_tokens.vision_end_id,
-        )
-        self.vision_ids = vision_ids
-        model_ids = [fold - 1 - k for k in range(3)] if fold is not None else list(vision_ids)
-        base = self.random_init  # the text model's config, from CausalLMModule
-        head_dim = base.hidden_size // base.num_attention_heads
-        section = list(vision.mrope_section or default_mrope_section(head_dim))
-        if sum(section) != head_dim // 2:
-            raise ValueError(
-                f"model.vision.mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}"
-            )
-        text_config = base.to_dict() | {
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": vision.rope_theta,
-                "mrope_section": section,
-            },
-        }
-        for key in ("architectures", "model_type", "transformers_version", "rope_scaling"):
-            text_config.pop(key, None)
-        self.random_init = Qwen2VLConfig(
-            text_config=text_config,
-            vision_config={
-                "depth": vision.depth,
-                "embed_dim": vision.embed_dim,
-                "num_heads": vision.num_heads,
-                "mlp_ratio": vision.mlp_ratio,
-                "hidden_size": base.hidden_size,
-                "patch_size": vision.patch_size,
-                "spatial_merge_size": vision.spatial_merge_size,
-                "temporal_patch_size": vision.temporal_patch_size,
-            },
-            image_token_id=model_ids[0],
-            vision_start_token_id=model_ids[1],
-            vision_end_token_id=model_ids[2],
-            tie_word_embeddings=base.tie_word_embeddings,
-        )
+        ids = family.tokens
+        self.vision_ids = (ids.image_pad_id, ids.vision_start_id, ids.vision_end_id)
+        # The text model's config (from CausalLMModule) inside the family's.
+        self.random_init = family.model_config(self.random_init, self.vision, fold)
 
     @override
     def hyperparameters(self) -> dict[str, Any]:
         return super().hyperparameters() | {
+            "family": plain(self.family),
             "vision": plain(self.vision),
-            "vision_tokens": plain(self.vision_tokens),
         }
 
     def multimodal_body(self) -> Any:
-        """The model's vision tower + language model (``Qwen2VLModel``), under LoRA too."""
-        model = self.model
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        return base.model
+        """The model's vision tower + language model, under LoRA too."""
+        return self.family.multimodal_body(self.model)
 
     def dummy_vision_loss(self) -> Tensor:
-        """The vision tower on a zero image of :data:`DUMMY_GRID`, summed, times 0: a loss
-        term that is 0 and reaches every vision parameter."""
-        visual = self.multimodal_body().visual
-        config = self.model.config.vision_config
-        patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
-        t, h, w = DUMMY_GRID
-        device = next(visual.parameters()).device
-        pixels = torch.zeros((t * h * w, patch_dim), dtype=visual.dtype, device=device)
-        grid = torch.tensor([DUMMY_GRID], dtype=torch.long, device=device)
-        out = visual(pixels, grid_thw=grid)
-        features = out.pooler_output if hasattr(out, "pooler_output") else out
-        return features.sum() * 0.0
+        """The family's zero-weight pass through the vision tower: 0, reaching every vision
+        parameter."""
+        return self.family.dummy_vision_loss(self.model)
 
     @override
     def forward(self, inputs: Mapping[str, Tensor], meta: Any = None) -> tuple[Tensor, int]:
