@@ -1,16 +1,14 @@
-"""Building the causal LM inside ``configure_model``: on the training device, deferred
-and sharded layer by layer under FSDP2, with LoRA adapters, activation checkpointing and
-float32 master weights.
+"""Building the causal LM inside ``configure_model`` (:func:`build_model`): on the
+training device, deferred and sharded layer by layer under FSDP2, with LoRA adapters,
+activation checkpointing and float32 master weights.
 
-Lightning calls ``configure_model`` once the strategy is set up, inside the strategy's
-init context: under DDP the model is built straight on the rank's device (no host copy);
-under ``ModelParallelStrategy`` (FSDP2) it is built on the ``meta`` device, each decoder
-layer and then the LightningModule itself get ``fully_shard``, and only then is memory
-allocated, for this rank's shard: random init, or a local checkpoint read on rank 0 and
-scattered to the shards. The LightningModule is the FSDP2 root because its ``forward``
-calls the decoder body and the LM head directly (not the Hugging Face model's own
-forward): the embeddings, the final norm and the (tied) head are root parameters and
-are gathered when the module's ``forward`` starts.
+Lightning calls ``configure_model`` inside the strategy's init context: under DDP the model
+is built straight on the rank's device (no host copy); under ``ModelParallelStrategy``
+(FSDP2) on ``meta``, each decoder layer and then the LightningModule get ``fully_shard``,
+and only then is this rank's shard allocated and filled (random init, or a local
+checkpoint read on rank 0 and scattered). The LightningModule is the root because its
+``forward`` calls the decoder body and the LM head directly: the embeddings, the final norm
+and the (tied) head are root parameters, gathered when its ``forward`` starts.
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from odb_lightning.lit.model_config import FinetuningMethod, LoraSettings, ModelDType
+from odb_lightning.lit.lora import add_lora, reset_lora
+from odb_lightning.lit.model_config import FinetuningMethod, ModelDType
 
 
 def count_parameters(model: nn.Module, finetuning: FinetuningMethod) -> dict[str, Any]:
@@ -236,20 +235,6 @@ def compile_counts(compiled_frames: int = 1) -> dict[str, float]:
     }
 
 
-def add_lora(model: PreTrainedModel, settings: LoraSettings) -> nn.Module:
-    """``model`` with LoRA adapters on ``settings.target_modules``; only they train."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
-        bias="none",
-    )
-    return get_peft_model(model, config)
-
-
 def decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
     """The decoder layers of a Hugging Face causal LM (or of a LoRA-wrapped one)."""
     body = model.get_decoder()
@@ -270,15 +255,6 @@ def shard(root: nn.Module, model: nn.Module, mesh: Any, param_dtype: torch.dtype
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(root, **kwargs)
-
-
-def _reset_lora(model: nn.Module) -> None:
-    """Give LoRA adapters their initial values again (A random, B zero)."""
-    for module in model.modules():
-        reset = getattr(module, "reset_lora_parameters", None)
-        if callable(reset) and hasattr(module, "active_adapters"):
-            for adapter in module.active_adapters:
-                reset(adapter, True)
 
 
 def _hf_key(key: str) -> str:
@@ -319,7 +295,7 @@ def materialize(
             # rank would draw the same numbers for its own shard.
             torch.manual_seed(torch.initial_seed() + dist.get_rank())
         hf_model.initialize_weights()  # also the rotary tables, which no checkpoint holds
-        _reset_lora(model)
+        reset_lora(model)
     if pretrained_path is None:
         return
     full: dict[str, torch.Tensor] = {}
