@@ -205,3 +205,54 @@ def test_a_batch_that_is_neither_dict_nor_odb_batch_is_rejected() -> None:
     batch = padded_batch([5])
     with pytest.raises(TypeError, match="ODBBatch"):
         tiny_module().training_step([batch], 0)
+
+
+class Unsized:
+    """Batches without a length, as an ODB epoch: the trainer cannot count its steps."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_the_sample_budget_cosine_reads_the_run_context() -> None:
+    from helpers.tiny_lm import step_batches
+
+    from odb_lightning.lit.run_context import RunContext, TrainSampleCount
+
+    steps = [seeded_samples([9, 7], seed=s) for s in range(4)]  # 2 samples per step
+    batches = step_batches([steps])[0]
+    lrs: list[float] = []
+
+    def fit(module: CausalLMModule) -> None:
+        trainer = quiet_trainer(accelerator="cpu", devices=1, limit_val_batches=0, max_epochs=1)
+        module.on_train_batch_end = lambda *_: lrs.append(module.lr_schedulers().get_last_lr()[0])
+        trainer.fit(module, train_dataloaders=Unsized(batches))
+
+    samples = TrainSampleCount()
+    samples.set(8)  # the data module's setup fills it: 8 samples over 4 steps
+    fit(
+        tiny_module(
+            lr=1e-2, min_lr_ratio=0.1, run=RunContext(max_seq_len=64, train_samples=samples)
+        )
+    )
+    # After step k the schedule has seen 2 (k + 1) of the 8 planned samples.
+    expected = [
+        1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 * (k + 1) / 8))) for k in range(4)
+    ]
+    assert lrs == pytest.approx(expected)
+    with pytest.raises(
+        ValueError, match=r"set model\.scheduler\.decay_steps or trainer\.max_steps"
+    ):
+        fit(tiny_module(lr=1e-2))  # no run context: no sample count to follow
+
+
+def test_the_vocabulary_the_loaders_check_is_the_architectures(tmp_path: Path) -> None:
+    assert tiny_module().checked_vocab_size() == VOCAB
+    assert tiny_module(token_id_fold=64).checked_vocab_size() is None  # any id folds in range
+    source = tiny_module(vocab_size=300)
+    source.model.save_pretrained(tmp_path)
+    pretrained = module_arguments(pretrained_path=str(tmp_path), token_id_fold=64)
+    assert CausalLMModule(**pretrained).checked_vocab_size() == 300  # the checkpoint's

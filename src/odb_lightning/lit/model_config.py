@@ -150,7 +150,8 @@ class Architecture:
         if self.fold is not None:
             return None
         if self.pretrained_path is not None:
-            return int(AutoConfig.from_pretrained(self.pretrained_path).vocab_size)
+            config = AutoConfig.from_pretrained(self.pretrained_path)
+            return int(config.get_text_config().vocab_size)  # an image-text model's: its LM's
         return self.vocab_size
 
 

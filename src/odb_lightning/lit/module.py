@@ -129,7 +129,6 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         self.save_hyperparameters(self.hyperparameters())
         self.token_id_fold = architecture.fold
         self.loss_chunk_tokens = step.loss_chunk_tokens
-        self.lora = finetuning.adapters
         # Device-side count of batches whose labels disagree with their metadata's
         # supervised-token count; read once per optimizer step (forward avoids host syncs).
         self._token_mismatches: Tensor | None = None
