@@ -219,7 +219,6 @@ class Unsized:
 
 def test_the_sample_budget_cosine_reads_the_run_context() -> None:
     from helpers.tiny_lm import step_batches
-
     from odb_lightning.lit.run_context import RunContext, TrainSampleCount
 
     steps = [seeded_samples([9, 7], seed=s) for s in range(4)]  # 2 samples per step
