@@ -255,3 +255,16 @@ def test_the_vocabulary_the_loaders_check_is_the_architectures(tmp_path: Path) -
     source.model.save_pretrained(tmp_path)
     pretrained = module_arguments(pretrained_path=str(tmp_path), token_id_fold=64)
     assert CausalLMModule(**pretrained).checked_vocab_size() == 300  # the checkpoint's
+
+
+def test_the_modules_take_their_configuration_by_concern() -> None:
+    import inspect
+
+    from odb_lightning.lit import module as module_file
+    from odb_lightning.lit.vlm_module import VisionLanguageModule
+
+    for cls in (CausalLMModule, VisionLanguageModule):
+        parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        assert len(parameters) <= 10, (cls.__name__, parameters)
+    # A random init is AutoConfig.for_model(model_type): no family's config class here.
+    assert "Qwen2Config" not in Path(module_file.__file__).read_text()
