@@ -143,4 +143,4 @@ def test_a_checkpoint_missing_a_weight_fails_every_rank_naming_it(sharded) -> No
     for rank in range(2):
         message = (base / f"broken_rank{rank}.txt").read_text()
         assert "model.layers.1.mlp.down_proj.weight" in message, message
-        assert "model.pretrained_path" in message
+        assert "model.architecture.pretrained_path" in message

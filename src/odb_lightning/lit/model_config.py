@@ -86,6 +86,9 @@ class Architecture:
     """Key/value heads (grouped-query attention; divides ``num_attention_heads``)."""
     intermediate_size: int = 128
     """Width of each MLP."""
+    head_dim: int | None = None
+    """Width of each attention head; ``None``: the family's own default (``hidden_size /
+    num_attention_heads`` for Qwen2 and Llama, 128 for Qwen3)."""
     max_position_embeddings: int = 32768
     """Longest position the rotary tables cover."""
     tie_word_embeddings: bool = True
@@ -123,6 +126,10 @@ class Architecture:
                 f"model.architecture.num_key_value_heads ({self.num_key_value_heads}) must "
                 f"divide model.architecture.num_attention_heads ({self.num_attention_heads})"
             )
+        if self.head_dim is not None and not _is_count(self.head_dim, 1):
+            raise ValueError(
+                f"model.architecture.head_dim must be >= 1 or null, got {self.head_dim!r}"
+            )
         if self.token_id_fold is not None and not _is_count(self.token_id_fold, 1):
             raise ValueError(
                 f"model.architecture.token_id_fold must be >= 1 or null, got {self.token_id_fold}"
@@ -139,6 +146,8 @@ class Architecture:
         the fold when there is one)."""
         sizes = {name: getattr(self, name) for name in ARCHITECTURE_SIZES}
         sizes["vocab_size"] = self.token_id_fold or self.vocab_size
+        if self.head_dim is not None:
+            sizes["head_dim"] = self.head_dim
         return AutoConfig.for_model(
             self.model_type, tie_word_embeddings=self.tie_word_embeddings, **sizes
         )
