@@ -232,3 +232,26 @@ def test_epoch_stats_count_the_emitted_image_tokens_and_patches(tmp_path: Path, 
     assert stats.image_tokens == pad_tokens > 0
     assert stats.image_patches == patches == 4 * pad_tokens
     assert sum(b.inputs["pixel_values"].shape[0] for b in batches) == patches
+
+
+def test_the_vision_ids_are_read_from_the_tokenizer(tokenizer) -> None:
+    from odb_lightning.data.vision import VisionTokens
+
+    # The Qwen2.5 tokenizer's added tokens, as its tokenizer_config lists them.
+    expected = VisionTokens(vision_start_id=151652, vision_end_id=151653, image_pad_id=151655)
+    assert Qwen2VLFamily.of_tokenizer(tokenizer).tokens == expected
+
+    class Renumbered:
+        ids = {"<|vision_start|>": 7, "<|vision_end|>": 8, "<|image_pad|>": 9}
+
+        def special_token_id(self, token: str) -> int:
+            return self.ids[token]
+
+    renumbered = Qwen2VLFamily.of_tokenizer(Renumbered()).tokens
+    assert (renumbered.vision_start_id, renumbered.vision_end_id, renumbered.image_pad_id) == (
+        7,
+        8,
+        9,
+    )
+    with pytest.raises(ValueError, match=r"names no special tokens: image-text data reads"):
+        Qwen2VLFamily.of_tokenizer(object())
