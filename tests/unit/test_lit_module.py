@@ -250,7 +250,9 @@ def test_the_sample_budget_cosine_reads_the_run_context() -> None:
 
 def test_the_vocabulary_the_loaders_check_is_the_architectures(tmp_path: Path) -> None:
     assert tiny_module().checked_vocab_size() == VOCAB
-    assert tiny_module(token_id_fold=64).checked_vocab_size() is None  # any id folds in range
+    folded = tiny_module(token_id_fold=64)
+    assert folded.checked_vocab_size() is None  # any id folds in range
+    assert folded.architecture.embedding_rows() == 64  # what warm-up batches draw ids from
     source = tiny_module(vocab_size=300)
     source.model.save_pretrained(tmp_path)
     pretrained = module_arguments(pretrained_path=str(tmp_path), token_id_fold=64)

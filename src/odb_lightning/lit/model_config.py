@@ -152,16 +152,19 @@ class Architecture:
             self.model_type, tie_word_embeddings=self.tie_word_embeddings, **sizes
         )
 
-    def checked_vocab_size(self) -> int | None:
-        """The vocabulary the loaders check token ids against: ``None`` with a fold (any
-        id is folded into range), the checkpoint's ``vocab_size`` with ``pretrained_path``,
-        else ``vocab_size``."""
-        if self.fold is not None:
-            return None
+    def embedding_rows(self) -> int:
+        """Rows of the input embedding: the fold of a folded random init, the checkpoint's
+        ``vocab_size`` with ``pretrained_path`` (an image-text model's: its language
+        model's), else ``vocab_size``."""
         if self.pretrained_path is not None:
             config = AutoConfig.from_pretrained(self.pretrained_path)
-            return int(config.get_text_config().vocab_size)  # an image-text model's: its LM's
-        return self.vocab_size
+            return int(config.get_text_config().vocab_size)
+        return self.token_id_fold or self.vocab_size
+
+    def checked_vocab_size(self) -> int | None:
+        """The vocabulary the loaders check token ids against: ``None`` with a fold (any
+        id is folded into range), else :meth:`embedding_rows`."""
+        return None if self.fold is not None else self.embedding_rows()
 
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
