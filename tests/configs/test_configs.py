@@ -153,6 +153,9 @@ def test_model_defaults_are_the_dataclasses_and_typos_fail(tmp_path: Path) -> No
     typo = compose_train(tmp_path, ["+model.architecture.hiden_size=8"])
     with pytest.raises(ConfigError, match="hiden_size"):
         instantiate_checked(typo.model, "model", _convert_="all")
+    scalar = compose_train(tmp_path, ["model.finetuning=lora"])  # a value over a concern's node
+    with pytest.raises(ConfigError, match=r"'model\.finetuning': model\.finetuning must be a"):
+        instantiate_checked(scalar.model, "model", _convert_="all")
     wrong = compose_train(tmp_path, ["model.architecture.hidden_size=30"])
     with pytest.raises(ConfigError, match=r"model\.architecture\.hidden_size \(30\) must be a"):
         instantiate_checked(wrong.model, "model", _convert_="all")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -71,6 +72,23 @@ def check_optimization(optimizer: OptimizerFactory, scheduler: SchedulerFactory)
         ) from None
 
 
+ConcernT = TypeVar("ConcernT")
+
+
+def concern(value: ConcernT | None, cls: type[ConcernT], key: str) -> ConcernT:
+    """``value``, or ``cls()`` (its defaults, which the generated Hydra node also holds) for
+    ``None``; anything else (a scalar set over the node) is refused naming ``key``."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        raise ValueError(
+            f"{key} must be a {cls.__name__} node (fields: {fields}), got {value!r}: set "
+            f"its fields ({key}.<field>=...)"
+        )
+    return value
+
+
 SAMPLES_SEEN_KEY = "odb_samples_seen"
 """Checkpoint key of the samples the sample-budget LR schedule has seen."""
 
@@ -118,9 +136,10 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         step: StepPolicy | None = None,
         run: RunContext | None = None,
     ) -> None:
-        # None: the concern's defaults (the generated Hydra node holds the same).
-        architecture, finetuning = architecture or Architecture(), finetuning or Finetuning()
-        runtime, step = runtime or ModelRuntime(), step or StepPolicy()
+        architecture = concern(architecture, Architecture, "model.architecture")
+        finetuning = concern(finetuning, Finetuning, "model.finetuning")
+        runtime = concern(runtime, ModelRuntime, "model.runtime")
+        step = concern(step, StepPolicy, "model.step")
         super().__init__(tokens_per_step=step.tokens_per_step)
         check_optimization(optimizer, scheduler)
         self.architecture, self.finetuning, self.runtime = architecture, finetuning, runtime
