@@ -1,4 +1,4 @@
-"""The benchmark stand-in model, ``conf/model/cpu_bench.yaml``, built outside Hydra.
+"""The benchmark stand-in model, ``conf/model/cpu_bench.yaml``, built outside ``train.py``.
 
 Shared by the studies that train it in their own loop (``experiments/throughput``) or
 charge its FLOPs to the runs of ``train.py model=cpu_bench`` (``experiments/ablation``,
@@ -8,32 +8,47 @@ it imports torch, transformers and Lightning, which the simulator studies never 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from omegaconf import OmegaConf
 from transformers import PretrainedConfig
 
 from experiments.common import ROOT
 from odb_lightning.lit.module import CausalLMModule
 
-CONFIG = ROOT / "conf" / "model" / "cpu_bench.yaml"
+PRESET = "cpu_bench"
+"""``conf/model/cpu_bench.yaml``."""
 
 
-def build_cpu_bench(seed: int = 0) -> CausalLMModule:
-    """``cpu_bench.yaml``'s architecture, initialised from ``seed``."""
-    bench = OmegaConf.load(CONFIG)
+def model_preset(name: str) -> Any:
+    """The ``model`` node of ``conf/model/<name>.yaml``, composed by Hydra (the presets
+    keep only what differs from the generated defaults)."""
+    from hydra import compose, initialize_config_dir
+
+    from odb_lightning.app.config_store import prepare_composition
+
+    prepare_composition()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose("train", overrides=[f"model={name}"]).model
+
+
+def build_preset(name: str, seed: int = 0) -> CausalLMModule:
+    """The module of ``conf/model/<name>.yaml``, its model initialised from ``seed``."""
+    import hydra
+
     torch.manual_seed(seed)
-    module = CausalLMModule(
-        hidden_size=bench.hidden_size,
-        num_hidden_layers=bench.num_hidden_layers,
-        num_attention_heads=bench.num_attention_heads,
-        num_key_value_heads=bench.num_key_value_heads,
-        intermediate_size=bench.intermediate_size,
-        token_id_fold=bench.token_id_fold,
-    )
+    module = hydra.utils.instantiate(model_preset(name), _convert_="all")
     module.configure_model()
     return module
 
 
+def build_cpu_bench(seed: int = 0) -> CausalLMModule:
+    """``cpu_bench.yaml``'s module, initialised from ``seed``."""
+    return build_preset(PRESET, seed)
+
+
 def cpu_bench_config() -> PretrainedConfig:
     """The stand-in's model config (what ``flops_per_token`` reads)."""
-    return CausalLMModule(token_id_fold=OmegaConf.load(CONFIG).token_id_fold).random_init
+    import hydra
+
+    return hydra.utils.instantiate(model_preset(PRESET).architecture).random_init()

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import signal
 import subprocess
@@ -45,20 +44,19 @@ ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "odb_packed": ("gpu8", "qwen2_0_5b", ("batching=odb_packed",)),
     "fsdp2_1_5b": ("gpu8_fsdp", "qwen2_5_1_5b", ("batching=odb",)),
     # Last: its compile time is the least certain, and the time budget cuts from the end.
-    "odb_compile": ("gpu8", "qwen2_0_5b", ("batching=odb", "model.compile=true")),
+    "odb_compile": ("gpu8", "qwen2_0_5b", ("batching=odb", "model.runtime.compile=true")),
 }
-COMPILE_KNOB = ROOT / "conf" / "model" / "tiny_qwen2.yaml"
 # What --dry-run changes so that the same path runs on a CPU in seconds.
 DRY_RUN_OVERRIDES = [
     "trainer.accelerator=cpu",
     "trainer.strategy.process_group_backend=gloo",
-    "model.hidden_size=64",
-    "model.num_hidden_layers=1",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.intermediate_size=128",
-    "model.token_id_fold=4096",
-    "model.loss_chunk_tokens=1024",
+    "model.architecture.hidden_size=64",
+    "model.architecture.num_hidden_layers=1",
+    "model.architecture.num_attention_heads=2",
+    "model.architecture.num_key_value_heads=1",
+    "model.architecture.intermediate_size=128",
+    "model.architecture.token_id_fold=4096",
+    "model.step.loss_chunk_tokens=1024",
     "batching.loader.num_workers=1",
 ]
 
@@ -82,7 +80,7 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
         f"trainer={trainer}",
         "trainer.devices=1",
         f"model={model}",
-        f"model.attn_implementation={args.attn}",
+        f"model.architecture.attn_implementation={args.attn}",
         "logger=csv",
         f"data.regime={args.regime}",
         f"data.max_seq_len={args.max_seq_len}",
@@ -176,8 +174,12 @@ def run_arm(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[
 
 
 def compile_knob_exists() -> bool:
-    """The model config has the ``compile`` knob (``model.compile=true``)."""
-    return re.search(r"^compile:", COMPILE_KNOB.read_text(), flags=re.MULTILINE) is not None
+    """The model config has the ``compile`` knob (``model.runtime.compile=true``)."""
+    import dataclasses
+
+    from odb_lightning.lit.model_config import ModelRuntime
+
+    return "compile" in {field.name for field in dataclasses.fields(ModelRuntime)}
 
 
 def run_arms(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,7 +197,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     for arm in arms:
         left_s = args.time_budget_s - (time.perf_counter() - started)
         if arm == "odb_compile" and not compile_knob_exists():
-            rows[arm] = {"skipped": f"no `compile` knob in {COMPILE_KNOB.relative_to(ROOT)}"}
+            rows[arm] = {"skipped": "no `compile` field in ModelRuntime (model.runtime)"}
         elif left_s < 30:
             rows[arm] = {"skipped": f"time budget of {args.time_budget_s:.0f} s spent"}
         if arm in rows:

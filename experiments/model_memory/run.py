@@ -24,23 +24,20 @@ from typing import Any
 from experiments.common import ROOT, results_meta
 
 HERE = Path(__file__).resolve().parent
-PRESET = ROOT / "conf" / "model" / "qwen2_5_1_5b.yaml"
-ARCHITECTURE = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "tie_word_embeddings",
-)
+PRESET = "qwen2_5_1_5b"
+"""``conf/model/qwen2_5_1_5b.yaml``."""
 
 
-def _architecture() -> dict[str, Any]:
-    from omegaconf import OmegaConf
+def _arguments() -> dict[str, Any]:
+    """The preset's constructor arguments (float32, random init), with a fixed schedule
+    length: the probes stop before training, so nothing tells the cosine its length."""
+    import hydra
 
-    preset = OmegaConf.load(PRESET)
-    return {name: preset[name] for name in ARCHITECTURE}
+    from experiments.cpu_bench import model_preset
+
+    node = model_preset(PRESET)
+    node.scheduler.decay_steps = 1
+    return hydra.utils.instantiate(node, _partial_=True, _convert_="all").keywords
 
 
 def _rss_mib() -> tuple[float, float]:
@@ -55,7 +52,7 @@ def eager(out: Path) -> None:
     """The whole model in this process (what ``configure_model`` does without sharding)."""
     from odb_lightning.lit.module import CausalLMModule
 
-    module = CausalLMModule(**_architecture(), model_dtype="float32")
+    module = CausalLMModule(**_arguments())
     module.configure_model()
     current, peak = _rss_mib()
     parameters = sum(p.numel() for p in module.parameters())
@@ -81,7 +78,7 @@ def sharded(out_dir: Path) -> None:
         def train_dataloader(self) -> Any:
             return one_batch_loader()
 
-    fit_setup_only(Probe(**_architecture(), model_dtype="float32", decay_steps=1))
+    fit_setup_only(Probe(**_arguments()))
 
 
 def _run(arm: str, out: Path) -> list[dict[str, Any]]:

@@ -94,8 +94,8 @@ def step_statistics(
     for index, size in enumerate(sizes):
         progress = seen / planned if by_samples else None
         factors.append(
-            lr_factor(index, model.warmup_steps, len(steps), model.min_lr_ratio,
-                      LRSchedule(model.scheduler), progress)
+            lr_factor(index, model.scheduler.warmup_steps, len(steps),
+                      model.scheduler.min_lr_ratio, LRSchedule(model.scheduler.shape), progress)
         )  # fmt: skip
         seen += size
 

@@ -9,7 +9,7 @@ samples are batched and when the optimizer steps:
 * ``odb``: online batches under ``token_budget`` (``experiment=sharegpt_odb``), one step
   per batch;
 * ``odb_token_target``: the same online batches, the optimizer steps once a step's
-  supervised tokens reach ``model.tokens_per_step=N``. ``N`` is chosen before training,
+  supervised tokens reach ``model.step.tokens_per_step=N``. ``N`` is chosen before training,
   from the data alone: the simulator predicts the odb micro-batches of every epoch (it
   replays the loader exactly) and ``N`` is the value whose token-target steps come
   closest to standard's step count, i.e. whose steps carry on average the supervised
@@ -60,7 +60,7 @@ def arm_overrides(arm: str, tokens_per_step: int) -> list[str]:
         return ["experiment=sharegpt_standard"]
     if arm == "odb":
         return ["experiment=sharegpt_odb"]
-    return ["experiment=sharegpt_odb", f"model.tokens_per_step={tokens_per_step}"]
+    return ["experiment=sharegpt_odb", f"model.step.tokens_per_step={tokens_per_step}"]
 
 
 def compose(overrides: list[str]) -> Any:

@@ -154,7 +154,7 @@ def throughput(name: str, samples: int, out_dir: Path, repeats: int, lock: Path 
         f"data.max_samples={samples}",
         "data.val_samples=0",
         f"data.set_dir={out_dir}",
-        "model.token_id_fold=4096",
+        "model.architecture.token_id_fold=4096",
         "trainer.max_epochs=1",
         "batching.loader.num_workers=1",
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
 import pytest
 from omegaconf import DictConfig
@@ -13,6 +15,16 @@ from odb_lightning.core.modes import MODES
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
+
+
+def model_objects(cfg: DictConfig) -> dict[str, object]:
+    """What the app hands a model beside its config: a vision module gets the vision
+    family with the tokenizer's ids."""
+    if not cfg.model._target_.endswith("VisionLanguageModule"):
+        return {}
+    from odb_lightning.data.vision_family import Qwen2VLFamily
+
+    return {"family": Qwen2VLFamily.of_tokenizer(hydra.utils.instantiate(cfg.tokenizer))}
 
 
 def test_every_config_group_is_covered() -> None:
@@ -33,7 +45,7 @@ def test_experiment_composes_and_instantiates(experiment: str, compose_cfg: Comp
     assert isinstance(batching, BatchingConfig)
     assert batching.mode in MODES
     assert cfg.experiment_name == experiment
-    model = instantiate_checked(cfg.model, "model")
+    model = instantiate_checked(cfg.model, "model", objects=model_objects(cfg))
     model.configure_model()
     assert sum(p.numel() for p in model.parameters()) > 0
     for logger in cfg.logger.values():
@@ -151,10 +163,49 @@ def test_an_unknown_mode_fails_naming_the_modes(compose_cfg: ComposeConfig) -> N
 
 def test_packed_row_attention_must_match_the_backend(compose_cfg: ComposeConfig) -> None:
     packed = ["batching=odb_packed", "batching.rows.attention_weight=0.001"]
-    cfg = compose_cfg([*packed, "model.attn_implementation=sdpa"])
+    cfg = compose_cfg([*packed, "model.architecture.attn_implementation=sdpa"])
     with pytest.raises(ConfigError, match=r"^batching\.rows\.packed_attention must be dense"):
         validate_config(cfg)
     dense = "batching.rows.packed_attention=dense"
-    validate_config(compose_cfg([*packed, dense, "model.attn_implementation=sdpa"]))
+    validate_config(compose_cfg([*packed, dense, "model.architecture.attn_implementation=sdpa"]))
     padded = ["batching=odb", "batching.rows.attention_weight=0.001"]
-    validate_config(compose_cfg([*padded, "model.attn_implementation=sdpa"]))
+    validate_config(compose_cfg([*padded, "model.architecture.attn_implementation=sdpa"]))
+
+
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+SMALL_MODELS = {"tiny_qwen2", "tiny_llama", "tiny_qwen2_vl", "cpu_bench"}
+
+
+@pytest.mark.parametrize("preset", MODELS)
+def test_model_preset_composes_and_instantiates(preset: str, tmp_path: Path, compose_cfg: ComposeConfig) -> None:
+    overrides = [f"model={preset}"]
+    if preset == "pretrained":  # a mandatory key: any local directory composes
+        overrides.append(f"model.architecture.pretrained_path={tmp_path}")
+    cfg = compose_cfg(overrides)
+    assert cfg.model.optimizer._partial_ and cfg.model.scheduler._partial_
+    if preset == "pretrained":
+        return  # the directory holds no checkpoint to build from
+    model = instantiate_checked(cfg.model, "model", objects=model_objects(cfg), _convert_="all")
+    assert model.random_init.model_type == cfg.model.architecture.model_type or "vl" in preset
+    if preset in SMALL_MODELS:
+        model.configure_model()
+        assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_model_defaults_are_the_dataclasses_and_typos_fail(compose_cfg: ComposeConfig) -> None:
+    from odb_lightning.lit.model_config import Architecture, ModelRuntime, StepPolicy
+
+    cfg = compose_cfg(["model=tiny_qwen2"])
+    assert cfg.model.architecture.hidden_size == Architecture.hidden_size
+    assert cfg.model.runtime.dtype == ModelRuntime.dtype.value
+    assert cfg.model.step.loss_chunk_tokens == StepPolicy.loss_chunk_tokens
+    assert "hidden_size" not in (CONF / "model" / "tiny_qwen2.yaml").read_text()
+    typo = compose_cfg(["+model.architecture.hiden_size=8"])
+    with pytest.raises(ConfigError, match="hiden_size"):
+        instantiate_checked(typo.model, "model", _convert_="all")
+    scalar = compose_cfg(["model.finetuning=lora"])  # a value over a concern's node
+    with pytest.raises(ConfigError, match=r"'model\.finetuning': model\.finetuning must be a"):
+        instantiate_checked(scalar.model, "model", _convert_="all")
+    wrong = compose_cfg(["model.architecture.hidden_size=30"])
+    with pytest.raises(ConfigError, match=r"model\.architecture\.hidden_size \(30\) must be a"):
+        instantiate_checked(wrong.model, "model", _convert_="all")

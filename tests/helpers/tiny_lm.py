@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Collection, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import lightning.pytorch as pl
@@ -14,6 +16,14 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import vector_to_parameters
 from torch.utils.data import DataLoader
 
+from odb_lightning.lit.lr_schedule import WarmupSchedule
+from odb_lightning.lit.model_config import (
+    Architecture,
+    Finetuning,
+    LoraSettings,
+    ModelRuntime,
+    StepPolicy,
+)
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
 
@@ -23,8 +33,64 @@ Sample = tuple[Tensor, Tensor]
 ModuleT = TypeVar("ModuleT", bound=CausalLMModule)
 
 
+OPTIMIZER = {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.0}
+"""conf/model/tiny_qwen2.yaml's AdamW settings."""
+SCHEDULE = {"shape": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.1, "decay_steps": None}
+"""conf/model/tiny_qwen2.yaml's LR schedule."""
+RENAMED = {
+    "model_dtype": "dtype",
+    "gradient_checkpointing": "activation_checkpointing",
+    "scheduler": "shape",
+}
+"""Flat test knobs spelled as their concern's field."""
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def module_arguments(**knobs: Any) -> dict[str, Any]:
+    """Constructor arguments of a ``CausalLMModule`` from flat knobs, each routed to the
+    concern that has the field (``hidden_size`` to ``architecture``, ``lr`` to the
+    optimizer, ``scheduler`` to the schedule's ``shape``, ``finetuning`` to its
+    ``method``, ``lora`` to its settings); other names pass through unchanged."""
+    knobs = {RENAMED.get(name, name): value for name, value in knobs.items()}
+    concerns: dict[str, dict[str, Any]] = {
+        "architecture": {}, "runtime": {}, "step": {}, "optimizer": {}, "scheduler": {},
+        "finetuning": {},
+    }  # fmt: skip
+    owners = {
+        "architecture": _fields(Architecture),
+        "runtime": _fields(ModelRuntime),
+        "step": _fields(StepPolicy),
+        "optimizer": set(OPTIMIZER),
+        "scheduler": set(SCHEDULE),
+    }
+    rest: dict[str, Any] = {}
+    for name, value in knobs.items():
+        owner = next((o for o, fields in owners.items() if name in fields), None)
+        if name == "finetuning":
+            concerns["finetuning"]["method"] = value
+        elif name == "lora":
+            lora = dict(value)
+            concerns["finetuning"]["lora"] = LoraSettings(**lora)
+        elif owner is None:
+            rest[name] = value
+        else:
+            concerns[owner][name] = value
+    return rest | {
+        "architecture": Architecture(**concerns["architecture"]),
+        "finetuning": Finetuning(**concerns["finetuning"]),
+        "runtime": ModelRuntime(**concerns["runtime"]),
+        "step": StepPolicy(**concerns["step"]),
+        "optimizer": partial(torch.optim.AdamW, **(OPTIMIZER | concerns["optimizer"])),
+        "scheduler": partial(WarmupSchedule, **(SCHEDULE | concerns["scheduler"])),
+    }
+
+
 def tiny_arguments(**overrides: Any) -> dict[str, Any]:
-    """Constructor arguments of a tiny float64 Qwen2 causal LM, with ``overrides``."""
+    """Constructor arguments of a tiny float64 Qwen2 causal LM, with ``overrides`` (flat
+    knobs, routed by :func:`module_arguments`)."""
     arguments: dict[str, Any] = dict(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -35,7 +101,7 @@ def tiny_arguments(**overrides: Any) -> dict[str, Any]:
         model_dtype="float64",
     )
     arguments.update(overrides)
-    return arguments
+    return module_arguments(**arguments)
 
 
 def tiny_module(module_class: type[ModuleT] = CausalLMModule, **overrides: Any) -> ModuleT:

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-from odb_lightning.data.vision import ImageSettings
+from helpers.tiny_lm import module_arguments
+from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
 from odb_lightning.lit.vlm_module import VisionLanguageModule
 
 SMALL_IMAGES = ImageSettings(min_pixels=56 * 56, max_pixels=112 * 112)
@@ -44,24 +46,35 @@ def write_records(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
+FAMILY = Qwen2VLFamily(VisionTokens(vision_start_id=998, vision_end_id=999, image_pad_id=997))
+"""Qwen2-VL with the vision ids of :func:`tiny_vlm`, inside its 1000-token vocabulary."""
+
+
 def tiny_vlm_arguments(**overrides: Any) -> dict[str, Any]:
-    """A tiny float64 Qwen2-VL with a 1000-token vocabulary and the vision ids inside it."""
-    arguments: dict[str, Any] = dict(
-        vocab_size=1000,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        model_dtype="float64",
-        vision_depth=2,
-        vision_embed_dim=32,
-        vision_num_heads=2,
-        image_token_id=997,
-        vision_start_token_id=998,
-        vision_end_token_id=999,
+    """A tiny float64 Qwen2-VL with a 1000-token vocabulary and the vision ids inside it;
+    ``overrides`` are flat knobs (``vision_<field>`` for the tower's fields, the rest as
+    :func:`~helpers.tiny_lm.module_arguments` routes them)."""
+    knobs: dict[str, Any] = (
+        dict(
+            vocab_size=1000,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            model_dtype="float64",
+            vision_depth=2,
+            vision_embed_dim=32,
+            vision_num_heads=2,
+        )
+        | overrides
     )
-    return arguments | overrides
+    names = [k for k in knobs if k.startswith("vision_")]
+    tower = {k.removeprefix("vision_"): knobs.pop(k) for k in names}
+    return module_arguments(**knobs) | {
+        "vision": VisionTower(**tower),
+        "family": FAMILY,
+    }
 
 
 def tiny_vlm(**overrides: Any) -> VisionLanguageModule:
@@ -83,7 +96,8 @@ def model_sample(
     block (ids 998, 997 x n, 999), then ``answer`` supervised random tokens."""
     from PIL import Image
 
-    from odb_lightning.data.vision import ImageProcessor, image_token_count, mrope_positions
+    from odb_lightning.data.vision import image_token_count
+    from odb_lightning.data.vision_family import ImageProcessor, mrope_positions
 
     generator = torch.Generator().manual_seed(seed)
     pictures = [

@@ -62,8 +62,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         f"data.path={data}",
         "batching.loader.on_bad_sample=skip",
         "model=pretrained",
-        f"model.pretrained_path={model}",
-        "model.gradient_checkpointing=false",
+        f"model.architecture.pretrained_path={model}",
+        "model.runtime.activation_checkpointing=false",
         "tokenizer=hf",
         f"tokenizer.name_or_path={model}",
     )

@@ -333,7 +333,7 @@ def test_loss_scaling_refuses_accumulation() -> None:
     with pytest.raises(ValueError, match=r"accumulate_grad_batches=1 .*\(got 2 and None\)"):
         fit_on_cpu(module, batches, accumulate_grad_batches=2, max_steps=1)
     trainer = quiet_trainer(accelerator="cpu", devices=1)
-    with pytest.raises(ValueError, match=r"model.tokens_per_step=null .*\(got 1 and 64\)"):
+    with pytest.raises(ValueError, match=r"model.step.tokens_per_step=null .*\(got 1 and 64\)"):
         check_loss_scaling_trainer(trainer, tokens_per_step=64)
     check_loss_scaling_trainer(trainer, tokens_per_step=None)  # one micro-batch a step: fine
 

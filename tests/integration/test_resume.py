@@ -90,7 +90,11 @@ def _final_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
 @pytest.mark.slow  # the in-process check: tests/integration/test_resume_lightning.py
 def test_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     """Same batches, same optimizer and LR state: the same model as without the stop."""
-    overrides = ("experiment=sharegpt_standard", "model.decay_steps=12", "model.warmup_steps=2")
+    overrides = (
+        "experiment=sharegpt_standard",
+        "model.scheduler.decay_steps=12",
+        "model.scheduler.warmup_steps=2",
+    )
     whole = tmp_path / "whole"
     train(whole, *overrides, "audit_ids=true")
     _, _, first, second = stop_and_resume(tmp_path, *overrides)
@@ -204,8 +208,8 @@ def test_fsdp2_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path)
     overrides = (
         "experiment=sharegpt_standard",
         "trainer=fsdp_cpu",
-        "model.decay_steps=12",
-        "model.warmup_steps=2",
+        "model.scheduler.decay_steps=12",
+        "model.scheduler.warmup_steps=2",
     )
     whole = tmp_path / "whole"
     train(whole, *overrides, "audit_ids=true")

@@ -96,13 +96,15 @@ def test_run_names_its_directory_and_logs_lightning_into_train_log(tmp_path: Pat
 @pytest.mark.slow  # three smoke runs: about 30-60 s on 2 cores
 def test_resume_continues_in_its_directory_with_the_saved_config(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = run_train(tmp_path, "debug=smoke", "model.hidden_size=48", f"hydra.run.dir={run_dir}")
+    first = run_train(
+        tmp_path, "debug=smoke", "model.architecture.hidden_size=48", f"hydra.run.dir={run_dir}"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     before = json.loads((run_dir / "summary.json").read_text())
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    # Only ckpt_path and a longer schedule: debug=smoke and model.hidden_size come from the
-    # checkpoint (without them this config is the 896-wide default model, which does not
-    # load the 48-wide weights), and no hydra.run.dir: the run's own directory.
+    # Only ckpt_path and a longer schedule: debug=smoke and model.architecture.hidden_size
+    # come from the checkpoint (without them this config is the 896-wide default model,
+    # which does not load the 48-wide weights), and no hydra.run.dir: the run's own directory.
     resumed = run_train(tmp_path, f"ckpt_path={ckpt}", "trainer.max_epochs=2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert not (tmp_path / "outputs").exists()
@@ -113,13 +115,15 @@ def test_resume_continues_in_its_directory_with_the_saved_config(tmp_path: Path)
     assert after["optimizer_steps"] > before["optimizer_steps"]
     assert ckpt.resolve().name == f"epoch=1-step={after['optimizer_steps']}.ckpt"
     (resume_files,) = run_dir.glob(".hydra_resumed-*")
-    assert "model.hidden_size=48" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert (
+        "model.architecture.hidden_size=48" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    )
     assert "trainer.max_epochs=2" in (resume_files / "overrides.yaml").read_text()
     assert not (run_dir / "wandb").exists()  # the CSV-only run got no W&B logger
     # A shape the checkpoint does not have: the error names the key.
-    wider = run_train(tmp_path, f"ckpt_path={ckpt}", "model.hidden_size=64")
+    wider = run_train(tmp_path, f"ckpt_path={ckpt}", "model.architecture.hidden_size=64")
     assert wider.returncode == 1
-    assert "model.hidden_size=64 here, 48 in the checkpoint" in wider.stderr
+    assert "model.architecture.hidden_size=64 here, 48 in the checkpoint" in wider.stderr
     assert "Traceback" not in wider.stderr
 
 

@@ -41,7 +41,7 @@ class Gather(CausalLMModule):
         record = {"weights": full, "buffers": buffers, "local": local}
         local_weights = {k: v.to_local().clone() for k, v in self.model.state_dict().items()}
         record["local_weights"] = local_weights
-        tag = self.hparams.finetuning if self.hparams.pretrained_path else "random"
+        tag = self.finetuning.method.value if self.architecture.pretrained_path else "random"
         torch.save(record, self.out / f"{tag}_rank{self.global_rank}.pt")
 
     @override
@@ -143,4 +143,4 @@ def test_a_checkpoint_missing_a_weight_fails_every_rank_naming_it(sharded) -> No
     for rank in range(2):
         message = (base / f"broken_rank{rank}.txt").read_text()
         assert "model.layers.1.mlp.down_proj.weight" in message, message
-        assert "model.pretrained_path" in message
+        assert "model.architecture.pretrained_path" in message

@@ -43,9 +43,10 @@ def lora_parameter_count(model: dict, r: int) -> int:
 
 
 def test_lora_run_summary_counts_only_the_adapters_as_trainable(tmp_path: Path) -> None:
-    lora = ("model.finetuning=lora", f"model.lora.r={LORA_R}")
+    lora = ("model.finetuning.method=lora", f"model.finetuning.lora.r={LORA_R}")
     summary = train(tmp_path, *lora, "data.max_samples=24", "data.val_samples=0")
-    model = OmegaConf.to_container(OmegaConf.load(tmp_path / ".hydra" / "config.yaml").model)
+    config = OmegaConf.load(tmp_path / ".hydra" / "config.yaml")
+    model = OmegaConf.to_container(config.model.architecture)
     adapters = lora_parameter_count(model, LORA_R)
     assert summary["model"] == {
         "finetuning": "lora",

@@ -40,17 +40,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from odb_lightning.lit.lr_schedule import LRSchedule
-from odb_lightning.lit.model_setup import Finetuning, ModelDType
+from odb_lightning.core.nodes import target_of
+from odb_lightning.lit.model_config import FinetuningMethod
 from odb_lightning.lit.module import CausalLMModule
 
 DISTRIBUTED_METADATA_FILENAME = "meta.pt"
 """What Lightning's ``ModelParallelStrategy`` saves beside the shards of a distributed
 checkpoint: everything but the model and optimizer states (the hyperparameters too)."""
-
-HYPERPARAMETER_TYPES = (Finetuning, ModelDType, LRSchedule)
-"""The module's own enums: checkpoints written before the module's defaults became plain
-strings hold its default arguments as enum members."""
 
 
 class ExportError(Exception):
@@ -89,8 +85,8 @@ class ExportResult:
 
 
 def read_torch_file(path: Path) -> dict[str, Any]:
-    """A ``torch.save`` file of plain types and :data:`HYPERPARAMETER_TYPES`, memory-mapped
-    (``weights_only``: no code is unpickled).
+    """A ``torch.save`` file of plain types, memory-mapped (``weights_only``: no code is
+    unpickled).
 
     Raises:
         ExportError: ``path`` is missing or is not such a file.
@@ -100,8 +96,7 @@ def read_torch_file(path: Path) -> dict[str, Any]:
     if not zipfile.is_zipfile(path):
         raise ExportError(f"{path} is not a torch checkpoint (torch.save writes a zip archive)")
     try:
-        with torch.serialization.safe_globals(list(HYPERPARAMETER_TYPES)):
-            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as error:
         raise ExportError(f"{path} is not a readable checkpoint: {_reason(error)}") from None
     if not isinstance(loaded, dict):
@@ -117,7 +112,8 @@ def _reason(error: Exception) -> str:
 
 
 def read_hyperparameters(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``CausalLMModule`` arguments saved in ``checkpoint`` (read from ``path``).
+    """The ``CausalLMModule`` arguments saved in ``checkpoint`` (read from ``path``), as the
+    plain nodes the module saved (:meth:`CausalLMModule.hyperparameters`).
 
     Raises:
         ExportError: There are none, or they describe a ``token_id_fold`` stand-in.
@@ -127,17 +123,22 @@ def read_hyperparameters(path: Path, checkpoint: Mapping[str, Any]) -> dict[str,
         raise ExportError(
             f"{path} has no 'hyper_parameters': not a checkpoint of a CausalLMModule run"
         )
-    fold = hyper_parameters.get("token_id_fold")
+    architecture = hyper_parameters.get("architecture")
+    if not isinstance(architecture, dict):
+        raise ExportError(f"{path}: its hyperparameters have no 'architecture': not a checkpoint "
+                          "of a CausalLMModule run")  # fmt: skip
+    fold = architecture.get("token_id_fold")
     if fold is not None:
         raise ExportError(
             f"{path} is a token_id_fold={fold} benchmark stand-in (token ids were taken "
             f"modulo {fold}, its vocabulary is {fold} ids, not the tokenizer's): it is not "
             "a language model, so it is not exported"
         )
-    pretrained_path = hyper_parameters.get("pretrained_path")
+    pretrained_path = architecture.get("pretrained_path")
     if pretrained_path is not None and not Path(pretrained_path).is_dir():
         raise ExportError(
-            f"{path} was trained from pretrained_path={pretrained_path}, which rebuilding "
+            f"{path} was trained from model.architecture.pretrained_path={pretrained_path}, "
+            "which rebuilding "
             "the model reads (its architecture and the base of an adapter): no such directory"
         )
     return hyper_parameters
@@ -149,10 +150,15 @@ def build_module(path: Path, hyper_parameters: Mapping[str, Any]) -> CausalLMMod
     Raises:
         ExportError: The module refuses the hyperparameters of ``path``.
     """
+    import hydra
+    from hydra.errors import InstantiationException
+
+    node = {"_target_": target_of(CausalLMModule), **hyper_parameters}
     try:
-        module = CausalLMModule(**hyper_parameters)
-    except (TypeError, ValueError) as error:
-        raise ExportError(f"{path}: its hyperparameters build no CausalLMModule: {error}") from None
+        module = hydra.utils.instantiate(node, _convert_="all")
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        raise ExportError(f"{path}: its hyperparameters build no CausalLMModule: {cause}") from None
     module.configure_model()
     return module
 
@@ -231,14 +237,14 @@ def export_module(module: CausalLMModule, out_dir: Path, *, merge: bool) -> Expo
     if model is None:
         raise ExportError("the module's model is not built")
     base_parameters = base = None
-    if module.finetuning is Finetuning.FULL:
+    if module.finetuning.method is FinetuningMethod.FULL:
         kind = "full model"
     elif merge:
         kind, model = "merged model", model.merge_and_unload()
     else:
         kind = "LoRA adapter"
         base_parameters = parameter_count(model) - parameter_count(model, trainable_only=True)
-        pretrained_path = module.hparams.pretrained_path
+        pretrained_path = module.architecture.pretrained_path
         base = pretrained_path or (
             "a random init that only the checkpoint holds: --merge writes a standalone model"
         )

@@ -93,9 +93,9 @@ def validate_config(cfg: DictConfig) -> None:
 
 
 def _validate_row_attention(cfg: DictConfig) -> None:
-    """The row layout's attention cost against ``model.attn_implementation`` (the layout
+    """The row layout's attention cost against ``model.architecture.attn_implementation`` (the layout
     says what it needs: :meth:`~odb_lightning.core.rows.RowLayout.attention_mismatch`)."""
-    backend = (cfg.get("model") or {}).get("attn_implementation")
+    backend = ((cfg.get("model") or {}).get("architecture") or {}).get("attn_implementation")
     if not backend:
         return
     rows = instantiate_checked(cfg.batching.rows, "batching")
@@ -144,13 +144,22 @@ def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
     built by :func:`instantiate_checked` (errors name their group), after seeding."""
     import lightning.pytorch as pl
 
+    from odb_lightning.data.vision_family import Qwen2VLFamily
+    from odb_lightning.lit.run_context import RunContext
+    from odb_lightning.lit.vlm_module import VisionLanguageModule
+
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")
+    architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
+    run = RunContext(max_seq_len=cfg.data.max_seq_len, vocab_size=architecture.checked_vocab_size())
     datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching}
+        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching, "run": run}
     )
     # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
     # torch.load(weights_only=True) then reads without OmegaConf types.
-    model = instantiate_checked(cfg.model, "model", _convert_="all")
+    model_objects: dict[str, Any] = {"run": run}
+    if issubclass(hydra.utils.get_class(cfg.model._target_), VisionLanguageModule):
+        model_objects["family"] = Qwen2VLFamily.of_tokenizer(tokenizer)  # the tokenizer's ids
+    model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
     return tokenizer, batching, datamodule, model

@@ -107,7 +107,7 @@ class PackedRows(RowLayout):
 
     packed_attention: PackedAttention = PackedAttention.VARLEN
     """``varlen`` or ``dense``: the attention cost of a packed row (``w * sum L_i**2`` or
-    ``w * N**2``); checked against ``model.attn_implementation`` at start."""
+    ``w * N**2``); checked against ``model.architecture.attn_implementation`` at start."""
 
     packs: ClassVar[bool] = True
 
@@ -135,7 +135,7 @@ class PackedRows(RowLayout):
             return None
         return (
             f"{ROWS_KEY}.packed_attention must be {expected.value} with "
-            f"model.attn_implementation={attn_implementation} and "
+            f"model.architecture.attn_implementation={attn_implementation} and "
             f"{ROWS_KEY}.attention_weight={self.attention_weight}: sdpa and eager attend over "
             "a dense block mask (N^2 per packed row), flash and flex attention skip the "
             "blocks across samples (sum of L_i^2)"

@@ -84,24 +84,24 @@ class HFTokenizer:
         """The process-wide cached ``AutoTokenizer`` (loaded on first use)."""
         return _load_auto_tokenizer(self.name_or_path)
 
-    def _special_id(self, token: str) -> int:
+    def special_token_id(self, token: str) -> int:
         token_id = self.backend.convert_tokens_to_ids(token)
         if not isinstance(token_id, int) or token_id == self.backend.unk_token_id:
-            raise ValueError(f"tokenizer {self.name_or_path!r} has no {token} token (ChatML)")
+            raise ValueError(f"tokenizer {self.name_or_path!r} has no {token} token")
         return token_id
 
     @property
     def im_start_id(self) -> int:
-        return self._special_id(IM_START)
+        return self.special_token_id(IM_START)
 
     @property
     def im_end_id(self) -> int:
-        return self._special_id(IM_END)
+        return self.special_token_id(IM_END)
 
     @property
     def eos_id(self) -> int:
         eos = self.backend.eos_token_id
-        return eos if eos is not None else self._special_id(ENDOFTEXT)
+        return eos if eos is not None else self.special_token_id(ENDOFTEXT)
 
     @property
     def pad_id(self) -> int:

@@ -9,12 +9,39 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from odb_lightning.data.tokenizer import ENDOFTEXT, IM_END, IM_START
+from odb_lightning.data.tokenizer import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    IMAGE_PAD,
+    VISION_END,
+    VISION_START,
+)
 
 if TYPE_CHECKING:
     import tiktoken
 
 QWEN_SPECIAL_IDS = {ENDOFTEXT: 151643, IM_START: 151644, IM_END: 151645}
+"""The special tokens the chat template emits (the tiktoken encoding's own)."""
+QWEN_ADDED_TOKENS = (
+    *QWEN_SPECIAL_IDS,
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    VISION_START,
+    VISION_END,
+    "<|vision_pad|>",
+    IMAGE_PAD,
+    "<|video_pad|>",
+)
+"""Qwen2/2.5's added tokens in id order from 151,643 (the official tokenizer's
+``added_tokens``; Qwen2-VL frames images with the vision ones)."""
+QWEN_ADDED_IDS = {
+    token: QWEN_SPECIAL_IDS[ENDOFTEXT] + k for k, token in enumerate(QWEN_ADDED_TOKENS)
+}
 QWEN_NUM_RANKS = 151_643
 QWEN_TOKENIZER_NAME = "qwen2.5"
 
@@ -108,3 +135,8 @@ class QwenTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(list(ids))
+
+    def special_token_id(self, token: str) -> int:
+        if token not in QWEN_ADDED_IDS:
+            raise ValueError(f"the Qwen2.5 tokenizer has no special token {token}")
+        return QWEN_ADDED_IDS[token]

@@ -14,6 +14,9 @@ from typing import Protocol, runtime_checkable
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
 
 
 @runtime_checkable
@@ -44,4 +47,14 @@ class ChatTokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str:
         """Decode ids (specials included) back to text."""
+        ...
+
+
+@runtime_checkable
+class SpecialTokens(Protocol):
+    """A tokenizer that names the id of each of its special tokens (the vision family reads
+    the ids that frame an image from it)."""
+
+    def special_token_id(self, token: str) -> int:
+        """The id of special ``token`` (``<|image_pad|>``); ``ValueError`` if it has none."""
         ...

@@ -1,6 +1,7 @@
 """Images as a Qwen2-VL-family model sees them: read, checked, resized and cut into patches.
 
-The image processor is ``transformers``' own Qwen2-VL one, PIL backend (no torchvision):
+The image processor is ``transformers``' own Qwen2-VL one, PIL backend (no torchvision;
+:class:`~odb_lightning.data.vision_family.ImageProcessor`, built by the family):
 an image is resized to multiples of ``patch_size * merge_size`` (28 px) with its pixel
 count kept within ``[min_pixels, max_pixels]`` ("smart resize"), then cut into
 ``grid_t x grid_h x grid_w`` patches of 14 x 14 px (``grid_t = 1`` for a still image;
@@ -27,15 +28,16 @@ IMAGE_PLACEHOLDER = "<image>"
 
 @dataclass(frozen=True, slots=True)
 class VisionTokens:
-    """Token ids that frame an image in ``input_ids`` (Qwen2-VL's defaults).
+    """Token ids that frame an image in ``input_ids``, the tokenizer's
+    (:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.of_tokenizer`).
 
     An image becomes ``<|vision_start|> <|image_pad|> x n <|vision_end|>``; the model puts
     the vision tower's ``n`` merged features at the ``<|image_pad|>`` positions.
     """
 
-    vision_start_id: int = 151652
-    vision_end_id: int = 151653
-    image_pad_id: int = 151655
+    vision_start_id: int
+    vision_end_id: int
+    image_pad_id: int
 
     @property
     def ids(self) -> frozenset[int]:
@@ -104,47 +106,6 @@ def image_token_count(grid_thw: Sequence[int] | torch.Tensor, merge_size: int = 
     return t * h * w // (merge_size * merge_size)
 
 
-class ImageProcessor:
-    """``transformers``' Qwen2-VL image processor (PIL backend), built offline from
-    :class:`ImageSettings` on first use (it pickles as its settings, for the workers)."""
-
-    def __init__(self, settings: ImageSettings | None = None) -> None:
-        self.settings = settings or ImageSettings()
-        self._processor: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.settings, self._processor = state["settings"], None
-
-    @property
-    def processor(self) -> Any:
-        if self._processor is None:
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-                Qwen2VLImageProcessorPil,
-            )
-
-            s = self.settings
-            self._processor = Qwen2VLImageProcessorPil(
-                min_pixels=s.min_pixels,
-                max_pixels=s.max_pixels,
-                patch_size=s.patch_size,
-                merge_size=s.merge_size,
-                temporal_patch_size=s.temporal_patch_size,
-            )
-        return self._processor
-
-    def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``pixel_values`` float32 ``[patches, patch_dim]`` and ``image_grid_thw`` long
-        ``[images, 3]``; empty (``[0, patch_dim]``, ``[0, 3]``) for no image."""
-        if not images:
-            empty = torch.zeros((0, self.settings.patch_dim), dtype=torch.float32)
-            return empty, torch.zeros((0, 3), dtype=torch.long)
-        out = self.processor(images=list(images), return_tensors="pt")
-        return out["pixel_values"].to(torch.float32), out["image_grid_thw"].to(torch.long)
-
-
 def load_image(path: str | Path, index: int | None, field: str, max_image_pixels: int) -> Any:
     """Open an image file as RGB, or raise :class:`BadSampleError` naming ``field``.
 
@@ -174,59 +135,3 @@ def load_image(path: str | Path, index: int | None, field: str, max_image_pixels
             raise
         problem = f"cannot be decoded as an image ({path}): {type(error).__name__}: {error}"
         raise BadSampleError(index, field, problem) from error
-
-
-def expected_image_tokens(height: int, width: int, settings: ImageSettings) -> int:
-    """LLM tokens the processor will give an image of ``height x width`` pixels."""
-    return image_token_count(settings.grid(height, width), settings.merge_size)
-
-
-def patch_count(grid_thw: torch.Tensor) -> int:
-    """ViT patches of the images of ``grid_thw`` (``[images, 3]``)."""
-    return int(grid_thw.prod(dim=-1).sum()) if grid_thw.numel() else 0
-
-
-def mrope_positions(
-    input_ids: torch.Tensor, grid_thw: torch.Tensor, image_pad_id: int, merge_size: int = 2
-) -> torch.Tensor:
-    """Rotary positions of one sample: long ``[4, L]``, the text positions ``0..L-1``
-    then Qwen2-VL's temporal, height and width rows.
-
-    The M-RoPE rows follow the model's ``get_rope_index``: text advances one position on
-    every axis; the tokens of an image of ``t x h x w`` merged cells starting at ``p`` get
-    ``(p + i_t, p + i_h, p + i_w)``, and the text after it resumes at ``p + max(h, w)``.
-
-    Args:
-        input_ids: ``[L]`` tokens; each image is one contiguous run of ``image_pad_id``
-            of ``t * h * w / merge_size**2`` tokens, in the order of ``grid_thw``.
-        grid_thw: ``[images, 3]`` patch grids.
-
-    Raises:
-        ValueError: The runs do not match the grids (count or length).
-    """
-    is_image = input_ids == image_pad_id
-    length = input_ids.numel()
-    rows = torch.empty((3, length), dtype=torch.long)
-    change = (torch.nonzero(is_image[1:] != is_image[:-1]).flatten() + 1).tolist()
-    current, image = 0, 0
-    for start, end in zip([0, *change], [*change, length], strict=True):
-        if not bool(is_image[start]):
-            rows[:, start:end] = torch.arange(current, current + end - start)
-            current += end - start
-            continue
-        if image >= len(grid_thw):
-            raise ValueError(f"image run {image} at token {start} has no image_grid_thw row")
-        t, h, w = (int(x) for x in grid_thw[image])
-        h, w = h // merge_size, w // merge_size
-        if t * h * w != end - start:
-            raise ValueError(
-                f"image {image} has {t * h * w} merged cells but a run of {end - start} "
-                "image tokens"
-            )
-        cells = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
-        rows[:, start:end] = torch.stack(cells).reshape(3, -1) + current
-        current += max(h, w)
-        image += 1
-    if image != len(grid_thw):
-        raise ValueError(f"{len(grid_thw)} image_grid_thw rows but {image} runs of image tokens")
-    return torch.cat([torch.arange(length).unsqueeze(0), rows])

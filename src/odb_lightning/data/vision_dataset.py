@@ -10,8 +10,8 @@ visual token is ever supervised (labels ``-100``).
 
 A sample carries ``input_ids``, ``labels``, ``pixel_values`` (float32 ``[patches, D]``),
 ``image_grid_thw`` (long ``[images, 3]``), both empty for a text-only sample, and its
-rotary ``position_ids`` (long ``[4, L]``,
-:func:`~odb_lightning.data.vision.mrope_positions`).
+rotary ``position_ids`` (long ``[4, L]``, the family's position rule:
+:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.positions`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ from odb_lightning.data.template import TokenizedChat, _checked_message
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import (
     IMAGE_PLACEHOLDER,
-    ImageProcessor,
     ImageSettings,
     VisionTokens,
     image_token_count,
     load_image,
-    mrope_positions,
 )
+from odb_lightning.data.vision_family import Qwen2VLFamily
 from odb_lightning.sample import (
     IGNORE_INDEX,
     IMAGE_GRID_THW,
@@ -60,13 +59,14 @@ class VisionChatDataset(ChatDataset):
     Args:
         records: Records with optional ``images`` (paths; relative ones are read under
             ``image_root``).
-        tokenizer: The chat tokenizer (text is encoded with it; the vision ids come
-            from ``vision_tokens``).
+        tokenizer: The chat tokenizer (text is encoded with it, and the family reads the
+            vision ids from it).
         max_seq_len: Samples are right-truncated to this many tokens; a sample whose
             cut would fall inside or before an image is a bad sample (an image cannot be
             cut without changing its patches).
         images: Resize and patch settings.
-        vision_tokens: The ids that frame an image.
+        family: The vision family (its image processor, token ids and position rule);
+            ``None``: Qwen2-VL with ``tokenizer``'s ids.
         image_root: Directory of relative image paths.
     """
 
@@ -76,16 +76,17 @@ class VisionChatDataset(ChatDataset):
         tokenizer: ChatTokenizer,
         max_seq_len: int,
         images: ImageSettings | None = None,
-        vision_tokens: VisionTokens | None = None,
+        family: Qwen2VLFamily | None = None,
         image_root: str | Path | None = None,
         system_prompt: str | None = None,
     ) -> None:
         # Qwen2-VL's conversations are ChatML, and the image blocks are placed in its layout.
         super().__init__(records, tokenizer, max_seq_len, system_prompt, template="chatml")
         self.images = images or ImageSettings()
-        self.vision_tokens = vision_tokens or VisionTokens()
+        self.family = family or Qwen2VLFamily.of_tokenizer(tokenizer)
+        self.vision_tokens = self.family.tokens
         self.image_root = None if image_root is None else Path(image_root)
-        self.processor = ImageProcessor(self.images)
+        self.processor = self.family.image_processor(self.images)
 
     def length_settings(self) -> dict[str, object]:
         """The text settings plus everything that changes an image's token count."""
@@ -138,8 +139,8 @@ class VisionChatDataset(ChatDataset):
         sample[IMAGE_TOKENS] = sum(counts)  # type: ignore[assignment]
         sample[PIXEL_VALUES] = pixel_values
         sample[IMAGE_GRID_THW] = grid_thw
-        sample[MROPE_POSITIONS] = mrope_positions(
-            sample["input_ids"], grid_thw, self.vision_tokens.image_pad_id, self.images.merge_size
+        sample[MROPE_POSITIONS] = self.family.positions(
+            sample["input_ids"], grid_thw, self.images.merge_size
         )
         if chat.truncated:
             sample[TRUNCATED_FROM] = chat.full_length  # type: ignore[assignment]

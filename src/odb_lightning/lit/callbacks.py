@@ -238,7 +238,7 @@ class ODBMetricsCallback(pl.Callback):
         if isinstance(pl_module, CountsParameters):
             self.summary["model"] = asdict(ParameterCounts.of(pl_module.parameter_counts()))
         compiled = getattr(pl_module, "compile_report", None)
-        if callable(compiled) and (entries := compiled()):  # model.compile: graphs, seconds
+        if callable(compiled) and (entries := compiled()):  # model.runtime.compile: graphs, seconds
             self.summary.update(entries)
         if report is not None:
             self.summary.update(_gather_loader_counters(trainer, pl_module, report.counters))

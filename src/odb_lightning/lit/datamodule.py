@@ -32,6 +32,7 @@ from odb_lightning.lit.resume_state import (
     resume_changes,
     unpack_state,
 )
+from odb_lightning.lit.run_context import RunContext
 from odb_lightning.lit.run_report import NoSupervisedTokensError, RunReport
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
@@ -87,6 +88,7 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
+        run: The run's facts; ``setup`` fills its training sample count.
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class ODBDataModule(pl.LightningDataModule):
         template: str = "auto",
         augmentation: Augmentation | None = None,
         length_cache_dir: str | None = None,
+        run: RunContext | None = None,
     ) -> None:
         super().__init__()
+        self.run = run
         if source != "synthetic":  # a wrong template fails now, naming data.template
             template = resolve_template_name(tokenizer, template).value
         self.template = template
@@ -183,7 +187,9 @@ class ODBDataModule(pl.LightningDataModule):
         self.dataset = dataset
         self.val_set = Subset(_without_augmentation(dataset), sorted(order[:num_val]))
         self.train_indices = sorted(order[num_val:])
-        if self.batching.policy.needs_length_pass:
+        if self.run is not None:
+            self.run.train_samples.set(len(self.train_indices))
+                if self.batching.policy.needs_length_pass:
             world_size, rank = self._world()
             method = self.batching.loader.multiprocessing_context
             exact = exact_lengths(

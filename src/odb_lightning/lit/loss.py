@@ -54,7 +54,7 @@ def check_loss_scaling_trainer(trainer: pl.Trainer, tokens_per_step: int | None)
         raise ValueError(
             f"under {type(trainer.strategy).__name__} the gradients are not in param.grad, so "
             "the exact token-weighted loss scales each loss by W / N, which needs N before "
-            "backward: set trainer.accumulate_grad_batches=1 and model.tokens_per_step=null "
+            "backward: set trainer.accumulate_grad_batches=1 and model.step.tokens_per_step=null "
             f"(got {trainer.accumulate_grad_batches} and {tokens_per_step}), raise "
             "batching.token_budget instead, or train with FSDP2 (trainer=gpu8_fsdp)"
         )

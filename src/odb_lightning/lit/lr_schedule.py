@@ -4,7 +4,13 @@ optimizer steps or, when the step count is unknown in advance, the samples seen.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+from typing_extensions import override
 
 
 class LRSchedule(StrEnum):
@@ -37,3 +43,96 @@ def lr_factor(
         progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)
     progress = min(1.0, progress)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+RUN_LENGTH_STATE = ("_length", "_progress")
+"""What a :class:`WarmupSchedule` learns of the run at its start: never checkpointed, so a
+resume measures the run it is in (a longer ``max_steps``, another sample count)."""
+
+
+class WarmupSchedule(LambdaLR):
+    """Linear warmup, then a cosine or constant learning rate (:func:`lr_factor`), by
+    optimizer step: the ``model.scheduler`` node (``_partial_``), called with the
+    optimizer.
+
+    A cosine without ``decay_steps`` learns its length when training starts, from the
+    module (:meth:`run_for` with the trainer's step estimate, or :meth:`follow` with the
+    fraction of the planned samples seen: ODB epochs have no length before they run).
+
+    Args:
+        optimizer: The optimizer whose learning rates it scales.
+        shape: ``cosine`` or ``constant`` after the warmup.
+        warmup_steps: Optimizer steps of linear warmup.
+        min_lr_ratio: Final learning rate of the cosine as a fraction of the peak.
+        decay_steps: Optimizer steps of warmup plus cosine; ``None``: learned at the start.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        *,
+        shape: LRSchedule | str,
+        warmup_steps: int,
+        min_lr_ratio: float,
+        decay_steps: int | None,
+    ) -> None:
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"model.scheduler.warmup_steps must be >= 0, got {warmup_steps!r}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"model.scheduler.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        if decay_steps is not None and (not isinstance(decay_steps, int) or decay_steps < 1):
+            raise ValueError(
+                f"model.scheduler.decay_steps must be >= 1 or null, got {decay_steps!r}"
+            )
+        try:
+            schedule = LRSchedule(shape)
+        except ValueError:
+            choices = ", ".join(s.value for s in LRSchedule)
+            raise ValueError(
+                f"model.scheduler.shape must be one of {choices}, got {shape!r}"
+            ) from None
+        # Plain values only: the state dict (these attributes) goes into checkpoints that
+        # torch.load(weights_only=True) reads.
+        self.shape, self.warmup_steps = schedule.value, warmup_steps
+        self.min_lr_ratio, self.decay_steps = min_lr_ratio, decay_steps
+        self._length: int | None = None
+        self._progress: Callable[[], float] | None = None
+        super().__init__(optimizer, lambda step: self.factor(step))
+
+    @property
+    def needs_length(self) -> bool:
+        """A cosine whose length is neither configured nor learned yet."""
+        known = self.decay_steps is not None or self._length is not None or self._progress
+        return self.shape == LRSchedule.COSINE.value and not known
+
+    def run_for(self, decay_steps: int) -> None:
+        """Set the cosine's length in optimizer steps (the trainer's estimate)."""
+        self._length = decay_steps
+
+    def follow(self, progress: Callable[[], float]) -> None:
+        """Let the cosine follow ``progress()``, the fraction of the run done."""
+        self._progress = progress
+
+    def factor(self, step: int) -> float:
+        """The multiplier of the peak learning rate at optimizer step ``step``."""
+        if self.needs_length and step > 0:
+            raise RuntimeError(
+                "the cosine's length is learned when training starts (on_train_start): "
+                "set model.scheduler.decay_steps to step the schedule outside a trainer"
+            )
+        # Step 0 (LambdaLR's first call) needs no length: the warmup, or the cosine's top.
+        return lr_factor(
+            step,
+            warmup_steps=self.warmup_steps,
+            decay_steps=self.decay_steps or self._length or 0,
+            min_lr_ratio=self.min_lr_ratio,
+            schedule=LRSchedule(self.shape),
+            progress=None if self._progress is None else self._progress(),
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        for key in RUN_LENGTH_STATE:
+            state.pop(key, None)
+        return state

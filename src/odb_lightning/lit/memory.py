@@ -258,11 +258,11 @@ def suggestion(report: WarmupReport) -> str:
     if fitting is None:
         return (
             "Even a small budget would not fit: lower data.max_seq_len, set "
-            "model.gradient_checkpointing=true, or shard the model (trainer=gpu8_fsdp)."
+            "model.runtime.activation_checkpointing=true, or shard the model (trainer=gpu8_fsdp)."
         )
     return (
-        f"batching.token_budget={fitting} would fit (or model.gradient_checkpointing=true, "
-        "or batching.token_budget=auto)."
+        f"batching.token_budget={fitting} would fit (or "
+        "model.runtime.activation_checkpointing=true, or batching.token_budget=auto)."
     )
 
 
@@ -398,8 +398,9 @@ class MemoryWarmup(pl.Callback):
                     f"batching.token_budget={config.token_budget} does not fit: "
                     f"{shape.name} ({shape.rows} x {shape.tokens} tokens) ran out of memory "
                     f"at the warm-up step ({error}). Lower batching.token_budget (or use "
-                    "batching.token_budget=auto), set model.gradient_checkpointing=true, or "
-                    "shard the model (trainer=gpu8_fsdp)"
+                    "batching.token_budget=auto), set "
+                    "model.runtime.activation_checkpointing=true, or shard the model "
+                    "(trainer=gpu8_fsdp)"
                 ) from error
             measurements.append(ShapeMeasurement(shape, peak))
         return WarmupReport(
@@ -431,8 +432,8 @@ class MemoryWarmup(pl.Callback):
                     f"batching.token_budget=auto: not even one sample of data.max_seq_len="
                     f"{max_seq_len} tokens fits with {self.margin:.0%} of "
                     f"{format_bytes(probe.capacity_bytes())} kept free: lower "
-                    "data.max_seq_len, set model.gradient_checkpointing=true, or shard the "
-                    "model (trainer=gpu8_fsdp)"
+                    "data.max_seq_len, set model.runtime.activation_checkpointing=true, or "
+                    "shard the model (trainer=gpu8_fsdp)"
                 )
             candidate = replace(config, token_budget=budget)
             report = self._measure(module, candidate, max_seq_len, probe, vocab, no_sync, extra)

@@ -1,24 +1,20 @@
-"""Building the causal LM inside ``configure_model``: on the training device, deferred
-and sharded layer by layer under FSDP2, with LoRA adapters, activation checkpointing and
-float32 master weights.
+"""Building the causal LM inside ``configure_model`` (:func:`build_model`): on the
+training device, deferred and sharded layer by layer under FSDP2, with LoRA adapters,
+activation checkpointing and float32 master weights.
 
-Lightning calls ``configure_model`` once the strategy is set up, inside the strategy's
-init context: under DDP the model is built straight on the rank's device (no host copy);
-under ``ModelParallelStrategy`` (FSDP2) it is built on the ``meta`` device, each decoder
-layer and then the LightningModule itself get ``fully_shard``, and only then is memory
-allocated, for this rank's shard: random init, or a local checkpoint read on rank 0 and
-scattered to the shards. The LightningModule is the FSDP2 root because its ``forward``
-calls the decoder body and the LM head directly (not the Hugging Face model's own
-forward): the embeddings, the final norm and the (tied) head are root parameters and
-are gathered when the module's ``forward`` starts.
+Lightning calls ``configure_model`` inside the strategy's init context: under DDP the model
+is built straight on the rank's device (no host copy); under ``ModelParallelStrategy``
+(FSDP2) on ``meta``, each decoder layer and then the LightningModule get ``fully_shard``,
+and only then is this rank's shard allocated and filled (random init, or a local
+checkpoint read on rank 0 and scattered). The LightningModule is the root because its
+``forward`` calls the decoder body and the LM head directly: the embeddings, the final norm
+and the (tied) head are root parameters, gathered when its ``forward`` starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,78 +28,11 @@ from transformers import (
     PreTrainedModel,
 )
 
-
-class ModelDType(StrEnum):
-    """Parameter dtype of the model."""
-
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT64 = "float64"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.value)
+from odb_lightning.lit.lora import add_lora, reset_lora
+from odb_lightning.lit.model_config import FinetuningMethod, ModelDType
 
 
-class Finetuning(StrEnum):
-    """Which weights train: all of them, or LoRA adapters only."""
-
-    FULL = "full"
-    LORA = "lora"
-
-
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The attention and MLP projections of Qwen2/Llama-style decoders."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoraSettings:
-    """LoRA adapters (``model.lora``): rank ``r``, scale ``alpha / r``, dropout on the
-    adapter input, and the module names that get adapters."""
-
-    r: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.r, int) or self.r < 1:
-            raise ValueError(f"lora.r must be an integer >= 1, got {self.r!r}")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.target_modules or not all(isinstance(t, str) for t in self.target_modules):
-            raise ValueError(
-                f"lora.target_modules must name modules, got {list(self.target_modules)!r}"
-            )
-
-    @classmethod
-    def of(cls, settings: LoraSettings | dict[str, Any] | None) -> LoraSettings:
-        if isinstance(settings, LoraSettings):
-            return settings
-        fields = dict(settings or {})
-        unknown = sorted(set(fields) - {"r", "alpha", "dropout", "target_modules"})
-        if unknown:
-            raise ValueError(f"lora has no field(s) {unknown}: r, alpha, dropout, target_modules")
-        if "target_modules" in fields:
-            fields["target_modules"] = tuple(fields["target_modules"])
-        return cls(**fields)
-
-
-EnumT = TypeVar("EnumT", bound=StrEnum)
-
-
-def enum_choice(kind: type[EnumT], value: object, name: str) -> EnumT:
-    """``kind(value)``, or an error that names the argument (the YAML key) and the choices."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = ", ".join(member.value for member in kind)
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
-
-
-def count_parameters(model: nn.Module, finetuning: Finetuning) -> dict[str, Any]:
+def count_parameters(model: nn.Module, finetuning: FinetuningMethod) -> dict[str, Any]:
     """Trainable and total parameters of a model as built (before a strategy shards or
     partitions it; ``meta`` tensors count by their shape)."""
     total = trainable = 0
@@ -121,7 +50,9 @@ HALF_MIXED_PRECISIONS = frozenset({"bf16-mixed", "16-mixed"})
 """Trainer precisions that autocast and expect float32 master weights."""
 
 
-def check_master_weights(model_dtype: ModelDType, precision: str, finetuning: Finetuning) -> None:
+def check_master_weights(
+    model_dtype: ModelDType, precision: str, finetuning: FinetuningMethod
+) -> None:
     """Refuse trained half-precision parameters under a mixed-precision trainer.
 
     ``bf16-mixed`` autocasts the compute and leaves the optimizer on the parameters as
@@ -129,19 +60,19 @@ def check_master_weights(model_dtype: ModelDType, precision: str, finetuning: Fi
     smaller than bfloat16's resolution (8 bits of mantissa) vanish. A frozen bfloat16
     base under LoRA is fine: ``peft`` keeps the adapters, which train, in float32. FSDP2
     can keep float32 shards and gather bfloat16 copies for compute instead
-    (``model.fsdp_param_dtype``).
+    (``model.runtime.fsdp_param_dtype``).
 
     Raises:
         ValueError: A full fine-tune in bfloat16 under a mixed precision.
     """
-    trained_in_bf16 = model_dtype is ModelDType.BFLOAT16 and finetuning is Finetuning.FULL
+    trained_in_bf16 = model_dtype is ModelDType.BFLOAT16 and finetuning is FinetuningMethod.FULL
     if trained_in_bf16 and precision in HALF_MIXED_PRECISIONS:
         raise ValueError(
-            f"model_dtype=bfloat16 with trainer.precision={precision} trains without float32 "
-            "master weights (AdamW updates below bfloat16's resolution are lost): keep "
-            "model.model_dtype=float32 (autocast computes in bfloat16), or under FSDP2 set "
-            "model.fsdp_param_dtype=bfloat16 (float32 shards, bfloat16 compute copies); "
-            "a bfloat16 base is fine with model.finetuning=lora"
+            f"model.runtime.dtype=bfloat16 with trainer.precision={precision} trains without "
+            "float32 master weights (AdamW updates below bfloat16's resolution are lost): "
+            "keep model.runtime.dtype=float32 (autocast computes in bfloat16), or under FSDP2 "
+            "set model.runtime.fsdp_param_dtype=bfloat16 (float32 shards, bfloat16 compute "
+            "copies); a bfloat16 base is fine with model.finetuning.method=lora"
         )
 
 
@@ -202,6 +133,52 @@ def build_causal_lm(
     )
 
 
+def build_model(module: Any, trainer: Any | None) -> dict[str, Any]:
+    """Build ``module.model`` as its configuration asks (``module.architecture``,
+    ``module.runtime``, ``module.finetuning``, ``module.random_init``): on the trainer's
+    device, or under FSDP2 on ``meta``, sharded per decoder layer with ``module`` as the
+    root and then materialized per shard.
+
+    Returns:
+        The model's parameter counts (:func:`count_parameters`), before any sharding.
+
+    Raises:
+        ValueError: ``fsdp_param_dtype`` without FSDP2, or bfloat16 master weights.
+    """
+    architecture, runtime = module.architecture, module.runtime
+    method = module.finetuning.method
+    strategy = trainer.strategy if trainer is not None else None
+    if trainer is not None:
+        check_master_weights(runtime.dtype, str(trainer.precision), method)
+    mesh = data_parallel_mesh(strategy)
+    if runtime.fsdp_param_dtype is not None and mesh is None:
+        raise ValueError(
+            "model.runtime.fsdp_param_dtype needs FSDP2 (trainer.strategy "
+            "ModelParallelStrategy); under other strategies use trainer.precision=bf16-mixed"
+        )
+    dtype, path = runtime.dtype.torch_dtype, architecture.pretrained_path
+    model: nn.Module = build_causal_lm(
+        path, module.random_init, dtype, architecture.attn_implementation, on_meta=mesh is not None
+    )
+    # from_pretrained returns the model in eval mode, and Lightning keeps the modes it
+    # finds (with a warning): dropout of a checkpoint that has it must train.
+    model.train()
+    if runtime.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    if module.finetuning.adapters is not None:
+        model = add_lora(model, module.finetuning.adapters)
+    if runtime.compile:
+        compile_decoder_layers(model)
+    module.model = model
+    counts = count_parameters(model, method)
+    if mesh is not None:
+        param_dtype = runtime.fsdp_param_dtype
+        shard(module, model, mesh, None if param_dtype is None else param_dtype.torch_dtype)
+        is_rank_zero = trainer.global_rank == 0
+        materialize(model, strategy.root_device, path, dtype, is_rank_zero=is_rank_zero)
+    return counts
+
+
 def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant), with the
     API of the installed ``transformers`` (renamed from gradient to activation
@@ -258,20 +235,6 @@ def compile_counts(compiled_frames: int = 1) -> dict[str, float]:
     }
 
 
-def add_lora(model: PreTrainedModel, settings: LoraSettings) -> nn.Module:
-    """``model`` with LoRA adapters on ``settings.target_modules``; only they train."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
-        bias="none",
-    )
-    return get_peft_model(model, config)
-
-
 def decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
     """The decoder layers of a Hugging Face causal LM (or of a LoRA-wrapped one)."""
     body = model.get_decoder()
@@ -292,15 +255,6 @@ def shard(root: nn.Module, model: nn.Module, mesh: Any, param_dtype: torch.dtype
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(root, **kwargs)
-
-
-def _reset_lora(model: nn.Module) -> None:
-    """Give LoRA adapters their initial values again (A random, B zero)."""
-    for module in model.modules():
-        reset = getattr(module, "reset_lora_parameters", None)
-        if callable(reset) and hasattr(module, "active_adapters"):
-            for adapter in module.active_adapters:
-                reset(adapter, True)
 
 
 def _hf_key(key: str) -> str:
@@ -341,7 +295,7 @@ def materialize(
             # rank would draw the same numbers for its own shard.
             torch.manual_seed(torch.initial_seed() + dist.get_rank())
         hf_model.initialize_weights()  # also the rotary tables, which no checkpoint holds
-        _reset_lora(model)
+        reset_lora(model)
     if pretrained_path is None:
         return
     full: dict[str, torch.Tensor] = {}
@@ -353,7 +307,10 @@ def materialize(
             )
             weights = loaded.state_dict()
         except (OSError, ValueError, RuntimeError) as error:
-            problem = f"rank 0 could not load model.pretrained_path {pretrained_path}: {error}"
+            problem = (
+                f"rank 0 could not load model.architecture.pretrained_path {pretrained_path}: "
+                f"{error}"
+            )
         else:
             keys = [k for k in model.state_dict() if "lora_" not in k]
             # Weights the files lack (from_pretrained would initialise them at random), and
@@ -362,7 +319,8 @@ def materialize(
             missing += [k for k in keys if _hf_key(k) not in weights]
             if missing:
                 problem = (
-                    f"model.pretrained_path {pretrained_path} has no weights for {missing[:5]} "
+                    f"model.architecture.pretrained_path {pretrained_path} has no weights for "
+                    f"{missing[:5]} "
                     f"({len(missing)} of {len(keys)} tensors): not a checkpoint of this model"
                 )
             full = {key: weights[_hf_key(key)] for key in keys if _hf_key(key) in weights}

@@ -27,17 +27,17 @@ def check_tokens_per_step(tokens_per_step: object) -> int | None:
     """``tokens_per_step`` if it is a positive int or ``None``.
 
     Raises:
-        ValueError: Naming the Hydra key ``model.tokens_per_step``.
+        ValueError: Naming the Hydra key ``model.step.tokens_per_step``.
     """
     if tokens_per_step is None:
         return None
     if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int):
         raise ValueError(
-            f"model.tokens_per_step must be a positive int or null, got {tokens_per_step!r}"
+            f"model.step.tokens_per_step must be a positive int or null, got {tokens_per_step!r}"
         )
     if tokens_per_step < 1:
         raise ValueError(
-            f"model.tokens_per_step must be a positive int or null, got {tokens_per_step}"
+            f"model.step.tokens_per_step must be a positive int or null, got {tokens_per_step}"
         )
     return tokens_per_step
 
@@ -51,12 +51,12 @@ def check_token_target_trainer(trainer: pl.Trainer) -> None:
     """
     if trainer.accumulate_grad_batches != 1:
         raise ValueError(
-            "model.tokens_per_step decides when the optimizer steps; set "
+            "model.step.tokens_per_step decides when the optimizer steps; set "
             f"trainer.accumulate_grad_batches=1 (got {trainer.accumulate_grad_batches})"
         )
     if trainer.strategy.handles_gradient_accumulation:
         raise ValueError(
-            f"model.tokens_per_step is not supported with {type(trainer.strategy).__name__}, "
+            f"model.step.tokens_per_step is not supported with {type(trainer.strategy).__name__}, "
             "which accumulates gradients itself"
         )
 
@@ -75,7 +75,7 @@ def global_loss_tokens_of(batch: Any, trainer: pl.Trainer, device: torch.device)
     """
     if not isinstance(batch, ODBBatch):
         raise ValueError(
-            "model.tokens_per_step needs step metadata beside the inputs (an ODBBatch, as "
+            "model.step.tokens_per_step needs step metadata beside the inputs (an ODBBatch, as "
             "every batching mode of ODBDataModule yields) to count supervised tokens before "
             f"the forward; got a {type(batch).__name__} batch"
         )

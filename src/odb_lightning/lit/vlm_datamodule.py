@@ -20,8 +20,9 @@ from odb_lightning.data.sizes import kept_records, records_to_read
 from odb_lightning.data.sources.llava import build_llava_set, llava_records
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
 from odb_lightning.data.tokenizer import ChatTokenizer
-from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
+from odb_lightning.data.vision_family import Qwen2VLFamily
 from odb_lightning.lit.datamodule import ODBDataModule
 
 
@@ -47,8 +48,6 @@ class VisionDataModule(ODBDataModule):
             a fraction keeps that share of the 512).
         images: Resize and patch settings (:class:`~odb_lightning.data.vision.ImageSettings`
             fields); they must match the model's vision tower.
-        vision_tokens: The ids framing an image
-            (:class:`~odb_lightning.data.vision.VisionTokens` fields).
         image_root: Directory of relative image paths (``llava_jsonl``).
         set_dir: Where ``llava`` and ``sharegpt4o`` are written.
         **kwargs: :class:`ODBDataModule` arguments (``max_seq_len``, ``max_samples``,
@@ -62,7 +61,6 @@ class VisionDataModule(ODBDataModule):
         batching: BatchingConfig,
         *,
         images: ImageSettings | dict[str, Any] | None = None,
-        vision_tokens: VisionTokens | dict[str, Any] | None = None,
         image_root: str | None = None,
         set_dir: str | None = None,
         **kwargs: Any,
@@ -78,11 +76,8 @@ class VisionDataModule(ODBDataModule):
         self.images = (
             images if isinstance(images, ImageSettings) else ImageSettings(**(images or {}))
         )
-        self.vision_tokens = (
-            vision_tokens
-            if isinstance(vision_tokens, VisionTokens)
-            else VisionTokens(**(vision_tokens or {}))
-        )
+        # The ids that frame an image are the tokenizer's own.
+        self.family = Qwen2VLFamily.of_tokenizer(tokenizer)
         self.image_root, self.set_dir = image_root, set_dir
         if self.vision_source is VisionSource.LLAVA_JSONL and self.path is None:
             raise ValueError("data.source=llava_jsonl needs data.path: a JSON Lines file")
@@ -116,7 +111,7 @@ class VisionDataModule(ODBDataModule):
             self.tokenizer,
             self.max_seq_len,
             images=self.images,
-            vision_tokens=self.vision_tokens,
+            family=self.family,
             image_root=self.image_root or path.parent,
             system_prompt=self.system_prompt,
         )

@@ -21,25 +21,15 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import Qwen2VLConfig
 from typing_extensions import override
 
+from odb_lightning.core.nodes import plain
+from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW, PIXEL_VALUES
 
 NOT_MODEL_INPUTS = ("labels", "cu_seqlens", "max_seqlen")
-DUMMY_GRID = (1, 2, 2)
-"""The dummy image's patch grid: one merge window, the smallest image the tower takes."""
-
-
-def default_mrope_section(head_dim: int) -> list[int]:
-    """Rotary frequency pairs per axis (temporal, height, width) in Qwen2-VL's 1:1.5:1.5
-    proportion (``[16, 24, 24]`` for its 128-wide heads)."""
-    half = head_dim // 2
-    temporal = half // 4
-    spatial = (half - temporal) // 2
-    return [half - 2 * spatial, spatial, spatial]
 
 
 def fold_vlm_ids(
@@ -63,100 +53,49 @@ def fold_vlm_ids(
 
 
 class VisionLanguageModule(CausalLMModule):
-    """A Qwen2-VL model (random init from these arguments, or ``pretrained_path``).
-
-    Takes every argument of :class:`~odb_lightning.lit.module.CausalLMModule` (the text
-    model's shape and the training settings) plus the vision tower's shape.
+    """A Qwen2-VL model (random init from ``architecture`` and ``vision``, or the
+    architecture's ``pretrained_path``).
 
     Args:
-        vision_depth: Vision transformer blocks.
-        vision_embed_dim: Their width.
-        vision_num_heads: Their attention heads.
-        vision_mlp_ratio: MLP width over ``vision_embed_dim``.
-        patch_size: ViT patch side in pixels (must match the data's ``images``).
-        spatial_merge_size: Patches merged per side into one LLM token.
-        temporal_patch_size: Frames per patch.
-        mrope_section: Rotary frequency pairs per axis; ``None``: Qwen2-VL's proportion.
-        rope_theta: Rotary base of the language model.
-        image_token_id: ``<|image_pad|>`` (and ``vision_start_token_id``,
-            ``vision_end_token_id``): must match the data's ``vision_tokens``.
-        **text: :class:`CausalLMModule` arguments.
+        family: The vision family (its model config, token ids and dummy pass), with the
+            tokenizer's ids (:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.of_tokenizer`).
+        vision: The vision tower of a random init; ``None``: its defaults.
+        **parts: :class:`~odb_lightning.lit.module.CausalLMModule` arguments (the text
+            model and the training settings).
     """
 
     def __init__(
-        self,
-        vision_depth: int = 2,
-        vision_embed_dim: int = 32,
-        vision_num_heads: int = 2,
-        vision_mlp_ratio: int = 2,
-        patch_size: int = 14,
-        spatial_merge_size: int = 2,
-        temporal_patch_size: int = 2,
-        mrope_section: Sequence[int] | None = None,
-        rope_theta: float = 1_000_000.0,
-        image_token_id: int = 151655,
-        vision_start_token_id: int = 151652,
-        vision_end_token_id: int = 151653,
-        **text: Any,
+        self, *, family: Qwen2VLFamily, vision: VisionTower | None = None, **parts: Any
     ) -> None:
-        super().__init__(**text)
+        # Before the base's constructor, which saves hyperparameters() (plain values: no
+        # nn.Module state is needed to hold them).
+        self.family, self.vision = family, vision or VisionTower()
+        super().__init__(**parts)
         fold = self.token_id_fold
         if fold is not None and fold < 4:
-            raise ValueError(f"token_id_fold must leave room for the 3 vision ids, got {fold}")
-        vision_ids = (image_token_id, vision_start_token_id, vision_end_token_id)
-        self.vision_ids = vision_ids
-        model_ids = [fold - 1 - k for k in range(3)] if fold is not None else list(vision_ids)
-        base = self.random_init  # the text model's Qwen2Config, from CausalLMModule
-        head_dim = base.hidden_size // base.num_attention_heads
-        section = list(mrope_section) if mrope_section else default_mrope_section(head_dim)
-        if sum(section) != head_dim // 2:
-            raise ValueError(f"mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}")
-        text_config = base.to_dict() | {
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": rope_theta,
-                "mrope_section": section,
-            },
+            raise ValueError(
+                f"model.architecture.token_id_fold must leave room for the 3 vision ids, got {fold}"
+            )
+        ids = family.tokens
+        self.vision_ids = (ids.image_pad_id, ids.vision_start_id, ids.vision_end_id)
+        # The text model's config (from CausalLMModule) inside the family's.
+        self.random_init = family.model_config(self.random_init, self.vision, fold)
+
+    @override
+    def hyperparameters(self) -> dict[str, Any]:
+        return super().hyperparameters() | {
+            "family": plain(self.family),
+            "vision": plain(self.vision),
         }
-        for key in ("architectures", "model_type", "transformers_version", "rope_scaling"):
-            text_config.pop(key, None)
-        self.random_init = Qwen2VLConfig(
-            text_config=text_config,
-            vision_config={
-                "depth": vision_depth,
-                "embed_dim": vision_embed_dim,
-                "num_heads": vision_num_heads,
-                "mlp_ratio": vision_mlp_ratio,
-                "hidden_size": base.hidden_size,
-                "patch_size": patch_size,
-                "spatial_merge_size": spatial_merge_size,
-                "temporal_patch_size": temporal_patch_size,
-            },
-            image_token_id=model_ids[0],
-            vision_start_token_id=model_ids[1],
-            vision_end_token_id=model_ids[2],
-            tie_word_embeddings=base.tie_word_embeddings,
-        )
 
     def multimodal_body(self) -> Any:
-        """The model's vision tower + language model (``Qwen2VLModel``), under LoRA too."""
-        model = self.model
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        return base.model
+        """The model's vision tower + language model, under LoRA too."""
+        return self.family.multimodal_body(self.model)
 
     def dummy_vision_loss(self) -> Tensor:
-        """The vision tower on a zero image of :data:`DUMMY_GRID`, summed, times 0: a loss
-        term that is 0 and reaches every vision parameter."""
-        visual = self.multimodal_body().visual
-        config = self.model.config.vision_config
-        patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
-        t, h, w = DUMMY_GRID
-        device = next(visual.parameters()).device
-        pixels = torch.zeros((t * h * w, patch_dim), dtype=visual.dtype, device=device)
-        grid = torch.tensor([DUMMY_GRID], dtype=torch.long, device=device)
-        out = visual(pixels, grid_thw=grid)
-        features = out.pooler_output if hasattr(out, "pooler_output") else out
-        return features.sum() * 0.0
+        """The family's zero-weight pass through the vision tower: 0, reaching every vision
+        parameter."""
+        return self.family.dummy_vision_loss(self.model)
 
     @override
     def forward(self, inputs: Mapping[str, Tensor], meta: Any = None) -> tuple[Tensor, int]:

@@ -4,7 +4,7 @@ A sample with images carries ``pixel_values`` (``[patches, D]``), ``image_grid_t
 (``[images, 3]``) and its rotary ``position_ids`` (``[4, L]``) beside
 ``input_ids``/``labels``; a text-only sample of an image set carries them empty (no
 patch, no image) and with plain positions. The positions are computed per sample in the
-loader workers (:func:`odb_lightning.data.vision.mrope_positions`, Qwen2-VL's
+loader workers (:func:`odb_lightning.data.vision_family.mrope_positions`, Qwen2-VL's
 ``get_rope_index`` semantics), so they are right in a padded row and in a row of
 several samples one after the other, where every sample's positions restart at 0.
 

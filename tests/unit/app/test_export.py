@@ -60,7 +60,7 @@ def logits(model: nn.Module, input_ids: Tensor) -> Tensor:
 def base_from_checkpoint(path: Path) -> PreTrainedModel:
     """The frozen base of a LoRA checkpoint, read from its state dict without the module."""
     checkpoint = torch.load(path, weights_only=True)
-    arguments = checkpoint["hyper_parameters"]
+    arguments = checkpoint["hyper_parameters"]["architecture"]
     names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
     names += ("num_key_value_heads", "intermediate_size", "tie_word_embeddings")
     config = Qwen2Config(**{n: arguments[n] for n in names})
@@ -179,7 +179,11 @@ def fsdp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     """A two-rank FSDP2 run of train.py with the tokenizer's vocabulary (no fold), cut
     short so the 151,936-row LM head stays cheap."""
     run_dir = tmp_path_factory.mktemp("fsdp")
-    overrides = ("trainer=fsdp_cpu", "model.token_id_fold=null", "model.lr=1e-2")
+    overrides = (
+        "trainer=fsdp_cpu",
+        "model.architecture.token_id_fold=null",
+        "model.optimizer.lr=1e-2",
+    )
     data = ("data.max_samples=12", "data.val_samples=0", "data.max_seq_len=128")
     summary = train(run_dir, *overrides, *data)
     return run_dir / "checkpoints" / "last.ckpt", summary

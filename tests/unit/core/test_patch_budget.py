@@ -1,5 +1,5 @@
 """The patch budget: fewest groups of adjacent samples within the token and patch budgets
-(``greedy_cuts``, what the window runs when ``batching.max_patches`` is set)."""
+(``greedy_cuts``, what the window runs when ``batching.rows.max_patches`` is set)."""
 
 from __future__ import annotations
 

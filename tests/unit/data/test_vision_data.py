@@ -13,15 +13,17 @@ from helpers.vlm import image_record, write_image, write_records
 from odb_lightning.core.loader_config import OnBadSample
 from odb_lightning.data import BadRecordError, ChatMLTemplate
 from odb_lightning.data.image_generator import ResolutionProfile
+from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources.llava import llava_records
-from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
+from odb_lightning.data.vision_family import Qwen2VLFamily
 from odb_lightning.runtime.messages import FetchedSample, FetchRequest, SampleFailed, SampleSkipped
 from odb_lightning.runtime.transport import load_sample
 from odb_lightning.runtime.worker import fetch_sample
 
 SETTINGS = ImageSettings(max_pixels=512 * 28 * 28, max_image_pixels=1500 * 1500)
-VISION = VisionTokens()
+VISION = Qwen2VLFamily.of_tokenizer(QwenTokenizer()).tokens  # the tokenizer's own ids
 # (width, height): below min_pixels, not multiples of 28, tall, wide, above max_pixels.
 RESOLUTIONS = [(40, 30), (300, 500), (1000, 200), (97, 1203), (1400, 1000)]
 
@@ -230,3 +232,26 @@ def test_epoch_stats_count_the_emitted_image_tokens_and_patches(tmp_path: Path, 
     assert stats.image_tokens == pad_tokens > 0
     assert stats.image_patches == patches == 4 * pad_tokens
     assert sum(b.inputs["pixel_values"].shape[0] for b in batches) == patches
+
+
+def test_the_vision_ids_are_read_from_the_tokenizer(tokenizer) -> None:
+    from odb_lightning.data.vision import VisionTokens
+
+    # The Qwen2.5 tokenizer's added tokens, as its tokenizer_config lists them.
+    expected = VisionTokens(vision_start_id=151652, vision_end_id=151653, image_pad_id=151655)
+    assert Qwen2VLFamily.of_tokenizer(tokenizer).tokens == expected
+
+    class Renumbered:
+        ids = {"<|vision_start|>": 7, "<|vision_end|>": 8, "<|image_pad|>": 9}
+
+        def special_token_id(self, token: str) -> int:
+            return self.ids[token]
+
+    renumbered = Qwen2VLFamily.of_tokenizer(Renumbered()).tokens
+    assert (renumbered.vision_start_id, renumbered.vision_end_id, renumbered.image_pad_id) == (
+        7,
+        8,
+        9,
+    )
+    with pytest.raises(ValueError, match=r"names no special tokens: image-text data reads"):
+        Qwen2VLFamily.of_tokenizer(object())

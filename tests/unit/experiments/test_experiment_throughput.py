@@ -15,6 +15,7 @@ import pytest
 
 from experiments.throughput import run
 from experiments.throughput import throughput_arms as arms
+from helpers.tiny_lm import module_arguments
 from odb_lightning.data import LengthStats, TokenizedDataset
 
 BUDGET = 1024
@@ -56,10 +57,10 @@ def test_arm_emits_every_sample_once_within_the_budget(bench: arms.BenchData, ar
 
 
 def test_reference_trains_in_the_shared_loop(bench: arms.BenchData) -> None:
-    model = run.CausalLMModule(
+    model = run.CausalLMModule(**module_arguments(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=64, token_id_fold=2048,
-    )  # fmt: skip
+    ))  # fmt: skip
     record = run.train_epoch(model, arms.make_arm("reference", bench, SETTINGS), lr=1e-3)
     run.check_coverage(bench, "reference", record)  # raises on any mismatch
     assert record.loss_tokens == sum(bench.loss_tokens)

@@ -17,6 +17,7 @@ from helpers.tiny_lm import (
     grads_of,
     hand_over,
     loss_tokens,
+    module_arguments,
     pad,
     quiet_trainer,
     seeded_samples,
@@ -25,6 +26,7 @@ from helpers.tiny_lm import (
 from odb_lightning.lit.flops import flops_per_token
 from odb_lightning.lit.lm_head import chunked_lm_loss
 from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.model_config import Architecture
 from odb_lightning.lit.module import CausalLMModule
 
 
@@ -98,7 +100,8 @@ def test_packed_row_with_position_ids_equals_the_padded_batch() -> None:
 def test_pretrained_path_loads_the_saved_weights(tmp_path: Path) -> None:
     source = tiny_module(tie_word_embeddings=False)
     source.model.save_pretrained(tmp_path)
-    loaded = CausalLMModule(pretrained_path=str(tmp_path), model_dtype="float64")
+    arguments = module_arguments(pretrained_path=str(tmp_path), model_dtype="float64")
+    loaded = CausalLMModule(**arguments)
     loaded.configure_model()
     assert loaded.model.config._attn_implementation == "sdpa"
     expected = source.model.state_dict()
@@ -123,8 +126,9 @@ def test_token_id_fold_shrinks_the_vocabulary_and_folds_ids_and_labels() -> None
     assert float(loss_sum) == pytest.approx(float(full_loss_sum(module.model, folded)), rel=1e-10)
     assert flops_per_token(module.model.config)["head"] == 6 * fold * 32
     # A random-init knob, like the architecture: a pretrained model keeps its vocabulary
-    # (so debug=smoke runs with model.pretrained_path).
-    assert CausalLMModule(pretrained_path="unused", token_id_fold=fold).token_id_fold is None
+    # (so debug=smoke runs with model.architecture.pretrained_path).
+    unused = module_arguments(pretrained_path="unused", token_id_fold=fold)
+    assert CausalLMModule(**unused).token_id_fold is None
 
 
 def test_flops_per_token_against_a_hand_count() -> None:
@@ -140,7 +144,7 @@ def test_flops_per_token_against_a_hand_count() -> None:
     # 6 FLOPs per weight per trained token: 3 layers x 576 x 6 = 10368.
     # Attention: 3 layers x 12 x 8 (query width) x 10 keys = 2880.
     assert flops_per_token(config, context_tokens=10) == {"body": 10368 + 2880, "head": 48000}
-    default = flops_per_token(CausalLMModule().random_init)
+    default = flops_per_token(Architecture().random_init())
     assert default == {"body": 6 * 2 * 36864, "head": 6 * 151936 * 64}
 
 
@@ -155,7 +159,8 @@ def test_lr_factor_warmup_cosine_and_constant() -> None:
 
 
 def test_configure_optimizers_decays_matrices_only() -> None:
-    module = tiny_module(weight_decay=0.1, betas=[0.8, 0.9], decay_steps=10, warmup_steps=2)
+    lr = 1e-3
+    module = tiny_module(lr=lr, weight_decay=0.1, betas=[0.8, 0.9], decay_steps=10, warmup_steps=2)
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     matrices, vectors = optimizer.param_groups
@@ -164,7 +169,7 @@ def test_configure_optimizers_decays_matrices_only() -> None:
         p.ndim == 1 for p in vectors["params"]
     )
     assert optimizer.defaults["betas"] == (0.8, 0.9)
-    assert scheduler.get_last_lr()[0] == pytest.approx(module.lr * 0.5)  # warmup step 0 of 2
+    assert scheduler.get_last_lr()[0] == pytest.approx(lr * 0.5)  # warmup step 0 of 2
 
 
 def test_validation_loss_is_token_weighted_over_batches() -> None:
@@ -200,3 +205,68 @@ def test_a_batch_that_is_neither_dict_nor_odb_batch_is_rejected() -> None:
     batch = padded_batch([5])
     with pytest.raises(TypeError, match="ODBBatch"):
         tiny_module().training_step([batch], 0)
+
+
+class Unsized:
+    """Batches without a length, as an ODB epoch: the trainer cannot count its steps."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_the_sample_budget_cosine_reads_the_run_context() -> None:
+    from helpers.tiny_lm import step_batches
+    from odb_lightning.lit.run_context import RunContext, TrainSampleCount
+
+    steps = [seeded_samples([9, 7], seed=s) for s in range(4)]  # 2 samples per step
+    batches = step_batches([steps])[0]
+    lrs: list[float] = []
+
+    def fit(module: CausalLMModule) -> None:
+        trainer = quiet_trainer(accelerator="cpu", devices=1, limit_val_batches=0, max_epochs=1)
+        module.on_train_batch_end = lambda *_: lrs.append(module.lr_schedulers().get_last_lr()[0])
+        trainer.fit(module, train_dataloaders=Unsized(batches))
+
+    samples = TrainSampleCount()
+    samples.set(8)  # the data module's setup fills it: 8 samples over 4 steps
+    fit(
+        tiny_module(
+            lr=1e-2, min_lr_ratio=0.1, run=RunContext(max_seq_len=64, train_samples=samples)
+        )
+    )
+    # After step k the schedule has seen 2 (k + 1) of the 8 planned samples.
+    expected = [
+        1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 * (k + 1) / 8))) for k in range(4)
+    ]
+    assert lrs == pytest.approx(expected)
+    with pytest.raises(
+        ValueError, match=r"set model\.scheduler\.decay_steps or trainer\.max_steps"
+    ):
+        fit(tiny_module(lr=1e-2))  # no run context: no sample count to follow
+
+
+def test_the_vocabulary_the_loaders_check_is_the_architectures(tmp_path: Path) -> None:
+    assert tiny_module().checked_vocab_size() == VOCAB
+    folded = tiny_module(token_id_fold=64)
+    assert folded.checked_vocab_size() is None  # any id folds in range
+    assert folded.architecture.embedding_rows() == 64  # what warm-up batches draw ids from
+    source = tiny_module(vocab_size=300)
+    source.model.save_pretrained(tmp_path)
+    pretrained = module_arguments(pretrained_path=str(tmp_path), token_id_fold=64)
+    assert CausalLMModule(**pretrained).checked_vocab_size() == 300  # the checkpoint's
+
+
+def test_the_modules_take_their_configuration_by_concern() -> None:
+    import inspect
+
+    from odb_lightning.lit import module as module_file
+    from odb_lightning.lit.vlm_module import VisionLanguageModule
+
+    for cls in (CausalLMModule, VisionLanguageModule):
+        parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        assert len(parameters) <= 10, (cls.__name__, parameters)
+    # A random init is AutoConfig.for_model(model_type): no family's config class here.
+    assert "Qwen2Config" not in Path(module_file.__file__).read_text()

@@ -8,18 +8,17 @@ import pytest
 import torch
 
 from helpers.configs import ComposeConfig
-from helpers.tiny_lm import tiny_module
-from odb_lightning.lit.model_setup import (
-    Finetuning,
-    LoraSettings,
-    ModelDType,
-    check_master_weights,
-    data_parallel_mesh,
-)
+from helpers.tiny_lm import module_arguments, tiny_module
+from odb_lightning.lit.model_config import FinetuningMethod, LoraSettings, ModelDType
+from odb_lightning.lit.model_setup import check_master_weights, data_parallel_mesh
+
+Finetuning = FinetuningMethod
 
 
 def test_bfloat16_parameters_under_bf16_mixed_are_refused() -> None:
-    with pytest.raises(ValueError, match="model_dtype=bfloat16 with trainer.precision=bf16-mix"):
+    with pytest.raises(
+        ValueError, match="model.runtime.dtype=bfloat16 with trainer.precision=bf16-mix"
+    ):
         check_master_weights(ModelDType.BFLOAT16, "bf16-mixed", Finetuning.FULL)
     check_master_weights(ModelDType.FLOAT32, "bf16-mixed", Finetuning.FULL)
     check_master_weights(ModelDType.BFLOAT16, "bf16-true", Finetuning.FULL)  # a choice
@@ -41,18 +40,18 @@ def test_gpu_presets_keep_float32_master_weights(
     """The combination a user gets from the presets passes the guard (the earlier 0.5B
     preset, bfloat16 parameters under bf16-mixed, would raise here)."""
     cfg = compose_cfg([f"model={model}", f"trainer={trainer}"])
-    finetuning = Finetuning(cfg.model.finetuning)
-    check_master_weights(ModelDType(cfg.model.model_dtype), cfg.trainer.precision, finetuning)
+    finetuning = Finetuning(cfg.model.finetuning.method)
+    check_master_weights(ModelDType(cfg.model.runtime.dtype), cfg.trainer.precision, finetuning)
 
 
 def test_lora_settings_are_checked_naming_the_field() -> None:
-    assert LoraSettings.of({"r": 4, "target_modules": ["q_proj"]}).target_modules == ("q_proj",)
-    with pytest.raises(ValueError, match=r"lora.r must be an integer >= 1"):
-        LoraSettings.of({"r": 0})
-    with pytest.raises(ValueError, match=r"lora.dropout must be in \[0, 1\)"):
-        LoraSettings.of({"dropout": 1.0})
-    with pytest.raises(ValueError, match=r"lora has no field\(s\) \['rank'\]"):
-        LoraSettings.of({"rank": 8})
+    assert LoraSettings(r=4, target_modules=["q_proj"]).target_modules == ("q_proj",)
+    with pytest.raises(ValueError, match=r"model.finetuning.lora.r must be an integer >= 1"):
+        LoraSettings(r=0)
+    with pytest.raises(ValueError, match=r"model.finetuning.lora.dropout must be in \[0, 1\)"):
+        LoraSettings(dropout=1.0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'rank'"):
+        LoraSettings(rank=8)
 
 
 def test_lora_trains_only_the_adapters() -> None:
@@ -96,7 +95,7 @@ def test_the_model_is_built_by_configure_model_once() -> None:
     from odb_lightning.lit.module import CausalLMModule
 
     with pytest.raises(RuntimeError, match="configure_model"):
-        CausalLMModule(vocab_size=64, hidden_size=16, num_attention_heads=2)(
+        CausalLMModule(**module_arguments(vocab_size=64, hidden_size=16, num_attention_heads=2))(
             {"input_ids": torch.zeros(1, 2, dtype=torch.long), "labels": torch.zeros(1, 2)}
         )
 
@@ -129,7 +128,9 @@ def test_gradient_checkpointing_recomputes_without_changing_the_gradient(monkeyp
 def test_enum_arguments_name_their_key() -> None:
     from odb_lightning.lit.module import CausalLMModule
 
-    with pytest.raises(ValueError, match=r"^finetuning must be one of full, lora, got 'lorax'"):
-        CausalLMModule(finetuning="lorax")
-    with pytest.raises(ValueError, match=r"^model_dtype must be one of float32, bfloat16"):
-        CausalLMModule(model_dtype="fp8")
+    with pytest.raises(
+        ValueError, match=r"^model.finetuning.method must be one of full, lora, got 'lorax'"
+    ):
+        CausalLMModule(**module_arguments(finetuning="lorax"))
+    with pytest.raises(ValueError, match=r"^model.runtime.dtype must be one of float32, bfloat16"):
+        CausalLMModule(**module_arguments(model_dtype="fp8"))

@@ -90,7 +90,7 @@ def random_samples(lengths: list[int]) -> list[dict[str, Tensor]]:
 
 def logits_of(module: CausalLMModule, inputs: dict, *, right_padded: bool = False) -> Tensor:
     """Logits of every position, through the module's own attention path."""
-    kwargs = body_inputs(inputs, module.hparams.attn_implementation, right_padded=right_padded)
+    kwargs = body_inputs(inputs, module.architecture.attn_implementation, right_padded=right_padded)
     hidden = module.model.get_decoder()(**kwargs, use_cache=False).last_hidden_state
     return module.model.get_output_embeddings()(hidden)
 

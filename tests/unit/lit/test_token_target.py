@@ -140,7 +140,9 @@ def test_without_tokens_per_step_every_micro_batch_steps() -> None:
 
 @pytest.mark.parametrize("value", [0, -4, 2.5, True, "8"])
 def test_tokens_per_step_must_be_a_positive_int_or_null(value: object) -> None:
-    with pytest.raises(ValueError, match=r"model\.tokens_per_step must be a positive int or null"):
+    with pytest.raises(
+        ValueError, match=r"model\.step\.tokens_per_step must be a positive int or null"
+    ):
         recorder(tokens_per_step=value)  # type: ignore[arg-type]
 
 
@@ -151,5 +153,5 @@ def test_trainer_accumulation_is_refused() -> None:
 
 def test_plain_batches_are_refused() -> None:
     plain = [batch.inputs for batch in odb_batches(with_global_count=True)]
-    with pytest.raises(ValueError, match=r"model\.tokens_per_step needs step metadata"):
+    with pytest.raises(ValueError, match=r"model\.step\.tokens_per_step needs step metadata"):
         fit(recorder(), plain)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.vlm import model_sample, tiny_vlm
+from helpers.vlm import model_sample, tiny_vlm, tiny_vlm_arguments
 from odb_lightning.core.rows import PaddedRows
 from odb_lightning.lit.vlm_module import VisionLanguageModule, fold_vlm_ids
 from odb_lightning.runtime.batch import build_step_meta, idle_samples, pack_collate, pad_collate
@@ -153,7 +153,8 @@ def test_folded_ids_keep_the_vision_ids_apart() -> None:
 
 def test_a_local_pretrained_vlm_loads_its_weights(tmp_path: Path, module, samples) -> None:
     module.model.save_pretrained(tmp_path / "vlm")
-    loaded = VisionLanguageModule(pretrained_path=str(tmp_path / "vlm"), model_dtype="float64")
+    arguments = tiny_vlm_arguments(pretrained_path=str(tmp_path / "vlm"), model_dtype="float64")
+    loaded = VisionLanguageModule(**arguments)
     loaded.configure_model()
     assert type(loaded.model) is type(module.model)
     original = module.model.state_dict()

@@ -1,0 +1,272 @@
+"""The model's configuration by concern: architecture, fine-tuning, runtime, step policy.
+
+Each concern is a frozen dataclass whose fields are the keys of its Hydra node
+(``model.architecture.*``, ``model.finetuning.*``, ``model.runtime.*``, ``model.step.*``);
+each field's doc sits under it, and each check names the key. The optimizer and the LR
+schedule are not here: they are partially instantiated nodes (``model.optimizer``,
+``model.scheduler``) that the module calls with its parameter groups and its optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TypeVar
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+EnumT = TypeVar("EnumT", bound=StrEnum)
+
+
+def enum_choice(kind: type[EnumT], value: object, key: str) -> EnumT:
+    """``kind(value)``, or an error that names the Hydra ``key`` and the choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
+
+
+def _is_count(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+class ModelDType(StrEnum):
+    """Parameter dtype of the model."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT64 = "float64"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+
+class FinetuningMethod(StrEnum):
+    """Which weights train: all of them, or LoRA adapters only."""
+
+    FULL = "full"
+    LORA = "lora"
+
+
+ARCHITECTURE_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+"""The sizes of a random init, passed to ``transformers.AutoConfig.for_model``."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What model is built (``model.architecture``): a random init of a ``transformers``
+    model type from these sizes, or a local checkpoint."""
+
+    model_type: str = "qwen2"
+    """A ``transformers`` model type (``qwen2``, ``llama``, ``qwen3``, ...): the random init
+    is ``AutoConfig.for_model(model_type, <the sizes>)``. Unused with ``pretrained_path``."""
+    pretrained_path: str | None = None
+    """A local ``save_pretrained`` directory to fine-tune (no hub); its own config then
+    gives the architecture, and the sizes below and ``token_id_fold`` are unused."""
+    vocab_size: int = 151936
+    """Embedding rows of a random init (ignored with ``token_id_fold``)."""
+    hidden_size: int = 64
+    """Width of the residual stream."""
+    num_hidden_layers: int = 2
+    """Decoder layers."""
+    num_attention_heads: int = 4
+    """Query heads (``hidden_size`` must be a multiple)."""
+    num_key_value_heads: int = 2
+    """Key/value heads (grouped-query attention; divides ``num_attention_heads``)."""
+    intermediate_size: int = 128
+    """Width of each MLP."""
+    head_dim: int | None = None
+    """Width of each attention head; ``None``: the family's own default (``hidden_size /
+    num_attention_heads`` for Qwen2 and Llama, 128 for Qwen3)."""
+    max_position_embeddings: int = 32768
+    """Longest position the rotary tables cover."""
+    tie_word_embeddings: bool = True
+    """The LM head shares the input embeddings."""
+    token_id_fold: int | None = None
+    """CPU benchmark stand-in: token ids are taken modulo this and the vocabulary shrinks to
+    it, so the LM head stops dominating the cost (as it does not in a real LLM) while the
+    real tokenizer and lengths are kept. Random init only (ignored with
+    ``pretrained_path``, so ``debug=smoke`` also runs a pretrained model)."""
+    attn_implementation: str = "sdpa"
+    """The ``transformers`` attention backend (``sdpa``, ``eager``, ``flex_attention``,
+    ``flash_attention_2``, ...)."""
+
+    def __post_init__(self) -> None:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if self.model_type not in CONFIG_MAPPING:
+            raise ValueError(
+                "model.architecture.model_type must be a transformers model type (qwen2, "
+                f"llama, qwen3, ...), got {self.model_type!r}"
+            )
+        for name in ARCHITECTURE_SIZES:
+            if not _is_count(getattr(self, name), 1):
+                raise ValueError(
+                    f"model.architecture.{name} must be an integer >= 1, got "
+                    f"{getattr(self, name)!r}"
+                )
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.architecture.hidden_size ({self.hidden_size}) must be a multiple of "
+                f"model.architecture.num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"model.architecture.num_key_value_heads ({self.num_key_value_heads}) must "
+                f"divide model.architecture.num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.head_dim is not None and not _is_count(self.head_dim, 1):
+            raise ValueError(
+                f"model.architecture.head_dim must be >= 1 or null, got {self.head_dim!r}"
+            )
+        if self.token_id_fold is not None and not _is_count(self.token_id_fold, 1):
+            raise ValueError(
+                f"model.architecture.token_id_fold must be >= 1 or null, got {self.token_id_fold}"
+            )
+
+    @property
+    def fold(self) -> int | None:
+        """The fold in effect: ``token_id_fold`` for a random init, ``None`` with
+        ``pretrained_path``."""
+        return self.token_id_fold if self.pretrained_path is None else None
+
+    def random_init(self) -> PretrainedConfig:
+        """The ``transformers`` config of a random init of these sizes (the vocabulary is
+        the fold when there is one)."""
+        sizes = {name: getattr(self, name) for name in ARCHITECTURE_SIZES}
+        sizes["vocab_size"] = self.token_id_fold or self.vocab_size
+        if self.head_dim is not None:
+            sizes["head_dim"] = self.head_dim
+        return AutoConfig.for_model(
+            self.model_type, tie_word_embeddings=self.tie_word_embeddings, **sizes
+        )
+
+    def embedding_rows(self) -> int:
+        """Rows of the input embedding: the fold of a folded random init, the checkpoint's
+        ``vocab_size`` with ``pretrained_path`` (an image-text model's: its language
+        model's), else ``vocab_size``."""
+        if self.pretrained_path is not None:
+            config = AutoConfig.from_pretrained(self.pretrained_path)
+            return int(config.get_text_config().vocab_size)
+        return self.token_id_fold or self.vocab_size
+
+    def checked_vocab_size(self) -> int | None:
+        """The vocabulary the loaders check token ids against: ``None`` with a fold (any
+        id is folded into range), else :meth:`embedding_rows`."""
+        return None if self.fold is not None else self.embedding_rows()
+
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Qwen2/Llama-style decoders."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters (``model.finetuning.lora``), through ``peft``."""
+
+    r: int = 16
+    """Adapter rank."""
+    alpha: float = 32.0
+    """Adapter scale numerator: the update is scaled by ``alpha / r``."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    """Names of the modules that get adapters."""
+
+    def __post_init__(self) -> None:
+        # Hydra hands lists; the frozen settings hold a tuple.
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if not _is_count(self.r, 1):
+            raise ValueError(f"model.finetuning.lora.r must be an integer >= 1, got {self.r!r}")
+        if self.alpha <= 0:
+            raise ValueError(f"model.finetuning.lora.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(
+                f"model.finetuning.lora.dropout must be in [0, 1), got {self.dropout!r}"
+            )
+        if not self.target_modules or not all(isinstance(t, str) for t in self.target_modules):
+            raise ValueError(
+                "model.finetuning.lora.target_modules must name modules, got "
+                f"{list(self.target_modules)!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Finetuning:
+    """Which weights train (``model.finetuning``)."""
+
+    method: FinetuningMethod = FinetuningMethod.FULL
+    """``full`` (every weight trains) or ``lora`` (adapters only; the base is frozen)."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """The adapters of ``method=lora`` (validated even while unused)."""
+
+    def __post_init__(self) -> None:
+        method = enum_choice(FinetuningMethod, self.method, "model.finetuning.method")
+        object.__setattr__(self, "method", method)
+
+    @property
+    def adapters(self) -> LoraSettings | None:
+        """The LoRA settings when LoRA trains, else ``None``."""
+        return self.lora if self.method is FinetuningMethod.LORA else None
+
+
+@dataclass(frozen=True)
+class ModelRuntime:
+    """How the model runs (``model.runtime``): dtypes, compile, activation checkpointing."""
+
+    dtype: ModelDType = ModelDType.FLOAT32
+    """Parameter dtype: ``float32`` (float32 master weights under ``bf16-mixed``),
+    ``bfloat16`` (refused for a full fine-tune under a mixed trainer precision) or
+    ``float64``."""
+    fsdp_param_dtype: ModelDType | None = None
+    """Under FSDP2 only: gather the float32 shards as this dtype for compute (``bfloat16``),
+    reducing gradients in float32; ``None``: compute in the parameter dtype."""
+    compile: bool = False
+    """``torch.compile`` each decoder layer in place, with dynamic shapes; the summary
+    reports the graphs, recompiles and compile seconds."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (the activations of one layer
+    instead of all of them, for one more forward)."""
+
+    def __post_init__(self) -> None:
+        dtype = enum_choice(ModelDType, self.dtype, "model.runtime.dtype")
+        object.__setattr__(self, "dtype", dtype)
+        if self.fsdp_param_dtype is not None:
+            param_dtype = enum_choice(
+                ModelDType, self.fsdp_param_dtype, "model.runtime.fsdp_param_dtype"
+            )
+            object.__setattr__(self, "fsdp_param_dtype", param_dtype)
+        for name in ("compile", "activation_checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"model.runtime.{name} must be true or false, got {getattr(self, name)!r}"
+                )
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """What one optimizer step and one LM-head chunk hold (``model.step``)."""
+
+    tokens_per_step: int | None = None
+    """Step the optimizer once the global supervised tokens since the last step reach this
+    (token-target steps, :mod:`odb_lightning.lit.token_target`); ``None`` steps every
+    ``trainer.accumulate_grad_batches`` micro-batches."""
+    loss_chunk_tokens: int = 1024
+    """Supervised rows per LM-head chunk (the peak logits memory)."""
+
+    def __post_init__(self) -> None:
+        if not _is_count(self.loss_chunk_tokens, 1):
+            raise ValueError(
+                f"model.step.loss_chunk_tokens must be >= 1, got {self.loss_chunk_tokens!r}"
+            )
