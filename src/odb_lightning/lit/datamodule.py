@@ -189,7 +189,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.train_indices = sorted(order[num_val:])
         if self.run is not None:
             self.run.train_samples.set(len(self.train_indices))
-                if self.batching.policy.needs_length_pass:
+        if self.batching.policy.needs_length_pass:
             world_size, rank = self._world()
             method = self.batching.loader.multiprocessing_context
             exact = exact_lengths(
