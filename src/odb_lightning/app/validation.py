@@ -143,20 +143,3 @@ def check_launch_environment(environ: Mapping[str, str] | None = None) -> None:
             "set MASTER_ADDR to an address of rank 0's node that every node reaches, or "
             "GLOO_SOCKET_IFNAME to the interface that reaches it"
         ) from error
-
-
-def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
-    """The tokenizer, batching config, data module and model of a validated ``cfg``, each
-    built by :func:`instantiate_checked` (errors name their group), after seeding."""
-    import lightning.pytorch as pl
-
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
-    batching = instantiate_checked(cfg.batching, "batching")
-    datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching}
-    )
-    # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
-    # torch.load(weights_only=True) then reads without OmegaConf types.
-    model = instantiate_checked(cfg.model, "model", _convert_="all")
-    return tokenizer, batching, datamodule, model
