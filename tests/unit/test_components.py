@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from helpers.configs import compose_train
 from odb_lightning.app.components import build_callbacks, build_parts, launched_world
+from odb_lightning.app.validation import ConfigError
 from odb_lightning.lit.counters import StepCounters
 from odb_lightning.lit.id_audit import IdAudit
 from odb_lightning.lit.memory import MemoryWarmup
@@ -26,6 +27,11 @@ from odb_lightning.lit.supervision import SupervisionCheck
 )  # fmt: skip
 def test_launched_world_counts_devices_times_nodes(trainer: dict, world: int) -> None:
     assert launched_world(OmegaConf.create(trainer)) == (world, "cpu")
+
+
+def test_devices_the_trainer_would_refuse_name_the_trainer_key() -> None:
+    with pytest.raises(ConfigError, match="invalid config 'trainer': accelerator=cpu devices=-1"):
+        launched_world(OmegaConf.create({"accelerator": "cpu", "devices": -1}))
 
 
 def test_parts_share_one_run_context(tmp_path: Path) -> None:

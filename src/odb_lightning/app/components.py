@@ -14,6 +14,7 @@ from typing import Any
 
 import hydra
 import lightning.pytorch as pl
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from omegaconf import DictConfig
 from transformers import AutoConfig
@@ -67,12 +68,17 @@ def launched_world(trainer: DictConfig) -> tuple[int, str]:
     if name in ("auto", "gpu"):
         available = [n for n in ("cuda", "mps") if AcceleratorRegistry.get(n).is_available()]
         name = available[0] if available else ("cpu" if name == "auto" else "cuda")
-    accelerator = AcceleratorRegistry.get(name)
     devices = trainer.get("devices", "auto")
-    if devices == "auto":
-        count = accelerator.auto_device_count()
-    else:
-        count = len(accelerator.get_parallel_devices(accelerator.parse_devices(devices)))
+    try:
+        accelerator = AcceleratorRegistry.get(name)
+        if devices == "auto":
+            count = accelerator.auto_device_count()
+        else:
+            count = len(accelerator.get_parallel_devices(accelerator.parse_devices(devices)))
+    except (MisconfigurationException, TypeError, ValueError) as error:  # as the Trainer would
+        raise ConfigError(
+            f"invalid config 'trainer': accelerator={name} devices={devices}: {error}"
+        ) from error
     return count * int(trainer.get("num_nodes", 1)), name
 
 
