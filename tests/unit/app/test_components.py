@@ -3,12 +3,10 @@ config, and each component handed the objects it needs, never finding them itsel
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from omegaconf import OmegaConf
 
-from helpers.configs import compose_train
+from helpers.configs import ComposeConfig
 from odb_lightning.app.components import build_callbacks, build_parts, launched_world
 from odb_lightning.app.validation import ConfigError
 from odb_lightning.lit.counters import StepCounters
@@ -34,8 +32,8 @@ def test_devices_the_trainer_would_refuse_name_the_trainer_key() -> None:
         launched_world(OmegaConf.create({"accelerator": "cpu", "devices": -1}))
 
 
-def test_parts_share_one_run_context(tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, ["debug=smoke"])
+def test_parts_share_one_run_context(compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg(["debug=smoke"])
     parts = build_parts(cfg, world_size=1, device="cpu")
     run = parts.run
     assert parts.datamodule.run is run and run.max_seq_len == cfg.data.max_seq_len
@@ -45,14 +43,12 @@ def test_parts_share_one_run_context(tmp_path: Path) -> None:
     assert not run.train_samples.known
     parts.datamodule.setup("fit")
     assert run.train_samples.get() == len(parts.datamodule.train_indices) == 64
-    unfolded = build_parts(
-        compose_train(tmp_path, ["debug=smoke", "model.token_id_fold=null"]), 1, "cpu"
-    )
+    unfolded = build_parts(compose_cfg(["debug=smoke", "model.token_id_fold=null"]), 1, "cpu")
     assert unfolded.run.vocab_size == unfolded.embedding_rows == cfg.model.vocab_size
 
 
-def test_callbacks_get_their_objects_from_the_app(tmp_path: Path) -> None:
-    cfg = compose_train(tmp_path, ["debug=smoke", "audit_ids=true"])
+def test_callbacks_get_their_objects_from_the_app(compose_cfg: ComposeConfig) -> None:
+    cfg = compose_cfg(["debug=smoke", "audit_ids=true"])
     parts = build_parts(cfg, world_size=1, device="cpu")
     wired = build_callbacks(cfg.callbacks, parts)
     kinds = [type(c) for c in wired.callbacks]
