@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.callbacks import ODBMetricsCallback
+from odb_lightning.lit.counters import StepCounters
 from odb_lightning.lit.datamodule import ODBDataModule
 from odb_lightning.lit.progress import ODBProgressBar
+from odb_lightning.lit.run_context import RunContext
+from odb_lightning.lit.step_metrics import StepMetricsCallback
 
 NUM_TRAIN = 32
 BATCH_SIZE = 4
@@ -41,8 +43,8 @@ class OneWeight(pl.LightningModule):
 class RecordingBar(ODBProgressBar):
     """Records, after each step's update, the bar's position, total and postfix."""
 
-    def __init__(self) -> None:
-        super().__init__(refresh_rate=1)
+    def __init__(self, run: RunContext) -> None:
+        super().__init__(refresh_rate=1, train_samples=run.train_samples)
         self.seen: list[tuple[int, int | None, str]] = []
         self.samples: list[int] = []
 
@@ -61,6 +63,7 @@ def fit(tmp_path: Path, mode: str, **limits: Any) -> tuple[RecordingBar, ODBData
         outstanding_depth=16,
         num_workers=0,
     )
+    run = RunContext(max_seq_len=1024)
     datamodule = ODBDataModule(
         "synthetic",
         SimpleNamespace(pad_id=0),
@@ -69,13 +72,15 @@ def fit(tmp_path: Path, mode: str, **limits: Any) -> tuple[RecordingBar, ODBData
         max_seq_len=1024,
         max_samples=NUM_TRAIN,
         val_samples=0,
+        run=run,
     )
-    bar = RecordingBar()
+    bar = RecordingBar(run)
+    counters = StepCounters()
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        # As in conf/callbacks/default.yaml: the metrics log before the bar draws.
-        callbacks=[ODBMetricsCallback(str(tmp_path)), bar],
+        # As the app orders them: the counters count, the metrics log, then the bar draws.
+        callbacks=[counters, StepMetricsCallback(counters=counters), bar],
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from helpers.tiny_lm import qwen2_linears
 from helpers.train_run import train
-from odb_lightning.lit.callbacks import print_summary
+from odb_lightning.lit.summary_table import print_summary
 
 LORA_R = 4
 

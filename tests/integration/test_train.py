@@ -16,7 +16,7 @@ import pytest
 
 from helpers.train_run import ROOT, read_audit, train
 from odb_lightning.core.order import epoch_permutation, shard_indices
-from odb_lightning.lit.callbacks import ODBMetricsCallback
+from odb_lightning.lit.id_audit import IdAudit
 
 
 @pytest.mark.parametrize("experiment", ["sharegpt_odb", "sharegpt_standard"])
@@ -176,10 +176,9 @@ def test_limit_train_batches_reports_the_samples_not_trained(tmp_path: Path) -> 
 
 def test_audit_file_is_flushed_after_every_step(tmp_path: Path) -> None:
     """A run killed mid-epoch (SIGKILL: nothing is closed) keeps one line per step."""
-    callback = ODBMetricsCallback(str(tmp_path), audit_ids=True, log_every_n_steps=10**9)
+    callback = IdAudit(str(tmp_path), enabled=True)
     trainer = SimpleNamespace(global_rank=0)
     callback.on_train_start(trainer, None)  # type: ignore[arg-type]
-    callback._rates_logged = True  # the first step's rate logging needs a module: not tested here
     for step in range(3):
         meta = SimpleNamespace(
             is_idle=False,
@@ -192,7 +191,7 @@ def test_audit_file_is_flushed_after_every_step(tmp_path: Path) -> None:
         batch = SimpleNamespace(meta=meta)
         callback.on_train_batch_end(trainer, None, None, batch, step)  # type: ignore[arg-type]
         lines = (tmp_path / "emitted_ids_rank0.jsonl").read_text().splitlines()
-        expected = [2 * step, 2 * step + 1]  # no data module: the ids are the indices
+        expected = [2 * step, 2 * step + 1]  # no record ids given: the ids are the indices
         assert json.loads(lines[-1]) == {"ids": expected, "indices": expected}
         assert len(lines) == step + 1
 

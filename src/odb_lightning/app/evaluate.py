@@ -25,10 +25,11 @@ from rich.table import Table
 from typing_extensions import override
 
 from odb_lightning.app.checkpoints import resolve_resume_checkpoint
+from odb_lightning.app.components import build_parts, launched_world
 from odb_lightning.app.run_config import config_for_resume
 from odb_lightning.app.run_log import full_error_requested, is_user_error, route_library_logs
-from odb_lightning.app.validation import ConfigError, build_parts, validate_config
-from odb_lightning.lit.datamodule import check_split
+from odb_lightning.app.validation import ConfigError, validate_config
+from odb_lightning.lit.evaluation_split import check_split
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
     cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
-    _, _, datamodule, model = build_parts(cfg)
-    counts = SplitCounts()
     # One process: the split is small next to training, and no launcher is needed.
+    parts = build_parts(cfg, world_size=1, device=launched_world(cfg.trainer)[1])
+    datamodule, model = parts.datamodule, parts.model
+    counts = SplitCounts()
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, devices=1, num_nodes=1, strategy="auto", logger=False, callbacks=[counts]
     )

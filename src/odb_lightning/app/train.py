@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from pathlib import Path
@@ -17,13 +18,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.checkpoints import resolve_resume_checkpoint
+from odb_lightning.app.components import build_callbacks, build_parts, check_world, launched_world
+from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_config import (
     RunConfigCheckpoint,
     config_for_resume,
     saved_run_config,
     shape_conflict,
 )
-from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_log import (
     failed_marker,
     full_error_requested,
@@ -32,13 +34,10 @@ from odb_lightning.app.run_log import (
     record_failure,
     route_library_logs,
 )
-from odb_lightning.app.validation import (
-    build_parts,
-    check_launch_environment,
-    validate_config,
-)
+from odb_lightning.app.validation import check_launch_environment, validate_config
 from odb_lightning.lit.graceful_stop import EXIT_CODES, GracefulStop, requeue_slurm_job
 from odb_lightning.lit.memory import enable_expandable_segments
+from odb_lightning.lit.summary_table import print_summary
 
 # conf/train.yaml's run directory and Hydra file names use these resolvers: whoever runs
 # the application composes that config after importing this module.
@@ -93,16 +92,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     check_launch_environment()
     # Before the first CUDA allocation: ODB's changing shapes fragment fixed segments.
     enable_expandable_segments()
-    _, _, datamodule, model = build_parts(cfg)
+    parts = build_parts(cfg, *launched_world(cfg.trainer))
+    wired = build_callbacks(cfg.get("callbacks"), parts)
     # Always on: stop signals are agreed on at step boundaries (lit/graceful_stop.py).
     stop = GracefulStop()
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     saves_config = RunConfigCheckpoint(cfg, overrides)
-    callbacks = [*instantiate_group(cfg.get("callbacks")), stop, saves_config]
+    callbacks = [*wired.callbacks, stop, saves_config]
     loggers = instantiate_group(cfg.get("logger"))
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False
     )
+    check_world(trainer, parts.run)
+    model, datamodule = parts.model, parts.datamodule
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     try:
@@ -120,11 +122,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except BaseException:
         finish_wandb_runs(loggers, exit_code=1)
         raise
+    summary = wired.summary.summary
+    if trainer.is_global_zero and summary:
+        write_summary(summary, Path(cfg.paths.output_dir))
     if stop.stopped_by is not None:
         exit_stopped(stop, trainer, loggers)
     finish_wandb_runs(loggers)
-    summaries = [c.summary for c in callbacks if getattr(c, "summary", None)]
-    return summaries[0] if summaries else {}
+    return summary
+
+
+def write_summary(summary: dict[str, Any], output_dir: Path) -> None:
+    """``summary.json`` in the run directory, and the end-of-run table on the console."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
 
 
 def main(cfg: DictConfig) -> dict[str, Any]:

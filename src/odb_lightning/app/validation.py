@@ -137,29 +137,3 @@ def check_launch_environment(environ: Mapping[str, str] | None = None) -> None:
             "set MASTER_ADDR to an address of rank 0's node that every node reaches, or "
             "GLOO_SOCKET_IFNAME to the interface that reaches it"
         ) from error
-
-
-def build_parts(cfg: DictConfig) -> tuple[Any, Any, Any, Any]:
-    """The tokenizer, batching config, data module and model of a validated ``cfg``, each
-    built by :func:`instantiate_checked` (errors name their group), after seeding."""
-    import lightning.pytorch as pl
-
-    from odb_lightning.data.vision_family import Qwen2VLFamily
-    from odb_lightning.lit.run_context import RunContext
-    from odb_lightning.lit.vlm_module import VisionLanguageModule
-
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
-    batching = instantiate_checked(cfg.batching, "batching")
-    architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
-    run = RunContext(max_seq_len=cfg.data.max_seq_len, vocab_size=architecture.checked_vocab_size())
-    datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching, "run": run}
-    )
-    # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
-    # torch.load(weights_only=True) then reads without OmegaConf types.
-    model_objects: dict[str, Any] = {"run": run}
-    if issubclass(hydra.utils.get_class(cfg.model._target_), VisionLanguageModule):
-        model_objects["family"] = Qwen2VLFamily.of_tokenizer(tokenizer)  # the tokenizer's ids
-    model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
-    return tokenizer, batching, datamodule, model

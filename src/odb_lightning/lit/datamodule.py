@@ -3,7 +3,7 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,19 +11,12 @@ from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.order import epoch_permutation
-from odb_lightning.data import (
-    Augmentation,
-    ChatDataset,
-    ChatTokenizer,
-    SyntheticDataset,
-    load_source,
-)
-from odb_lightning.data.length_pass import exact_lengths
-from odb_lightning.data.sizes import check_size, kept_records, records_to_read, validation_count
+from odb_lightning.data import Augmentation, ChatDataset, ChatTokenizer, SyntheticDataset
+from odb_lightning.data.sizes import check_size, records_to_read
 from odb_lightning.data.template import resolve_template_name
-from odb_lightning.lit.idle_steps import check_weights_idle_steps
-from odb_lightning.lit.loaders import LightningLoader, TrainOrder, TrainShard
+from odb_lightning.lit.chat_source import ChatSource
+from odb_lightning.lit.evaluation_split import hold_out, split_indices, without_augmentation
+from odb_lightning.lit.loaders import JobChannel, LightningLoader, TrainOrder, TrainShard
 from odb_lightning.lit.planned_mode import epoch_plan, in_order_plan
 from odb_lightning.lit.resume_state import (
     batching_settings,
@@ -33,30 +26,10 @@ from odb_lightning.lit.resume_state import (
     unpack_state,
 )
 from odb_lightning.lit.run_context import RunContext
-from odb_lightning.lit.run_report import NoSupervisedTokensError, RunReport
+from odb_lightning.lit.run_report import RunReport
+from odb_lightning.lit.train_records import count_train_records, no_supervision_error
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
-from odb_lightning.runtime.rendezvous import JobRendezvous, MetadataStore, Rendezvous
-
-
-def _without_augmentation(dataset: Dataset) -> Dataset:
-    """The same samples, never augmented: validation measures the unaugmented data."""
-    if getattr(dataset, "augmentation", None) is None:
-        return dataset
-    plain = copy.copy(dataset)
-    plain.augmentation = None
-    return plain
-
-
-EVALUATION_SPLITS = ("val", "train", "all")
-"""What :meth:`ODBDataModule.evaluation_loader` evaluates: the held-out records, the
-training records, or every record read."""
-
-
-def check_split(split: str) -> None:
-    """Refuse a split :meth:`ODBDataModule.evaluation_loader` does not know."""
-    if split not in EVALUATION_SPLITS:
-        raise ValueError(f"split must be one of {', '.join(EVALUATION_SPLITS)}, got {split!r}")
 
 
 class ODBDataModule(pl.LightningDataModule):
@@ -88,7 +61,9 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
-        run: The run's facts; ``setup`` fills its training sample count.
+        run: The run's context (from the app): the vocabulary the loaders check token ids
+            against, and the training sample count this module fills at ``setup``.
+            ``None``: no vocabulary check, and a count of its own.
     """
 
     def __init__(
@@ -109,7 +84,9 @@ class ODBDataModule(pl.LightningDataModule):
         run: RunContext | None = None,
     ) -> None:
         super().__init__()
-        self.run = run
+        if run is not None and run.max_seq_len != max_seq_len:
+            raise ValueError(f"max_seq_len={max_seq_len} is not the run's {run.max_seq_len}")
+        self.run = run if run is not None else RunContext(max_seq_len=max_seq_len)
         if source != "synthetic":  # a wrong template fails now, naming data.template
             template = resolve_template_name(tokenizer, template).value
         self.template = template
@@ -130,18 +107,14 @@ class ODBDataModule(pl.LightningDataModule):
         self._loaders: list[LightningLoader] = []
         self._train_loader: LightningLoader | None = None
         self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
-        self._job_rendezvous: JobRendezvous | None = None
+        self._channel = JobChannel()
         self.source_counts: dict[str, int] = {}  # records read, kept, dropped (by reason)
         # Training records without supervised tokens / truncated (see setup).
         self.train_record_counts: dict[str, int] = {}
 
     # -- data ---------------------------------------------------------------------------
-    def _source_arguments(self) -> dict[str, Any]:
-        seed = self.batching.seed
-        return {"name": self.source, "path": self.path, "regime": self.regime} | {
-            "max_samples": records_to_read(self.max_samples),
-            "seed": seed,
-        }
+    def _chat_source(self) -> ChatSource:
+        return ChatSource(self.source, self.path, self.regime, self.max_samples, self.batching.seed)
 
     def _load_dataset(self) -> Dataset:
         if self.source == "synthetic":
@@ -151,16 +124,7 @@ class ODBDataModule(pl.LightningDataModule):
                 max_seq_len=self.max_seq_len,
                 seed=self.batching.seed,
             )
-        arguments = self._source_arguments()
-        records = load_source(
-            arguments.pop("name"),
-            **arguments,
-            on_bad_record=self.batching.loader.on_bad_sample.value,
-        )
-        self.source_counts = dict(records.counts)
-        kept = records.records[: kept_records(self.max_samples, len(records.records))]
-        if len(kept) < len(records.records):  # data.max_samples as a fraction
-            self.source_counts["kept"] = len(kept)
+        kept, self.source_counts = self._chat_source().read(self.batching.loader.on_bad_sample.value)
         return ChatDataset(
             kept,
             self.tokenizer,
@@ -175,115 +139,51 @@ class ODBDataModule(pl.LightningDataModule):
         if self.dataset is not None:
             return
         dataset = self._load_dataset()
-        num_val = validation_count(self.val_samples, len(dataset))
-        if num_val and num_val >= len(dataset):
-            raise ValueError(
-                f"val_samples ({self.val_samples}) leaves no training data: the source has "
-                f"{len(dataset)} records; hold out a fraction (data.val_samples=0.1) or "
-                "fewer records"
-            )
-        self.num_val_samples = num_val
-        order = epoch_permutation(len(dataset), self.batching.seed, epoch=-1)
+        val_indices, self.train_indices = hold_out(
+            len(dataset), self.val_samples, self.batching.seed
+        )
+        self.num_val_samples = len(val_indices)
         self.dataset = dataset
-        self.val_set = Subset(_without_augmentation(dataset), sorted(order[:num_val]))
-        self.train_indices = sorted(order[num_val:])
-        if self.run is not None:
-            self.run.train_samples.set(len(self.train_indices))
+        self.val_set = Subset(without_augmentation(dataset), val_indices)
         if self.batching.policy.needs_length_pass:
-            world_size, rank = self._world()
-            method = self.batching.loader.multiprocessing_context
-            exact = exact_lengths(
-                dataset,
-                self._source_arguments(),
-                self.length_cache_dir,
-                num_workers=self.batching.loader.num_workers,
-                multiprocessing_context=None if method is None else method.value,
-                rank=rank,
-                world_size=world_size,
-                barrier=lambda: self.trainer.strategy.barrier("odb-length-cache"),
+            source, barrier = self._chat_source(), self._length_cache_barrier
+            exact = source.exact_lengths(
+                dataset, self.length_cache_dir, self.batching, *self._world(), barrier
             )
             self.train_lengths = [exact.lengths[i] for i in self.train_indices]
             self.loss_tokens, self.length_cache_s = exact.num_loss_tokens, exact.build_s
-        self._count_unsupervised_and_truncated()
-
-    def _count_unsupervised_and_truncated(self) -> None:
-        """Count the training records without a supervised token and those cut to
-        ``max_seq_len``, and refuse a training set with no supervised token at all.
-
-        Length-pass modes know every sample's supervised tokens and length: the counts
-        are exact (a record of exactly ``max_seq_len`` tokens counts as truncated).
-        Online modes tokenize in the workers only, so here a text scan finds the records
-        with no assistant turn; truncation is counted by the loader's epoch statistics.
-        """
-        indices = self.train_indices
-        if self.loss_tokens is not None:
-            unsupervised = sum(1 for i in indices if self.loss_tokens[i] == 0)
-            self.train_record_counts = {
-                "unsupervised_samples": unsupervised,
-                "truncated_samples": sum(1 for n in self.train_lengths if n >= self.max_seq_len),
-            }
-        elif isinstance(self.dataset, ChatDataset):
-            unsupervised = len(self.dataset.unsupervised_indices(indices))
-            self.train_record_counts = {"unsupervised_samples": unsupervised}
-        else:
-            return  # synthetic data: every sample is supervised
-        if indices and unsupervised == len(indices):
-            raise NoSupervisedTokensError(self._no_supervision_message(exact=self.loss_tokens))
-
-    def _no_supervision_message(self, exact: list[int] | None) -> str:
-        where = f"data.source={self.source!r}"
-        if self.path is not None:
-            where += f" data.path={self.path!r}"
-        read = self.source_counts.get("read", len(self.dataset or ()))
-        why = (
-            "every one has 0 supervised tokens after the template and max_seq_len"
-            f"={self.max_seq_len}"
-            if exact is not None
-            else "none has an assistant turn"
+        self.run.train_samples.set(len(self.train_indices))
+        self.train_record_counts, unsupervised = count_train_records(
+            dataset, self.train_indices, self.train_lengths, self.loss_tokens, self.max_seq_len
         )
-        return (
-            f"{where}: no supervised tokens to train on: read {read} records, "
-            f"{len(self.train_indices)} for training, and {why}. SFT trains on assistant "
-            "turns only (user and system turns are context): add assistant turns, or "
-            "check the role names of the source"
-        )
+        if unsupervised:
+            read = self.source_counts.get("read", len(dataset))
+            raise no_supervision_error(
+                self.source,
+                self.path,
+                read,
+                len(self.train_indices),
+                self.max_seq_len,
+                exact=self.loss_tokens is not None,
+            )
+
+    def _length_cache_barrier(self) -> None:
+        self.trainer.strategy.barrier("odb-length-cache")
 
     @property
     def num_train_samples(self) -> int | None:
         """Training samples per epoch (known after ``setup``)."""
         return len(self.train_indices) if self.dataset is not None else None
 
+    def apply_token_budget(self, token_budget: int) -> None:
+        """Batch under ``token_budget`` from now on (``batching.token_budget=auto``, as the
+        memory warm-up resolved it; before the first loader is built)."""
+        self.batching = replace(self.batching, token_budget=token_budget)
+
     # -- loaders ------------------------------------------------------------------------
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
-
-    def _metadata(self, name: str) -> tuple[Rendezvous | None, MetadataStore | None]:
-        """The metadata rendezvous of loader ``name`` on the job's store, and the store.
-
-        Connected once per job, when the first ODB loader is built (a collective: every
-        rank builds its loaders in the same order), under any data-parallel strategy.
-        """
-        world_size, rank = self._world()
-        if world_size == 1:
-            return None, None
-        if self._job_rendezvous is None:
-            self._job_rendezvous = JobRendezvous.connect(
-                world_size, rank, self.batching.loader.alignment_timeout_s
-            )
-        return self._job_rendezvous.for_loader(name), self._job_rendezvous.store
-
-    def _vocab_size(self) -> int | None:
-        """The model's vocabulary, against which the loaders check token ids; ``None``
-        when unknown, or when the module folds ids modulo ``token_id_fold``."""
-        module = getattr(self.trainer, "lightning_module", None) if self.trainer else None
-        if module is None or getattr(module, "token_id_fold", None) is not None:
-            return None
-        config = getattr(getattr(module, "model", None), "config", None)
-        if config is None and not getattr(module, "hparams", {}).get("pretrained_path"):
-            config = getattr(module, "random_init", None)  # before configure_model
-        vocab_size = getattr(config, "vocab_size", None)
-        return vocab_size if isinstance(vocab_size, int) else None
 
     def _planned_loader(
         self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
@@ -297,13 +197,15 @@ class ODBDataModule(pl.LightningDataModule):
             rank=rank,
             pad_id=self.tokenizer.pad_id,
             max_seq_len=self.max_seq_len,
-            vocab_size=self._vocab_size(),
+            vocab_size=self.run.vocab_size,
             loss_tokens=loss_tokens,
         )
 
     def _build_train_loader(self) -> ODBLoader | PlannedLoader:
         if self.batching.policy.online:
-            rendezvous, store = self._metadata("train")
+            world_size, rank = self._world()
+            timeout_s = self.batching.loader.alignment_timeout_s
+            rendezvous, store = self._channel.for_loader("train", world_size, rank, timeout_s)
             seed = self.batching.seed
             if self.batching.policy.by_need:
                 indices = {"order": TrainOrder(self.train_indices, seed)}
@@ -317,7 +219,7 @@ class ODBDataModule(pl.LightningDataModule):
                 metadata_store=store,
                 pad_id=self.tokenizer.pad_id,
                 max_seq_len=self.max_seq_len,
-                vocab_size=self._vocab_size(),
+                vocab_size=self.run.vocab_size,
             )
         positions = epoch_plan(self.train_lengths, self.batching, len(self.train_indices))
         indices = self.train_indices
@@ -335,8 +237,6 @@ class ODBDataModule(pl.LightningDataModule):
     @override
     def train_dataloader(self) -> LightningLoader:
         if self._train_loader is None:
-            if self._world()[0] > 1:  # ranks whose shard runs out get IDLE batches
-                check_weights_idle_steps(self.trainer.lightning_module)
             loader = self._build_train_loader()
             if self._resume_state is not None:
                 loader.load_state_dict(self._resume_state)
@@ -355,19 +255,16 @@ class ODBDataModule(pl.LightningDataModule):
         """Fixed in-order batches of ``batching.eval_batch_size`` over a split (after
         ``setup``): ``val`` (the held-out records, as validation sees them), ``train``
         (the training records, unaugmented) or ``all``; closed in :meth:`teardown`."""
-        check_split(split)
-        splits = {"val": self.val_set.indices if self.val_set is not None else []}
-        splits |= {"train": self.train_indices, "all": range(len(self.dataset or ()))}
-        subset = Subset(_without_augmentation(self.dataset), sorted(splits[split]))
-        if not len(subset):
-            raise ValueError(f"split={split!r} holds no records (data.val_samples=0?)")
+        held_out = self.val_set.indices if self.val_set is not None else []
+        indices = split_indices(split, held_out, self.train_indices, len(self.dataset or ()))
+        subset = Subset(without_augmentation(self.dataset), indices)
         plan = in_order_plan(len(subset), self.batching.eval_batch_size)
         return self._keep(self._planned_loader(subset, plan))
 
     @override
     def teardown(self, stage: str) -> None:
         loaders, self._loaders, self._train_loader = self._loaders, [], None
-        self._job_rendezvous = None
+        self._channel.close()
         for loader in loaders:
             loader.close()
 
@@ -389,13 +286,8 @@ class ODBDataModule(pl.LightningDataModule):
 
     def data_identity(self) -> dict[str, Any]:
         """What makes a dataset index name the same record (known after ``setup``)."""
-        settings = {
-            "source": self.source,
-            "regime": self.regime,
-            "max_samples": self.max_samples,
-            "seed": self.batching.seed,
-            "val_samples": self.val_samples,
-        }
+        settings = {"source": self.source, "regime": self.regime, "max_samples": self.max_samples}
+        settings |= {"seed": self.batching.seed, "val_samples": self.val_samples}
         records = getattr(self.dataset, "records", None) or []
         num_records = len(self.dataset) if self.dataset is not None else None
         return data_identity(settings, records, num_records, len(self.train_indices))

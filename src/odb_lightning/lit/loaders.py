@@ -1,7 +1,7 @@
 """The iterables the data module hands Lightning: a rank's shard of the training indices
-(or the epoch's global order of them, dealt by need) for the ODB loader, and a
-plain-iterable wrapper with the ``sampler`` handle through which
-Lightning sets the epoch."""
+(or the epoch's global order of them, dealt by need) for the ODB loader, the job's
+metadata channel its loaders share, and a plain-iterable wrapper with the ``sampler``
+handle through which Lightning sets the epoch."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from odb_lightning.core.order import epoch_permutation, shard_indices
 from odb_lightning.runtime.batch import ODBBatch
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlannedLoader
+from odb_lightning.runtime.rendezvous import JobRendezvous, MetadataStore, Rendezvous
 from odb_lightning.runtime.stats import EpochStats
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,31 @@ class TrainOrder:
     def __call__(self, epoch: int) -> list[int]:
         positions = epoch_permutation(len(self.train_indices), self.seed, epoch)
         return [self.train_indices[p] for p in positions]
+
+
+class JobChannel:
+    """The metadata channel of a data module's ODB loaders on the job's store.
+
+    Connected once per job, when the first ODB loader is built (a collective: every rank
+    builds its loaders in the same order), under any data-parallel strategy.
+    """
+
+    def __init__(self) -> None:
+        self._job: JobRendezvous | None = None
+
+    def for_loader(
+        self, name: str, world_size: int, rank: int, timeout_s: float
+    ) -> tuple[Rendezvous | None, MetadataStore | None]:
+        """The rendezvous of loader ``name`` and the store (none on a single rank)."""
+        if world_size == 1:
+            return None, None
+        if self._job is None:
+            self._job = JobRendezvous.connect(world_size, rank, timeout_s)
+        return self._job.for_loader(name), self._job.store
+
+    def close(self) -> None:
+        """Forget the job's connection (the next fit connects again)."""
+        self._job = None
 
 
 class _EpochHandle:

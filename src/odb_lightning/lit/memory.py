@@ -2,19 +2,9 @@
 a token budget that does not fit fails at step 0 with a budget that would, not hours in on
 the epoch's worst batch; and ``batching.token_budget=auto``, the largest budget that fits.
 
-The worst cases of a budget ``B`` (:func:`worst_case_shapes`): one sample of ``max_seq_len``
-tokens (the longest row and its attention), the largest group of the shortest samples
-(most rows), and in ``odb_packed`` one full packed row of ``B`` tokens (its block mask is
-``B x B`` under sdpa and eager). Each runs forward and backward with every target
-supervised (the LM head's worst case); the gradients are then dropped, so training starts
-from the same state as without the check.
-
-Memory is read by a :class:`MemoryProbe`: on CUDA the caching allocator's peak
-(``torch.cuda.max_memory_allocated``) against the device's total memory; on CPU, where no
-allocator reports a peak, :class:`SavedTensorsProbe` counts the parameters, gradients and
-the activations autograd saves for backward (what grows with the budget), against a
-capacity the caller states. Optimizer state that does not exist yet (AdamW allocates its
-two moments at the first step) is added as an estimate.
+What is run and how its memory is read is :mod:`odb_lightning.lit.memory_probe`; this
+module checks the peaks against the capacity, extrapolates a budget that fits, and hands a
+resolved ``auto`` budget to whoever applies it (the data module, wired by the app).
 """
 
 from __future__ import annotations
@@ -22,23 +12,33 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from functools import partial
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor, nn
 from typing_extensions import override
 
 from odb_lightning.core.config import TOKEN_BUDGET_AUTO, BatchingConfig
+from odb_lightning.lit.memory_probe import (
+    GIB,
+    CappedProbe,
+    CudaMemoryProbe,
+    MemoryProbe,
+    SavedTensorsProbe,
+    StepShape,
+    optimizer_state_bytes,
+    run_shape,
+    worst_case_shapes,
+)
 
 log = logging.getLogger(__name__)
 
 ALLOCATOR_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE_SEGMENTS = "expandable_segments:True"
-GIB = 1024**3
 BUDGET_QUANTUM = 256
 """``token_budget=auto`` and the suggested budgets are multiples of this many tokens."""
 
@@ -64,112 +64,6 @@ def format_bytes(size: float) -> str:
 
 class MemoryBudgetError(RuntimeError):
     """The settings' worst-case step does not fit the device's memory."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    """One warm-up batch: ``rows`` right-padded rows of ``tokens`` tokens, or one packed row."""
-
-    name: str
-    rows: int
-    tokens: int
-    packed: bool = False
-
-    @property
-    def total_tokens(self) -> int:
-        return self.rows * self.tokens
-
-
-def worst_case_shapes(config: BatchingConfig, max_seq_len: int) -> list[StepShape]:
-    """The largest steps ``config`` can emit (see the module docstring)."""
-    budget = config.budget
-    longest = budget.padded_length(max_seq_len)
-    shortest = budget.padded_length(2)  # the shortest sample with a target
-    if config.rows.packs:
-        row = max(longest, budget.padded_length(config.token_budget))
-        return [StepShape("one full packed row", 1, row, packed=True)]
-    rows = budget.max_group_size(2)
-    if config.policy.batch_cap is not None:
-        rows = min(rows, config.policy.batch_cap)
-    shapes = [StepShape(f"one sample of max_seq_len={max_seq_len}", 1, longest)]
-    full = budget.max_group_size(max_seq_len)
-    if full > 1:
-        shapes.append(StepShape("a full group of max_seq_len samples", full, longest))
-    shapes.append(StepShape("the largest group of the shortest samples", rows, shortest))
-    return shapes
-
-
-def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:
-    """Inputs of one warm-up step: random ids, every target supervised."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab_size, (shape.rows, shape.tokens), generator=generator)
-    inputs: dict[str, Any] = {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
-    if shape.packed:
-        inputs["position_ids"] = torch.arange(shape.tokens, device=device)[None]
-        inputs["cu_seqlens"] = torch.tensor([0, shape.tokens], dtype=torch.int32, device=device)
-        inputs["max_seqlen"] = shape.tokens
-    return inputs
-
-
-class MemoryProbe(Protocol):
-    """Reads a step's peak memory and the memory there is."""
-
-    def capacity_bytes(self) -> int: ...
-
-    def measure(self) -> Any:
-        """A context manager around one step; its result's ``peak_bytes`` after it."""
-        ...
-
-
-class CudaMemoryProbe:
-    """The CUDA caching allocator's peak against the device's total memory."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def capacity_bytes(self) -> int:
-        return int(torch.cuda.mem_get_info(self.device)[1])
-
-    @contextmanager
-    def measure(self) -> Iterator[_Peak]:
-        peak = _Peak()
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        yield peak
-        torch.cuda.synchronize(self.device)
-        peak.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
-
-
-class SavedTensorsProbe:
-    """CPU: parameters and gradients plus the tensors autograd saves for backward during
-    the step's forward (each storage counted once), against ``capacity_bytes``."""
-
-    def __init__(self, module: nn.Module, capacity_bytes: int) -> None:
-        self.module, self._capacity = module, capacity_bytes
-
-    def capacity_bytes(self) -> int:
-        return self._capacity
-
-    @contextmanager
-    def measure(self) -> Iterator[_Peak]:
-        peak, storages = _Peak(), {}
-
-        def pack(tensor: Tensor) -> Tensor:
-            storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            yield peak
-        params = [p for p in self.module.parameters()]
-        weights = sum(p.numel() * p.element_size() for p in params)
-        grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-        peak.peak_bytes = weights + grads + sum(storages.values())
-
-
-@dataclass
-class _Peak:
-    peak_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,40 +96,6 @@ class WarmupReport:
             "margin": self.margin,
             "shapes": {m.shape.name: round(m.peak_bytes / GIB, 3) for m in self.measurements},
         }
-
-
-def optimizer_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    """AdamW's two moments of every trainable parameter, where the optimizer has not
-    allocated them yet (0 once it has)."""
-    if optimizer is None or len(optimizer.state) > 0:
-        return 0
-    trainable = [p for p in module.parameters() if p.requires_grad]
-    return 2 * sum(_local_numel(p) * p.element_size() for p in trainable)
-
-
-def _local_numel(param: Tensor) -> int:
-    """Elements this rank holds (a DTensor's local shard under FSDP2)."""
-    local = getattr(param, "to_local", None)
-    return local().numel() if callable(local) else param.numel()
-
-
-def run_shape(
-    module: pl.LightningModule,
-    shape: StepShape,
-    probe: MemoryProbe,
-    vocab_size: int,
-    no_sync: Any = nullcontext,
-) -> int:
-    """Forward and backward of one warm-up batch; its peak bytes. Gradients are dropped."""
-    inputs = warmup_batch(shape, vocab_size, module.device)
-    try:
-        with no_sync(), probe.measure() as peak:
-            loss_sum, _ = module(inputs)
-            loss_sum.backward()
-    finally:
-        for param in module.parameters():
-            param.grad = None
-    return peak.peak_bytes
 
 
 def check_fits(report: WarmupReport) -> None:
@@ -293,7 +153,8 @@ def fitting_budget(report: WarmupReport) -> int | None:
 
 class MemoryWarmup(pl.Callback):
     """Runs the worst-case shapes at fit start (every rank alike) and fails at step 0 when
-    they do not fit; resolves ``batching.token_budget=auto``.
+    they do not fit; resolves ``batching.token_budget=auto`` and hands the budget to
+    ``apply_token_budget``.
 
     Args:
         enabled: ``auto``: on CUDA only (on CPU nothing is measured unless
@@ -302,10 +163,24 @@ class MemoryWarmup(pl.Callback):
             rounding, memory the measured step does not show).
         capacity_gib: The memory to fit into, instead of the device's total (a smaller
             share of a GPU, or the CPU check).
+        batching: The run's batching config, whose steps are measured (the app hands it;
+            ``None``: nothing to measure).
+        max_seq_len: The run's ``data.max_seq_len``.
+        vocab_size: Rows of the model's input embedding: the warm-up draws ids below it.
+        apply_token_budget: Takes the budget ``auto`` resolved to (the data module's
+            :meth:`~odb_lightning.lit.datamodule.ODBDataModule.apply_token_budget`).
     """
 
     def __init__(
-        self, enabled: bool | str = "auto", margin: float = 0.1, capacity_gib: float | None = None
+        self,
+        enabled: bool | str = "auto",
+        margin: float = 0.1,
+        capacity_gib: float | None = None,
+        *,
+        batching: BatchingConfig | None = None,
+        max_seq_len: int | None = None,
+        vocab_size: int | None = None,
+        apply_token_budget: Callable[[int], None] | None = None,
     ) -> None:
         if enabled not in (True, False, "auto"):
             raise ValueError(f"memory_warmup.enabled must be true, false or auto, got {enabled!r}")
@@ -318,14 +193,17 @@ class MemoryWarmup(pl.Callback):
                 "memory_warmup.capacity_gib must be a positive number or null, "
                 f"got {capacity_gib!r}"
             )
+        if batching is not None and max_seq_len is None:
+            raise ValueError("memory_warmup needs the run's max_seq_len with its batching config")
         self.enabled, self.margin, self.capacity_gib = enabled, float(margin), capacity_gib
+        self.batching, self.max_seq_len, self.vocab_size = batching, max_seq_len, vocab_size
+        self.apply_token_budget = apply_token_budget
         self.report: WarmupReport | None = None
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        datamodule = trainer.datamodule
-        config: BatchingConfig | None = getattr(datamodule, "batching", None)
-        if config is None:
+        config, max_seq_len = self.batching, self.max_seq_len
+        if config is None or max_seq_len is None:
             return
         auto = config.token_budget == TOKEN_BUDGET_AUTO
         probe = self._probe(pl_module)
@@ -336,25 +214,37 @@ class MemoryWarmup(pl.Callback):
                     "CUDA device (or callbacks.memory_warmup.capacity_gib); set an integer"
                 )
             return
-        max_seq_len = int(datamodule.max_seq_len)
-        vocab = _vocab_size(pl_module)
-        no_sync = getattr(trainer.strategy.model, "no_sync", nullcontext)
+        vocab = self._vocab(pl_module)
+        # The wrapper's own no_sync (DDP, FSDP): the warm-up backward reduces nothing.
+        wrapped = trainer.strategy.model
+        no_sync = getattr(wrapped, "no_sync", nullcontext)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         extra = optimizer_state_bytes(pl_module, optimizer)
+        measure = partial(
+            self._measure, pl_module, probe=probe, vocab=vocab, no_sync=no_sync, extra=extra
+        )
         was_training = pl_module.training
         pl_module.train()
         try:
             if auto:
-                config = self._resolve_auto(
-                    trainer, pl_module, config, probe, vocab, no_sync, extra
-                )
-                datamodule.batching = config
-            report = self._measure(pl_module, config, max_seq_len, probe, vocab, no_sync, extra)
+                budget = self._resolve_auto(trainer, pl_module, config, max_seq_len, measure)
+                config = replace(config, token_budget=budget)
+                if self.apply_token_budget is not None:
+                    self.apply_token_budget(budget)
+            report = measure(config, max_seq_len)
         finally:
             pl_module.train(was_training)
         self.report = replace(report, resolved_auto=auto)
         log.info("memory warm-up: %s", self.report.as_dict())
         check_fits(self.report)
+
+    def _vocab(self, module: pl.LightningModule) -> int:
+        if not self.vocab_size:
+            raise TypeError(
+                f"{type(module).__name__} states no input vocabulary (vocab_size) to draw "
+                "warm-up ids from"
+            )
+        return int(self.vocab_size)
 
     def summary_entries(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """``memory_warmup`` in ``summary.json``: the budget checked, peaks and capacity."""
@@ -368,7 +258,7 @@ class MemoryWarmup(pl.Callback):
             probe = CudaMemoryProbe(device)
             if self.capacity_gib is None:
                 return probe
-            return _CappedProbe(probe, int(self.capacity_gib * GIB))
+            return CappedProbe(probe, int(self.capacity_gib * GIB))
         if self.capacity_gib is not None:
             return SavedTensorsProbe(module, int(self.capacity_gib * GIB))
         if self.enabled is True:
@@ -383,6 +273,7 @@ class MemoryWarmup(pl.Callback):
         module: pl.LightningModule,
         config: BatchingConfig,
         max_seq_len: int,
+        *,
         probe: MemoryProbe,
         vocab: int,
         no_sync: Any,
@@ -412,31 +303,26 @@ class MemoryWarmup(pl.Callback):
         trainer: pl.Trainer,
         module: pl.LightningModule,
         config: BatchingConfig,
-        probe: MemoryProbe,
-        vocab: int,
-        no_sync: Any,
-        extra: int,
-    ) -> BatchingConfig:
+        max_seq_len: int,
+        measure: Callable[[BatchingConfig, int], WarmupReport],
+    ) -> int:
         """The largest budget whose worst cases fit, agreed by every rank (their minimum).
 
         Two measured budgets give each shape's line; the extrapolated budget is checked and
         lowered by 10 % until it fits (at most five tries)."""
-        max_seq_len = int(trainer.datamodule.max_seq_len)
         probe_budget = max(2 * max_seq_len, 4 * BUDGET_QUANTUM)
-        candidate = replace(config, token_budget=probe_budget)
-        report = self._measure(module, candidate, max_seq_len, probe, vocab, no_sync, extra)
+        report = measure(replace(config, token_budget=probe_budget), max_seq_len)
         budget = fitting_budget(report)
         for _ in range(5):
             if budget is None or budget < max_seq_len:
                 raise MemoryBudgetError(
                     f"batching.token_budget=auto: not even one sample of data.max_seq_len="
                     f"{max_seq_len} tokens fits with {self.margin:.0%} of "
-                    f"{format_bytes(probe.capacity_bytes())} kept free: lower "
+                    f"{format_bytes(report.capacity_bytes)} kept free: lower "
                     "data.max_seq_len, set model.runtime.activation_checkpointing=true, or "
                     "shard the model (trainer=gpu8_fsdp)"
                 )
-            candidate = replace(config, token_budget=budget)
-            report = self._measure(module, candidate, max_seq_len, probe, vocab, no_sync, extra)
+            report = measure(replace(config, token_budget=budget), max_seq_len)
             usable = report.capacity_bytes * (1 - self.margin)
             if report.peak_bytes <= usable:
                 break
@@ -445,25 +331,4 @@ class MemoryWarmup(pl.Callback):
             trainer.strategy.reduce(torch.tensor(budget, device=module.device), reduce_op="min")
         )
         log.info("batching.token_budget=auto resolved to %d tokens", agreed)
-        return replace(config, token_budget=agreed)
-
-
-class _CappedProbe:
-    """A CUDA probe measured against a stated capacity instead of the device's total."""
-
-    def __init__(self, inner: CudaMemoryProbe, capacity: int) -> None:
-        self.inner, self._capacity = inner, capacity
-
-    def capacity_bytes(self) -> int:
-        return self._capacity
-
-    def measure(self) -> Any:
-        return self.inner.measure()
-
-
-def _vocab_size(module: nn.Module) -> int:
-    config = getattr(getattr(module, "model", None), "config", None)
-    vocab = getattr(config, "vocab_size", None)
-    if not vocab:
-        raise TypeError(f"{type(module).__name__} has no model.config.vocab_size to draw ids from")
-    return int(vocab)
+        return agreed

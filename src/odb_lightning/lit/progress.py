@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
 from typing_extensions import override
 
+from odb_lightning.lit.run_context import TrainSampleCount
+
 BAR_NAMES = {
     "perf/real_tokens_per_s": "tok/s",
     "perf/samples_per_s": "samples/s",
@@ -48,10 +50,19 @@ class ODBProgressBar(TQDMProgressBar):
         refresh_rate: Redraw every this many steps (1: every step).
         process_position: As in ``TQDMProgressBar``.
         leave: As in ``TQDMProgressBar``.
+        train_samples: The run's training samples per epoch (the run context's, which the
+            data module fills at setup); ``None``: ODB epochs get no estimated total.
     """
 
-    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
+    def __init__(
+        self,
+        refresh_rate: int = 1,
+        process_position: int = 0,
+        leave: bool = False,
+        train_samples: TrainSampleCount | None = None,
+    ) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
+        self.train_samples = train_samples
         self._epoch_samples = 0
         self._epoch_steps = 0
         self._estimated = False
@@ -95,7 +106,7 @@ class ODBProgressBar(TQDMProgressBar):
 
     def _rank_share(self, trainer: pl.Trainer) -> float | None:
         """This rank's part of the epoch's training samples (``None`` when unknown)."""
-        samples = getattr(trainer.datamodule, "num_train_samples", None)
+        samples = self.train_samples.get() if self.train_samples is not None else None
         return samples / trainer.world_size if samples else None
 
     @override

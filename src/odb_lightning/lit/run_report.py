@@ -1,5 +1,7 @@
-"""What a data module tells the metrics callback about the run (:class:`RunReport`), and
-what the LightningModule tells it about the model (:class:`ParameterCounts`)."""
+"""What the summary builder (:mod:`odb_lightning.lit.summary`) collects, and from whom: the
+data module's report of the run (:class:`RunReport`), the LightningModule's parameter
+counts (:class:`ParameterCounts`) and compile report, and callbacks' own entries. The app
+hands the builder each provider; nothing is looked up through the trainer."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ class NoSupervisedTokensError(ValueError):
 @dataclass(frozen=True)
 class LoaderCounters:
     """One rank's loader counters over every finished epoch (summed over ranks by the
-    callback; ``alignment_rounds`` is the same on every rank, so it takes the max)."""
+    summary builder; ``alignment_rounds`` is the same on every rank, so it takes the max)."""
 
     dropped_samples: int = 0
     over_budget_samples: int = 0
@@ -55,7 +57,7 @@ class RunReport:
         first_epoch_records: The loader's own counts of this rank's first finished
             epoch (every training record once): ``unsupervised_samples`` and
             ``truncated_samples``, each where the loader counts it (summed over ranks
-            by the callback, used where ``facts`` has no exact count).
+            by the summary builder, used where ``facts`` has no exact count).
     """
 
     batching: BatchingConfig
@@ -137,6 +139,14 @@ class ParameterCounts:
             trainable_parameters=int(counts["trainable_parameters"]),
             total_parameters=int(counts["total_parameters"]),
         )
+
+
+@runtime_checkable
+class ReportsCompile(Protocol):
+    """A LightningModule that reports its ``torch.compile`` work (``CausalLMModule`` does):
+    ``compile_graphs``, ``compile_recompiles`` and ``compile_s``, or ``None`` uncompiled."""
+
+    def compile_report(self) -> Mapping[str, float] | None: ...
 
 
 @runtime_checkable

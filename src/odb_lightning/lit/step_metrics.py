@@ -1,6 +1,7 @@
-"""Per-step performance: MFU from each step's own shapes, tokens/s and samples/s per
-device, step and forward time mean/max over ranks; logged every few steps and in
-``summary.json``.
+"""Throughput and per-step performance, logged in one place: the run's real tokens/s,
+samples/s and padding efficiency (from the step counters), MFU from each step's own
+shapes, tokens/s and samples/s per device, step and forward time mean/max over ranks;
+logged every few steps and in ``summary.json``.
 
 A step's model FLOPs come from its samples' own lengths (:class:`~odb_lightning.lit.flops.
 ModelFlops`): ``6 N`` per real token, attention within each sample, the LM head on the
@@ -32,7 +33,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from odb_lightning.lit.counters import StepCounters
 from odb_lightning.lit.flops import ModelFlops, peak_bf16_flops
+from odb_lightning.lit.rank_gather import gather_rows
 
 
 class StepClock:
@@ -132,9 +135,12 @@ def reduce_windows(rows: list[list[float]], peak_flops: float | None) -> dict[st
 
 
 class StepMetricsCallback(pl.Callback):
-    """Logs ``perf/mfu``, ``perf/tokens_per_s_per_device``, ``perf/samples_per_s_per_device``,
-    ``perf/model_tflops_per_s_per_device``, ``perf/step_time_{mean,max}_s`` and
-    ``perf/forward_time_{mean,max}_s`` every ``log_every_n_steps`` training batches, and
+    """Logs ``perf/real_tokens_per_s``, ``perf/samples_per_s`` and
+    ``odb/padding_efficiency`` of the run so far (from the first step, then every
+    ``log_every_n_steps``), and ``perf/mfu``, ``perf/tokens_per_s_per_device``,
+    ``perf/samples_per_s_per_device``, ``perf/model_tflops_per_s_per_device``,
+    ``perf/step_time_{mean,max}_s`` and ``perf/forward_time_{mean,max}_s`` every
+    ``log_every_n_steps`` training batches, and
     gives the whole run's figures to the summary (``summary.json`` and its table).
 
     Every rank counts its own steps and all ranks join one small all-gather at the same
@@ -146,15 +152,26 @@ class StepMetricsCallback(pl.Callback):
         log_every_n_steps: Training batches between logged windows (one all-gather each).
         peak_tflops: Dense bf16 peak of one device, TFLOP/s; ``None`` looks the device
             name up in :data:`~odb_lightning.lit.flops.PEAK_BF16_FLOPS`.
+        counters: The run's step counters (the app hands them), whose whole-run rates are
+            logged (one reduction each time); ``None`` logs the windows only. They must
+            count a step before this callback sees it (the counters come first in the
+            trainer's callbacks).
     """
 
-    def __init__(self, log_every_n_steps: int = 10, peak_tflops: float | None = None) -> None:
+    def __init__(
+        self,
+        log_every_n_steps: int = 10,
+        peak_tflops: float | None = None,
+        counters: StepCounters | None = None,
+    ) -> None:
         if log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
         if peak_tflops is not None and not peak_tflops > 0:
             raise ValueError(f"peak_tflops must be > 0 (TFLOP/s) or null, got {peak_tflops}")
         self.log_every_n_steps = log_every_n_steps
         self.peak_tflops = peak_tflops
+        self.counters = counters
+        self._rates_logged = False
         self.peak_flops: float | None = None
         self.flops: ModelFlops | None = None
         self.window = Window()
@@ -228,6 +245,29 @@ class StepMetricsCallback(pl.Callback):
                 )
         if (self.run.steps + self.window.steps) % self.log_every_n_steps == 0:
             self._log_window(trainer, pl_module)
+        # From this process's first step on (the progress bar shows them), then every N
+        # steps; every rank reaches the same step counts, so each one joins the reduction.
+        counters = self.counters
+        if counters is not None and (
+            counters.totals.steps % self.log_every_n_steps == 0 or not self._rates_logged
+        ):
+            self._rates_logged = True
+            self._log_run_rates(trainer, pl_module, counters)
+
+    def _log_run_rates(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, counters: StepCounters
+    ) -> None:
+        totals, elapsed = counters.totals, counters.elapsed_s()
+        local = torch.tensor(
+            [totals.real_tokens, totals.padded_tokens, totals.samples],
+            dtype=torch.float64,
+            device=pl_module.device,
+        )
+        real, padded, samples = trainer.strategy.reduce(local, reduce_op="sum").tolist()
+        pl_module.log("perf/real_tokens_per_s", real / elapsed, prog_bar=True, rank_zero_only=True)
+        pl_module.log("perf/samples_per_s", samples / elapsed, prog_bar=True, rank_zero_only=True)
+        efficiency = real / padded if padded else 0.0
+        pl_module.log("odb/padding_efficiency", efficiency, rank_zero_only=True)
 
     def _log_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         window = self._take_window()
@@ -295,11 +335,3 @@ def step_lengths(meta: Any) -> tuple[int, ...]:
             f"{len(lengths)} lengths for {meta.local_samples} samples"
         )
     return lengths
-
-
-def gather_rows(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, values: list[float]
-) -> list[list[float]]:
-    """``values`` of every rank, by rank (one all-gather; every rank must call it)."""
-    local = torch.tensor(values, dtype=torch.float64, device=pl_module.device)
-    return trainer.strategy.all_gather(local).reshape(-1, len(values)).cpu().tolist()

@@ -16,13 +16,14 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.data.sizes import kept_records, records_to_read
+from odb_lightning.data.sizes import records_to_read
 from odb_lightning.data.sources.llava import build_llava_set, llava_records
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
 from odb_lightning.data.vision_family import Qwen2VLFamily
+from odb_lightning.lit.chat_source import keep_records
 from odb_lightning.lit.datamodule import ODBDataModule
 
 
@@ -102,10 +103,7 @@ class VisionDataModule(ODBDataModule):
             max_samples=records_to_read(self.max_samples),
             on_bad_record=self.batching.loader.on_bad_sample.value,
         )
-        self.source_counts = dict(records.counts)
-        kept = records.records[: kept_records(self.max_samples, len(records.records))]
-        if len(kept) < len(records.records):  # data.max_samples as a fraction
-            self.source_counts["kept"] = len(kept)
+        kept, self.source_counts = keep_records(records.records, records.counts, self.max_samples)
         return VisionChatDataset(
             kept,
             self.tokenizer,

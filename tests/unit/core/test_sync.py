@@ -11,7 +11,8 @@ from odb_lightning.core.rows import PaddedRows
 from odb_lightning.core.simulate import simulate_epoch
 from odb_lightning.core.sync import group_cost, sync_figures
 from odb_lightning.core.types import Group, SampleInfo
-from odb_lightning.lit.callbacks import RankTotals, _sync_figures
+from odb_lightning.lit.counters import RankTotals
+from odb_lightning.lit.summary import summary_sync_figures
 from odb_lightning.runtime.batch import make_step_meta
 
 
@@ -50,7 +51,7 @@ def test_summary_figures_equal_the_simulators() -> None:
             totals[rank].add(
                 make_step_meta(step, step_index=index, epoch=0, rows=PaddedRows()), 0.0
             )
-    figures = _sync_figures(totals)
+    figures = summary_sync_figures(totals)
     # The plan's costs are whole tokens, as are the simulator's with attention_weight 0.
     assert figures["sync_efficiency"] == pytest.approx(result.sync.sync_efficiency)
     assert figures["utilization"] == pytest.approx(result.sync.utilization)

@@ -13,13 +13,15 @@ from helpers.tiny_lm import tiny_module
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.lit.memory import (
     ALLOCATOR_ENV,
-    GIB,
     MemoryBudgetError,
     MemoryWarmup,
-    SavedTensorsProbe,
-    StepShape,
     enable_expandable_segments,
     format_bytes,
+)
+from odb_lightning.lit.memory_probe import (
+    GIB,
+    SavedTensorsProbe,
+    StepShape,
     run_shape,
     worst_case_shapes,
 )
@@ -43,11 +45,24 @@ def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
     assert (row.rows, row.tokens, row.packed) == (1, 1024, True)
 
 
-def fake_trainer(module: torch.nn.Module, config: BatchingConfig) -> SimpleNamespace:
-    """What the callback reads from a trainer: the data module, the strategy, optimizers."""
-    datamodule = SimpleNamespace(batching=config, max_seq_len=MAX_SEQ_LEN)
+def fake_trainer(module: torch.nn.Module) -> SimpleNamespace:
+    """What the callback reads from a trainer: the strategy and the optimizers."""
     strategy = SimpleNamespace(model=module, reduce=lambda tensor, reduce_op: tensor)
-    return SimpleNamespace(datamodule=datamodule, strategy=strategy, optimizers=[])
+    return SimpleNamespace(strategy=strategy, optimizers=[])
+
+
+def warmup_of(
+    module: torch.nn.Module, config: BatchingConfig, applied: list[int] | None = None, **kwargs
+) -> MemoryWarmup:
+    """The callback as the app wires it: the run's batching, max_seq_len and vocabulary,
+    and the data module's budget setter (here: ``applied`` records the budgets)."""
+    return MemoryWarmup(
+        **kwargs,
+        batching=config,
+        max_seq_len=MAX_SEQ_LEN,
+        vocab_size=module.model.config.vocab_size,
+        apply_token_budget=None if applied is None else applied.append,
+    )
 
 
 def peak_gib(module: torch.nn.Module, config: BatchingConfig) -> float:
@@ -62,9 +77,9 @@ def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() ->
     module = tiny_module(model_dtype="float32")
     config = BatchingConfig.of(token_budget=2048, num_workers=0)
     capacity = peak_gib(module, config) * 0.6  # 60 % of what the budget needs
-    warmup = MemoryWarmup(margin=0.1, capacity_gib=capacity)
+    warmup = warmup_of(module, config, margin=0.1, capacity_gib=capacity)
     with pytest.raises(MemoryBudgetError) as raised:
-        warmup.on_fit_start(fake_trainer(module, config), module)
+        warmup.on_fit_start(fake_trainer(module), module)
     message = str(raised.value)
     assert "batching.token_budget=2048 does not fit" in message
     assert f"of {format_bytes(capacity * GIB)} (10% kept free)" in message
@@ -73,7 +88,8 @@ def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() ->
     # The suggestion is honest: its own worst case fits the same capacity.
     fitting = replace(config, token_budget=suggested)
     assert peak_gib(module, fitting) <= capacity * 0.9
-    warmup.on_fit_start(fake_trainer(module, fitting), module)
+    warmup = warmup_of(module, fitting, margin=0.1, capacity_gib=capacity)
+    warmup.on_fit_start(fake_trainer(module), module)
     assert warmup.report is not None and warmup.report.token_budget == suggested
     assert all(p.grad is None for p in module.parameters())  # training starts unchanged
 
@@ -82,10 +98,10 @@ def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
     module = tiny_module(model_dtype="float32")
     capacity = peak_gib(module, BatchingConfig.of(token_budget=1024)) / 0.9
     auto = BatchingConfig.of(token_budget="auto", num_workers=0)
-    trainer = fake_trainer(module, auto)
-    warmup = MemoryWarmup(margin=0.1, capacity_gib=capacity)
-    warmup.on_fit_start(trainer, module)
-    resolved = trainer.datamodule.batching.token_budget
+    applied: list[int] = []
+    warmup = warmup_of(module, auto, applied, margin=0.1, capacity_gib=capacity)
+    warmup.on_fit_start(fake_trainer(module), module)
+    (resolved,) = applied  # the budget the data module is given
     assert isinstance(resolved, int) and resolved % 256 == 0
     assert peak_gib(module, replace(auto, token_budget=resolved)) <= capacity * 0.9
     # Within a quantum and the 10 % back-off of the largest: 1024 fits by construction.
@@ -96,16 +112,16 @@ def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
 
 def test_auto_without_a_gpu_or_capacity_is_refused() -> None:
     module = tiny_module(model_dtype="float32")
-    trainer = fake_trainer(module, BatchingConfig.of(token_budget="auto", num_workers=0))
+    auto = BatchingConfig.of(token_budget="auto", num_workers=0)
     with pytest.raises(MemoryBudgetError, match="needs a CUDA device"):
-        MemoryWarmup().on_fit_start(trainer, module)
+        warmup_of(module, auto).on_fit_start(fake_trainer(module), module)
     with pytest.raises(ValueError, match="resolved at fit start"):
         _ = BatchingConfig.of(token_budget="auto").budget
     with pytest.raises(ValueError, match="positive integer or auto"):
         BatchingConfig.of(token_budget="big")
     # Off on a CPU by default: nothing is measured.
-    warmup = MemoryWarmup()
-    warmup.on_fit_start(fake_trainer(module, BatchingConfig.of(num_workers=0)), module)
+    warmup = warmup_of(module, BatchingConfig.of(num_workers=0))
+    warmup.on_fit_start(fake_trainer(module), module)
     assert warmup.report is None
 
 

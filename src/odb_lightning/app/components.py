@@ -1,0 +1,162 @@
+"""The run's parts, built from the composed config and wired together here: the one place
+that knows which component needs which other one.
+
+The app builds the model's architecture first, asks it for the vocabulary, and builds
+the run context (:class:`~odb_lightning.lit.run_context.RunContext`) from it and the
+config; the data
+module, the callbacks and the summary builder then receive what they need, as objects.
+No component finds another through the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from omegaconf import DictConfig
+
+from odb_lightning.app.validation import ConfigError, instantiate_checked
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data.vision_family import Qwen2VLFamily
+from odb_lightning.lit.counters import StepCounters
+from odb_lightning.lit.idle_steps import check_weights_idle_steps
+from odb_lightning.lit.run_context import RunContext
+from odb_lightning.lit.run_report import AddsToSummary, CountsParameters, ReportsCompile
+from odb_lightning.lit.summary import SummaryBuilder
+from odb_lightning.lit.supervision import SupervisionCheck
+from odb_lightning.lit.vlm_module import VisionLanguageModule
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What one run trains with, built from its config (:func:`build_parts`)."""
+
+    tokenizer: Any
+    batching: BatchingConfig
+    model: pl.LightningModule
+    run: RunContext
+    datamodule: Any
+    embedding_rows: int | None  # of the model's input embedding
+
+
+def launched_world(trainer: DictConfig) -> tuple[int, str]:
+    """The job's processes (``trainer.devices x trainer.num_nodes``) and their accelerator,
+    counted as Lightning counts them (its accelerators' own device parsing)."""
+    name = str(trainer.get("accelerator", "auto"))
+    if name in ("auto", "gpu"):
+        available = [n for n in ("cuda", "mps") if AcceleratorRegistry.get(n).is_available()]
+        name = available[0] if available else ("cpu" if name == "auto" else "cuda")
+    devices = trainer.get("devices", "auto")
+    try:
+        accelerator = AcceleratorRegistry.get(name)
+        if devices == "auto":
+            count = accelerator.auto_device_count()
+        else:
+            count = len(accelerator.get_parallel_devices(accelerator.parse_devices(devices)))
+    except (MisconfigurationException, TypeError, ValueError) as error:  # as the Trainer would
+        raise ConfigError(
+            f"invalid config 'trainer': accelerator={name} devices={devices}: {error}"
+        ) from error
+    return count * int(trainer.get("num_nodes", 1)), name
+
+
+def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
+    """The tokenizer, batching config, model, run context and data module of a validated
+    ``cfg``, each built by :func:`instantiate_checked` (errors name their group), after
+    seeding. ``world_size`` and ``device`` are the job's (:func:`launched_world`)."""
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
+    batching = instantiate_checked(cfg.batching, "batching")
+    # The vocabulary comes from the model's architecture (its random-init config or the
+    # checkpoint's), so the run context exists before the module that receives it.
+    architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
+    run = RunContext(
+        max_seq_len=int(cfg.data.max_seq_len),
+        vocab_size=architecture.checked_vocab_size(),
+        world_size=world_size,
+        device=device,
+    )
+    datamodule = instantiate_checked(
+        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching, "run": run}
+    )
+    model_objects: dict[str, Any] = {"run": run}
+    if issubclass(hydra.utils.get_class(cfg.model._target_), VisionLanguageModule):
+        model_objects["family"] = Qwen2VLFamily.of_tokenizer(tokenizer)  # the tokenizer's ids
+    # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
+    # torch.load(weights_only=True) then reads without OmegaConf types.
+    model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
+    if world_size > 1:  # ranks whose work runs out get IDLE batches: the module weights them 0
+        check_weights_idle_steps(model)
+    embedding_rows = architecture.embedding_rows()
+    return RunParts(tokenizer, batching, model, run, datamodule, embedding_rows)
+
+
+def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]]:
+    """The objects each configured callback (``callbacks.<name>``) receives."""
+    datamodule = parts.datamodule
+    return {
+        "id_audit": {"record_ids": datamodule.record_ids},
+        "step_metrics": {"counters": counters},
+        "progress_bar": {"train_samples": parts.run.train_samples},
+        "memory_warmup": {
+            "batching": parts.batching,
+            "max_seq_len": parts.run.max_seq_len,
+            "vocab_size": parts.embedding_rows,
+            "apply_token_budget": datamodule.apply_token_budget,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class RunCallbacks:
+    """The run's callbacks, in the order the trainer runs them, and the summary builder
+    among them (the app writes what it builds)."""
+
+    callbacks: list[pl.Callback]
+    summary: SummaryBuilder
+
+
+def build_callbacks(cfg: DictConfig | None, parts: RunParts) -> RunCallbacks:
+    """The step counters and the supervision check, the ``callbacks`` group (each entry
+    given its objects, :func:`_wiring`), and the summary builder, which collects from the
+    counters, the data module, the module and every callback with summary entries.
+
+    The counters come first: the step metrics log their rates, and the progress bar shows
+    them, after the counters have counted the step.
+    """
+    counters = StepCounters()
+    wiring = _wiring(parts, counters)
+    configured = []
+    for name, entry in (cfg or {}).items():
+        if "_target_" not in entry:
+            continue
+        objects = wiring.get(str(name))
+        key = f"callbacks.{name}"
+        configured.append(
+            hydra.utils.instantiate(entry)
+            if objects is None
+            else instantiate_checked(entry, key, objects=objects)
+        )
+    model = parts.model
+    summary = SummaryBuilder(
+        counters,
+        run_report=parts.datamodule,
+        parameters=model if isinstance(model, CountsParameters) else None,
+        compiled=model if isinstance(model, ReportsCompile) else None,
+        extras=[c for c in configured if isinstance(c, AddsToSummary)],
+    )
+    check = SupervisionCheck(counters, parts.run.max_seq_len)
+    return RunCallbacks([counters, check, *configured, summary], summary)
+
+
+def check_world(trainer: pl.Trainer, run: RunContext) -> None:
+    """The trainer must count the job's processes as the run context does."""
+    if trainer.world_size != run.world_size:
+        raise ConfigError(
+            f"trainer: the trainer runs {trainer.world_size} processes, the run context was "
+            f"built for {run.world_size} (trainer.devices x trainer.num_nodes)"
+        )

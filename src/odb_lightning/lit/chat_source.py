@@ -1,0 +1,79 @@
+"""Which records a chat data module reads, and reading them: the source's arguments (also
+the length cache's key of the source), the records kept of those read, and their
+counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data import load_source
+from odb_lightning.data.length_pass import ExactLengths, exact_lengths
+from odb_lightning.data.sizes import kept_records, records_to_read
+
+RecordT = TypeVar("RecordT")
+
+
+def keep_records(
+    records: Sequence[RecordT], counts: Mapping[str, int], max_samples: int | float | None
+) -> tuple[list[RecordT], dict[str, int]]:
+    """The records kept of those a source read (``data.max_samples`` as a fraction keeps
+    a share of them) and the source's counts, with ``kept`` where some were left out."""
+    kept = list(records[: kept_records(max_samples, len(records))])
+    counts = dict(counts)
+    if len(kept) < len(records):
+        counts["kept"] = len(kept)
+    return kept, counts
+
+
+@dataclass(frozen=True)
+class ChatSource:
+    """The records of ``data.source`` (``sharegpt``, ``chitchat``, ``ultrachat``,
+    ``jsonl``) at ``data.path`` in ``data.regime``, ``data.max_samples`` of them, drawn by
+    ``seed``."""
+
+    name: str
+    path: str | None
+    regime: str
+    max_samples: int | float | None
+    seed: int
+
+    def arguments(self) -> dict[str, Any]:
+        """The source's arguments of :func:`~odb_lightning.data.load_source`, which also
+        key its length cache."""
+        return {"name": self.name, "path": self.path, "regime": self.regime} | {
+            "max_samples": records_to_read(self.max_samples),
+            "seed": self.seed,
+        }
+
+    def read(self, on_bad_record: str) -> tuple[list[Any], dict[str, int]]:
+        """The records kept and the counts of what was read, kept and dropped."""
+        arguments = self.arguments()
+        records = load_source(arguments.pop("name"), **arguments, on_bad_record=on_bad_record)
+        return keep_records(records.records, records.counts, self.max_samples)
+
+    def exact_lengths(
+        self,
+        dataset: Any,
+        cache_dir: str | None,
+        batching: BatchingConfig,
+        world_size: int,
+        rank: int,
+        barrier: Callable[[], None],
+    ) -> ExactLengths:
+        """Every record's exact length and supervised tokens: the length pass, in
+        ``batching``'s worker processes, cached in ``cache_dir`` under this source's
+        arguments (rank 0 builds the cache, the others wait at ``barrier``)."""
+        method = batching.loader.multiprocessing_context
+        return exact_lengths(
+            dataset,
+            self.arguments(),
+            cache_dir,
+            num_workers=batching.loader.num_workers,
+            multiprocessing_context=None if method is None else method.value,
+            rank=rank,
+            world_size=world_size,
+            barrier=barrier,
+        )

@@ -1,0 +1,185 @@
+"""Measuring one warm-up step: the worst-case step shapes of a batching config, their
+inputs, and the probes that read a step's peak memory.
+
+The worst cases of a budget ``B`` (:func:`worst_case_shapes`): one sample of ``max_seq_len``
+tokens (the longest row and its attention), the largest group of the shortest samples
+(most rows), and in ``odb_packed`` one full packed row of ``B`` tokens (its block mask is
+``B x B`` under sdpa and eager). Each runs forward and backward with every target
+supervised (the LM head's worst case); the gradients are then dropped, so training starts
+from the same state as without the check.
+
+Memory is read by a :class:`MemoryProbe`: on CUDA the caching allocator's peak
+(``torch.cuda.max_memory_allocated``) against the device's total memory; on CPU, where no
+allocator reports a peak, :class:`SavedTensorsProbe` counts the parameters, gradients and
+the activations autograd saves for backward (what grows with the budget), against a
+capacity the caller states. Optimizer state that does not exist yet (AdamW allocates its
+two moments at the first step) is added as an estimate (:func:`optimizer_state_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+
+from odb_lightning.core.config import BatchingConfig
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """One warm-up batch: ``rows`` right-padded rows of ``tokens`` tokens, or one packed row."""
+
+    name: str
+    rows: int
+    tokens: int
+    packed: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return self.rows * self.tokens
+
+
+def worst_case_shapes(config: BatchingConfig, max_seq_len: int) -> list[StepShape]:
+    """The largest steps ``config`` can emit (see the module docstring)."""
+    budget = config.budget
+    longest = budget.padded_length(max_seq_len)
+    shortest = budget.padded_length(2)  # the shortest sample with a target
+    if config.rows.packs:
+        row = max(longest, budget.padded_length(config.token_budget))
+        return [StepShape("one full packed row", 1, row, packed=True)]
+    rows = budget.max_group_size(2)
+    if config.policy.batch_cap is not None:
+        rows = min(rows, config.policy.batch_cap)
+    shapes = [StepShape(f"one sample of max_seq_len={max_seq_len}", 1, longest)]
+    full = budget.max_group_size(max_seq_len)
+    if full > 1:
+        shapes.append(StepShape("a full group of max_seq_len samples", full, longest))
+    shapes.append(StepShape("the largest group of the shortest samples", rows, shortest))
+    return shapes
+
+
+def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:
+    """Inputs of one warm-up step: random ids, every target supervised."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (shape.rows, shape.tokens), generator=generator)
+    inputs: dict[str, Any] = {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
+    if shape.packed:
+        inputs["position_ids"] = torch.arange(shape.tokens, device=device)[None]
+        inputs["cu_seqlens"] = torch.tensor([0, shape.tokens], dtype=torch.int32, device=device)
+        inputs["max_seqlen"] = shape.tokens
+    return inputs
+
+
+class MemoryProbe(Protocol):
+    """Reads a step's peak memory and the memory there is."""
+
+    def capacity_bytes(self) -> int: ...
+
+    def measure(self) -> Any:
+        """A context manager around one step; its result's ``peak_bytes`` after it."""
+        ...
+
+
+class CudaMemoryProbe:
+    """The CUDA caching allocator's peak against the device's total memory."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def capacity_bytes(self) -> int:
+        return int(torch.cuda.mem_get_info(self.device)[1])
+
+    @contextmanager
+    def measure(self) -> Iterator[_Peak]:
+        peak = _Peak()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        yield peak
+        torch.cuda.synchronize(self.device)
+        peak.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+
+
+class SavedTensorsProbe:
+    """CPU: parameters and gradients plus the tensors autograd saves for backward during
+    the step's forward (each storage counted once), against ``capacity_bytes``."""
+
+    def __init__(self, module: nn.Module, capacity_bytes: int) -> None:
+        self.module, self._capacity = module, capacity_bytes
+
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    @contextmanager
+    def measure(self) -> Iterator[_Peak]:
+        peak, storages = _Peak(), {}
+
+        def pack(tensor: Tensor) -> Tensor:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield peak
+        params = [p for p in self.module.parameters()]
+        weights = sum(p.numel() * p.element_size() for p in params)
+        grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+        peak.peak_bytes = weights + grads + sum(storages.values())
+
+
+@dataclass
+class _Peak:
+    peak_bytes: int = 0
+
+
+def optimizer_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """AdamW's two moments of every trainable parameter, where the optimizer has not
+    allocated them yet (0 once it has)."""
+    if optimizer is None or len(optimizer.state) > 0:
+        return 0
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    return 2 * sum(_local_numel(p) * p.element_size() for p in trainable)
+
+
+def _local_numel(param: Tensor) -> int:
+    """Elements this rank holds (a DTensor's local shard under FSDP2)."""
+    local = getattr(param, "to_local", None)
+    return local().numel() if callable(local) else param.numel()
+
+
+def run_shape(
+    module: pl.LightningModule,
+    shape: StepShape,
+    probe: MemoryProbe,
+    vocab_size: int,
+    no_sync: Any = nullcontext,
+) -> int:
+    """Forward and backward of one warm-up batch; its peak bytes. Gradients are dropped."""
+    inputs = warmup_batch(shape, vocab_size, module.device)
+    try:
+        with no_sync(), probe.measure() as peak:
+            loss_sum, _ = module(inputs)
+            loss_sum.backward()
+    finally:
+        for param in module.parameters():
+            param.grad = None
+    return peak.peak_bytes
+
+
+class CappedProbe:
+    """A CUDA probe measured against a stated capacity instead of the device's total."""
+
+    def __init__(self, inner: CudaMemoryProbe, capacity: int) -> None:
+        self.inner, self._capacity = inner, capacity
+
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    def measure(self) -> Any:
+        return self.inner.measure()

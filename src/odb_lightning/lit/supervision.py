@@ -1,0 +1,48 @@
+"""Refuse to go on after a whole epoch without a supervised token on any rank."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from typing_extensions import override
+
+from odb_lightning.lit.counters import StepCounters
+from odb_lightning.lit.rank_gather import gather_rows
+from odb_lightning.lit.run_report import NoSupervisedTokensError
+
+
+class SupervisionCheck(pl.Callback):
+    """After the first training epoch, raise :class:`NoSupervisedTokensError` if the
+    epoch emitted samples but no rank saw a supervised token.
+
+    The data module refuses such data at startup where it can tell (length-pass modes;
+    records without an assistant turn). Online modes tokenize in the loader workers, so a
+    set whose assistant turns are all cut off by ``max_seq_len`` is only known here, after
+    the first epoch (one all-gather, once per run).
+
+    Args:
+        counters: This rank's step counters (the callback that counts them).
+        max_seq_len: The run's ``data.max_seq_len``, named in the error.
+    """
+
+    def __init__(self, counters: StepCounters, max_seq_len: int | None) -> None:
+        self.counters = counters
+        self.max_seq_len = max_seq_len
+        self._checked = False
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        totals = self.counters.totals
+        row = [float(totals.loss_tokens), float(totals.samples)]
+        rows = gather_rows(trainer, pl_module, row)
+        if sum(r[0] for r in rows) > 0 or not any(r[1] for r in rows):
+            return
+        emitted = int(sum(r[1] for r in rows))
+        raise NoSupervisedTokensError(
+            f"no supervised tokens in the first training epoch: {emitted} samples emitted "
+            f"over {trainer.world_size} rank(s), every label -100 after the template and "
+            f"max_seq_len={self.max_seq_len}; training changes nothing. SFT trains on "
+            "assistant turns: check that the data has them within data.max_seq_len tokens"
+        )

@@ -1,0 +1,64 @@
+"""What the data module knows at setup of its training records' supervision: the records
+without a supervised token and those cut to ``max_seq_len``, and the refusal of a training
+set with no supervised token at all."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch.utils.data import Dataset
+
+from odb_lightning.data import ChatDataset
+from odb_lightning.lit.run_report import NoSupervisedTokensError
+
+
+def count_train_records(
+    dataset: Dataset,
+    indices: Sequence[int],
+    lengths: Sequence[int],
+    loss_tokens: Sequence[int] | None,
+    max_seq_len: int,
+) -> tuple[dict[str, int], bool]:
+    """The counts of the training records at ``indices`` (``lengths`` theirs, in order),
+    and whether none of them is supervised.
+
+    Length-pass modes know every sample's supervised tokens and length: the counts are
+    exact (a record of exactly ``max_seq_len`` tokens counts as truncated). Online modes
+    tokenize in the workers only, so here a text scan finds the records with no assistant
+    turn; truncation is counted by the loader's epoch statistics. Synthetic data is
+    supervised everywhere and counts nothing.
+    """
+    if loss_tokens is not None:
+        unsupervised = sum(1 for i in indices if loss_tokens[i] == 0)
+        counts = {
+            "unsupervised_samples": unsupervised,
+            "truncated_samples": sum(1 for n in lengths if n >= max_seq_len),
+        }
+    elif isinstance(dataset, ChatDataset):
+        unsupervised = len(dataset.unsupervised_indices(indices))
+        counts = {"unsupervised_samples": unsupervised}
+    else:
+        return {}, False
+    return counts, bool(indices) and unsupervised == len(indices)
+
+
+def no_supervision_error(
+    source: str, path: str | None, read: int, num_train: int, max_seq_len: int, *, exact: bool
+) -> NoSupervisedTokensError:
+    """The refusal of a training set without a supervised token, naming the data
+    (``data.source``, ``data.path``), what was read, and why none is supervised (``exact``:
+    the length pass counted every record's supervised tokens)."""
+    where = f"data.source={source!r}"
+    if path is not None:
+        where += f" data.path={path!r}"
+    why = (
+        f"every one has 0 supervised tokens after the template and max_seq_len={max_seq_len}"
+        if exact
+        else "none has an assistant turn"
+    )
+    return NoSupervisedTokensError(
+        f"{where}: no supervised tokens to train on: read {read} records, "
+        f"{num_train} for training, and {why}. SFT trains on assistant "
+        "turns only (user and system turns are context): add assistant turns, or "
+        "check the role names of the source"
+    )
