@@ -130,7 +130,9 @@ def test_max_seq_len_over_budget_fails_at_startup(compose_cfg: ComposeConfig) ->
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_generated_batching_option_is_the_dataclass_defaults(mode: str, compose_cfg: ComposeConfig) -> None:
+def test_generated_batching_option_is_the_dataclass_defaults(
+    mode: str, compose_cfg: ComposeConfig
+) -> None:
     assert not (CONF / "batching").exists()  # no YAML: the dataclasses are the defaults
     cfg = compose_cfg([f"batching={mode}", "experiment=sharegpt_odb"])
     batching = instantiate_checked(cfg.batching, "batching")
@@ -177,7 +179,9 @@ SMALL_MODELS = {"tiny_qwen2", "tiny_llama", "tiny_qwen2_vl", "cpu_bench"}
 
 
 @pytest.mark.parametrize("preset", MODELS)
-def test_model_preset_composes_and_instantiates(preset: str, tmp_path: Path, compose_cfg: ComposeConfig) -> None:
+def test_model_preset_composes_and_instantiates(
+    preset: str, tmp_path: Path, compose_cfg: ComposeConfig
+) -> None:
     overrides = [f"model={preset}"]
     if preset == "pretrained":  # a mandatory key: any local directory composes
         overrides.append(f"model.architecture.pretrained_path={tmp_path}")

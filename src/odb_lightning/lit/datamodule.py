@@ -124,7 +124,9 @@ class ODBDataModule(pl.LightningDataModule):
                 max_seq_len=self.max_seq_len,
                 seed=self.batching.seed,
             )
-        kept, self.source_counts = self._chat_source().read(self.batching.loader.on_bad_sample.value)
+        kept, self.source_counts = self._chat_source().read(
+            self.batching.loader.on_bad_sample.value
+        )
         return ChatDataset(
             kept,
             self.tokenizer,

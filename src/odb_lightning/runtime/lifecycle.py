@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 
 import torch
@@ -43,6 +44,33 @@ def prepare_child() -> None:
         threading.Thread(
             target=_exit_with_parent, args=(parent.sentinel,), name="odb-parent-watch", daemon=True
         ).start()
+
+
+def exited_child(processes: Mapping[str, BaseProcess]) -> tuple[str, BaseProcess] | None:
+    """The first started child that has exited, by name, or ``None`` if all run.
+
+    A child counts as exited when its sentinel is ready (the kernel closed its end of the
+    pipe) or ``is_alive()`` says so. ``is_alive()`` alone is not enough: it asks
+    ``waitpid``, which fails for a child whose exit status something else in this process
+    already collected, and then reports the dead child alive.
+    """
+    sentinels = {process.sentinel: name for name, process in processes.items()}
+    ready = multiprocessing.connection.wait(list(sentinels), timeout=0)
+    for name, process in processes.items():
+        if process.sentinel in ready or not process.is_alive():
+            process.join(FORCED_JOIN_S)  # its exit code, once the kernel marks it exited
+            return name, process
+    return None
+
+
+def describe_exit(process: BaseProcess) -> str:
+    """How a child ended, from its exit code (unknown when collected elsewhere)."""
+    code = process.exitcode
+    if code is None:
+        return "exited (its exit status was collected elsewhere)"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def _join_all(processes: list[BaseProcess], wait_s: float) -> list[BaseProcess]:

@@ -7,7 +7,6 @@ import ctypes
 import multiprocessing
 import multiprocessing.connection
 import queue
-import signal
 import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
@@ -19,7 +18,7 @@ from odb_lightning.core.handshake import DataHandshake
 from odb_lightning.runtime.batch import CollateFn, ODBBatch
 from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
 from odb_lightning.runtime.errors import LoaderProcessError, RemoteTraceback
-from odb_lightning.runtime.lifecycle import stop_processes
+from odb_lightning.runtime.lifecycle import describe_exit, exited_child, stop_processes
 from odb_lightning.runtime.messages import (
     CollateFailed,
     EpochEnd,
@@ -62,12 +61,6 @@ def output_slots(config: BatchingConfig) -> int:
     """Collated batches queued at most: :data:`OUTPUT_SLOTS`, or ``2 Q`` when that is
     fewer."""
     return min(OUTPUT_SLOTS, 2 * config.policy.max_steps_per_round)
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        return f"was killed by {signal.Signals(-exitcode).name}"
-    return f"exited with code {exitcode}"
 
 
 def _raise_failure(message: CollateFailed) -> None:
@@ -182,14 +175,15 @@ class Pipeline:
             return message
 
     def _check_alive(self) -> None:
-        for name, process in self._processes().items():
-            if process.is_alive():
-                continue
-            self._raise_reported_failure()
-            raise LoaderProcessError(
-                f"the ODB {name} (pid {process.pid}) of rank {self._rank} "
-                f"{_describe_exit(process.exitcode)} while the loader was running"
-            )
+        exited = exited_child(self._processes())
+        if exited is None:
+            return
+        name, process = exited
+        self._raise_reported_failure()
+        raise LoaderProcessError(
+            f"the ODB {name} (pid {process.pid}) of rank {self._rank} "
+            f"{describe_exit(process)} while the loader was running"
+        )
 
     def _raise_stalled(self) -> None:
         self._raise_reported_failure()

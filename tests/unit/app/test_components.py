@@ -43,7 +43,9 @@ def test_parts_share_one_run_context(compose_cfg: ComposeConfig) -> None:
     assert not run.train_samples.known
     parts.datamodule.setup("fit")
     assert run.train_samples.get() == len(parts.datamodule.train_indices) == 64
-    unfolded = build_parts(compose_cfg(["debug=smoke", "model.architecture.token_id_fold=null"]), 1, "cpu")
+    unfolded = build_parts(
+        compose_cfg(["debug=smoke", "model.architecture.token_id_fold=null"]), 1, "cpu"
+    )
     assert unfolded.run.vocab_size == unfolded.embedding_rows == cfg.model.architecture.vocab_size
 
 
