@@ -94,7 +94,8 @@ def validate_config(cfg: DictConfig) -> None:
 
 def _validate_row_attention(cfg: DictConfig) -> None:
     """The row layout's attention cost against ``model.architecture.attn_implementation``
-    (the layout says what it needs: :meth:`~odb_lightning.core.rows.RowLayout.attention_mismatch`)."""
+    (the layout says what it needs:
+    :meth:`~odb_lightning.core.rows.RowLayout.attention_mismatch`)."""
     backend = ((cfg.get("model") or {}).get("architecture") or {}).get("attn_implementation")
     if not backend:
         return
