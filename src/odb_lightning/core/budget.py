@@ -9,14 +9,9 @@ With ``pad_to_multiple_of = m`` the collate pads each row to a multiple of ``m``
 cores and compiled kernels like round shapes), so the cost is taken of the rounded length
 ``ceil(L / m) * m``: rounding after grouping would push ``g x L`` over the budget.
 
-A packed row (:class:`PackedBudget`, ``odb_packed``) of ``N = sum L_i`` tokens costs ``N``
-(rounded up to the multiple) plus the attention term: ``w * sum L_i**2`` where the kernel
-skips the blocks across samples (flash-attention varlen, flex attention), ``w * N**2``
-where it computes the dense block mask's whole square (sdpa, eager:
-``dense_packed_attention``).
-
-The group cost of a layout is written here once (:meth:`Budget.group_cost`,
-:meth:`Budget.fits_group`); the grouping, the window, the sync figures and the plan
+A row layout whose rows cost something else subclasses :class:`Budget` beside its own
+definition (:mod:`~odb_lightning.core.rows`) and overrides :meth:`Budget.group_cost` and
+:meth:`Budget.fits_group`; the grouping, the window, the sync figures and the plan
 statistics ask the budget they are given, never which layout it is.
 """
 
@@ -90,29 +85,3 @@ class Budget:
         """A group of ``size`` samples (the longest ``longest`` tokens, ``total`` in all,
         their squares summing to ``sum_of_squares``) is within the budget."""
         return self.fits(size, longest)
-
-
-@dataclass(frozen=True, slots=True)
-class PackedBudget(Budget):
-    """The budget of packed rows: one padding-free row per group (see the module docstring).
-
-    Attributes:
-        dense_packed_attention: The kernel computes the row's whole ``N x N`` square.
-    """
-
-    dense_packed_attention: bool = False
-
-    balances_padding: ClassVar[bool] = False
-
-    def packed_cost(self, total: int, sum_of_squares: int) -> float:
-        """Cost of one packed row of ``total`` real tokens whose samples' squared lengths
-        sum to ``sum_of_squares`` (see the module docstring)."""
-        row = self.padded_length(total)
-        square = row * row if self.dense_packed_attention else sum_of_squares
-        return row + self.attention_weight * square
-
-    def group_cost(self, lengths: Sequence[int]) -> float:
-        return self.packed_cost(sum(lengths), sum(n * n for n in lengths))
-
-    def fits_group(self, size: int, longest: int, total: int, sum_of_squares: int) -> bool:
-        return self.packed_cost(total, sum_of_squares) <= self.token_budget

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from odb_lightning.core.modes import MODES
 from odb_lightning.core.online_policy import ShardDealing
-from odb_lightning.core.rows import PackedAttention
+from odb_lightning.core.rows import ROW_SETTINGS
 
 
 class Knobs(Protocol):
@@ -45,26 +45,18 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "seed": int,
     "attention_weight": _billionths,
     "mode": lambda mode: list(MODES).index(mode),
-    "pad_to_multiple_of": int,
-    "packed_attention": lambda kind: list(PackedAttention).index(kind),
-    "max_patches": lambda patches: patches or 0,
-    "patch_attention_weight": _billionths,
+    **ROW_SETTINGS,
 }
 """The knobs (by their flat names, :meth:`BatchingConfig.knob`) that change what a round
 plans, each with its integer encoding: ranks that differ in one of them would diverge.
-A layout without ``packed_attention`` sends the default's."""
+The row layouts' entries are theirs (:data:`~odb_lightning.core.rows.ROW_SETTINGS`)."""
 HANDSHAKE_FIELDS = tuple(SHARED_SETTINGS)
 """The names of the settings part of the handshake message, in order."""
 
 
 def settings_message(config: Knobs) -> list[int]:
     """The shared settings of ``config`` as integers (weights in 1e-9, MiB in KiB)."""
-    return [encode(_shared_value(config, name)) for name, encode in SHARED_SETTINGS.items()]
-
-
-def _shared_value(config: Knobs, name: str) -> Any:
-    value = config.knob(name)
-    return PackedAttention.VARLEN if name == "packed_attention" and value is None else value
+    return [encode(config.knob(name)) for name, encode in SHARED_SETTINGS.items()]
 
 
 def check_settings_agree(messages: list[list[int]]) -> None:

@@ -12,12 +12,12 @@ asks the layout instead of testing which one it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from odb_lightning.core.budget import Budget, PackedBudget
+from odb_lightning.core.budget import Budget
 from odb_lightning.core.checks import check_positive_int, check_weight, enum_member
 from odb_lightning.core.patch_budget import PatchBudget
 
@@ -40,6 +40,47 @@ def packed_attention_of(attn_implementation: str) -> PackedAttention:
     the blocks across samples."""
     dense = attn_implementation in ("sdpa", "eager")
     return PackedAttention.DENSE if dense else PackedAttention.VARLEN
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBudget(Budget):
+    """The budget of packed rows: one padding-free row per group (see :class:`PackedRows`).
+
+    Attributes:
+        dense_packed_attention: The kernel computes the row's whole ``N x N`` square.
+    """
+
+    dense_packed_attention: bool = False
+
+    balances_padding: ClassVar[bool] = False
+
+    def packed_cost(self, total: int, sum_of_squares: int) -> float:
+        """Cost of one packed row of ``total`` real tokens whose samples' squared lengths
+        sum to ``sum_of_squares`` (see :class:`PackedRows`)."""
+        row = self.padded_length(total)
+        square = row * row if self.dense_packed_attention else sum_of_squares
+        return row + self.attention_weight * square
+
+    def group_cost(self, lengths: Sequence[int]) -> float:
+        return self.packed_cost(sum(lengths), sum(n * n for n in lengths))
+
+    def fits_group(self, size: int, longest: int, total: int, sum_of_squares: int) -> bool:
+        return self.packed_cost(total, sum_of_squares) <= self.token_budget
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """One memory warm-up batch: ``rows`` rows of ``tokens`` tokens; ``one_row``: the
+    tokens of several samples one after the other in a single row."""
+
+    name: str
+    rows: int
+    tokens: int
+    one_row: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return self.rows * self.tokens
 
 
 @dataclass(frozen=True)
@@ -86,6 +127,24 @@ class RowLayout:
         ``None`` (padded rows attend within each row: any backend)."""
         return None
 
+    def worst_case_shapes(
+        self, budget: Budget, max_seq_len: int, batch_cap: int | None
+    ) -> list[StepShape]:
+        """The largest steps of this layout under ``budget``: one sample of
+        ``max_seq_len`` tokens (the longest row and its attention), a full group of them,
+        and the largest group of the shortest samples (most rows, at most ``batch_cap``)."""
+        longest = budget.padded_length(max_seq_len)
+        shortest = budget.padded_length(2)  # the shortest sample with a target
+        rows = budget.max_group_size(2)
+        if batch_cap is not None:
+            rows = min(rows, batch_cap)
+        shapes = [StepShape(f"one sample of max_seq_len={max_seq_len}", 1, longest)]
+        full = budget.max_group_size(max_seq_len)
+        if full > 1:
+            shapes.append(StepShape("a full group of max_seq_len samples", full, longest))
+        shapes.append(StepShape("the largest group of the shortest samples", rows, shortest))
+        return shapes
+
     @property
     def patch_budget(self) -> PatchBudget | None:
         """The vision-tower bound of a group, or ``None`` without ``max_patches``."""
@@ -103,7 +162,13 @@ class PaddedRows(RowLayout):
 @dataclass(frozen=True)
 class PackedRows(RowLayout):
     """One padding-free row per group (``pack_collate``); groups are cut greedily under
-    the packed row's cost."""
+    the packed row's cost.
+
+    A packed row of ``N = sum L_i`` tokens costs ``N`` (rounded up to ``pad_to_multiple_of``)
+    plus the attention term: ``w * sum L_i**2`` where the kernel skips the blocks across
+    samples (flash-attention varlen, flex attention), ``w * N**2`` where it computes the
+    dense block mask's whole square (sdpa, eager: ``packed_attention=dense``).
+    """
 
     packed_attention: PackedAttention = PackedAttention.VARLEN
     """``varlen`` or ``dense``: the attention cost of a packed row (``w * sum L_i**2`` or
@@ -127,6 +192,14 @@ class PackedRows(RowLayout):
     def padded_tokens(self, lengths: Sequence[int]) -> int:
         return self._rounded(sum(lengths)) if lengths else 0
 
+    def worst_case_shapes(
+        self, budget: Budget, max_seq_len: int, batch_cap: int | None
+    ) -> list[StepShape]:
+        """One full packed row of the budget's tokens (its block mask is ``B x B`` under
+        sdpa and eager)."""
+        row = max(budget.padded_length(max_seq_len), budget.padded_length(budget.token_budget))
+        return [StepShape("one full packed row", 1, row, one_row=True)]
+
     def attention_mismatch(self, attn_implementation: str) -> str | None:
         """With ``attention_weight > 0`` a packed row's cost depends on the kernel:
         ``packed_attention`` must be the one the backend runs."""
@@ -140,3 +213,15 @@ class PackedRows(RowLayout):
             "a dense block mask (N^2 per packed row), flash and flex attention skip the "
             "blocks across samples (sum of L_i^2)"
         )
+
+
+ROW_SETTINGS: dict[str, Callable[[Any], int]] = {
+    "pad_to_multiple_of": int,
+    # A padded layout has no packed_attention: it sends the default's.
+    "packed_attention": lambda kind: list(PackedAttention).index(kind or PackedAttention.VARLEN),
+    "max_patches": lambda patches: patches or 0,
+    "patch_attention_weight": lambda weight: round(weight * 1e9),
+}
+"""The layouts' knobs every rank must share, with their integer encodings (weights in
+1e-9), in the order of the handshake message
+(:data:`~odb_lightning.core.handshake.SHARED_SETTINGS`)."""

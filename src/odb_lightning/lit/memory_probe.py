@@ -1,12 +1,13 @@
 """Measuring one warm-up step: the worst-case step shapes of a batching config, their
 inputs, and the probes that read a step's peak memory.
 
-The worst cases of a budget ``B`` (:func:`worst_case_shapes`): one sample of ``max_seq_len``
-tokens (the longest row and its attention), the largest group of the shortest samples
-(most rows), and in ``odb_packed`` one full packed row of ``B`` tokens (its block mask is
-``B x B`` under sdpa and eager). Each runs forward and backward with every target
-supervised (the LM head's worst case); the gradients are then dropped, so training starts
-from the same state as without the check.
+The worst cases of a budget ``B`` (:func:`worst_case_shapes`) are the row layout's
+(:meth:`~odb_lightning.core.rows.RowLayout.worst_case_shapes`): one sample of
+``max_seq_len`` tokens (the longest row and its attention), the largest group of the
+shortest samples (most rows), or, where a group is one row, one full row of ``B``
+tokens. Each runs forward and backward with every target supervised (the LM head's worst
+case); the gradients are then dropped, so training starts from the same state as without
+the check.
 
 Memory is read by a :class:`MemoryProbe`: on CUDA the caching allocator's peak
 (``torch.cuda.max_memory_allocated``) against the device's total memory; on CPU, where no
@@ -28,41 +29,15 @@ import torch
 from torch import Tensor, nn
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.rows import StepShape
+from odb_lightning.lit.attention_inputs import one_row_inputs
 
 GIB = 1024**3
 
 
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    """One warm-up batch: ``rows`` right-padded rows of ``tokens`` tokens, or one packed row."""
-
-    name: str
-    rows: int
-    tokens: int
-    packed: bool = False
-
-    @property
-    def total_tokens(self) -> int:
-        return self.rows * self.tokens
-
-
 def worst_case_shapes(config: BatchingConfig, max_seq_len: int) -> list[StepShape]:
-    """The largest steps ``config`` can emit (see the module docstring)."""
-    budget = config.budget
-    longest = budget.padded_length(max_seq_len)
-    shortest = budget.padded_length(2)  # the shortest sample with a target
-    if config.rows.packs:
-        row = max(longest, budget.padded_length(config.token_budget))
-        return [StepShape("one full packed row", 1, row, packed=True)]
-    rows = budget.max_group_size(2)
-    if config.policy.batch_cap is not None:
-        rows = min(rows, config.policy.batch_cap)
-    shapes = [StepShape(f"one sample of max_seq_len={max_seq_len}", 1, longest)]
-    full = budget.max_group_size(max_seq_len)
-    if full > 1:
-        shapes.append(StepShape("a full group of max_seq_len samples", full, longest))
-    shapes.append(StepShape("the largest group of the shortest samples", rows, shortest))
-    return shapes
+    """The largest steps ``config`` can emit: its row layout's (see the module docstring)."""
+    return config.rows.worst_case_shapes(config.budget, max_seq_len, config.policy.batch_cap)
 
 
 def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:
@@ -70,10 +45,8 @@ def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dic
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_size, (shape.rows, shape.tokens), generator=generator)
     inputs: dict[str, Any] = {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
-    if shape.packed:
-        inputs["position_ids"] = torch.arange(shape.tokens, device=device)[None]
-        inputs["cu_seqlens"] = torch.tensor([0, shape.tokens], dtype=torch.int32, device=device)
-        inputs["max_seqlen"] = shape.tokens
+    if shape.one_row:
+        inputs |= one_row_inputs(shape.tokens, device)
     return inputs
 
 

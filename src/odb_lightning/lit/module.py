@@ -17,12 +17,12 @@ from transformers import PreTrainedModel
 from typing_extensions import override
 
 from odb_lightning.core.nodes import plain
+from odb_lightning.lit.attention_inputs import body_inputs
 from odb_lightning.lit.lm_head import chunked_lm_loss, loss_token_mismatch
 from odb_lightning.lit.loss import TokenWeightedLossMixin
 from odb_lightning.lit.lr_schedule import WarmupSchedule
 from odb_lightning.lit.model_config import Architecture, Finetuning, ModelRuntime, StepPolicy
 from odb_lightning.lit.model_setup import build_model, compile_counts
-from odb_lightning.lit.packed_inputs import body_inputs
 from odb_lightning.lit.run_context import RunContext
 from odb_lightning.runtime.batch import ODBBatch, StepMeta
 from odb_lightning.sample import IGNORE_INDEX
@@ -100,7 +100,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     ``pretrained_path``, in :meth:`configure_model`, which the trainer calls on the
     training device (deferred and sharded under FSDP2: :mod:`~odb_lightning.lit.model_setup`);
     without a trainer, call it once yourself. The decoder body gets every input but
-    ``labels`` (:func:`~odb_lightning.lit.packed_inputs.body_inputs`); the LM head scores
+    ``labels`` (:func:`~odb_lightning.lit.attention_inputs.body_inputs`); the LM head scores
     only supervised positions (:func:`~odb_lightning.lit.lm_head.chunked_lm_loss`).
 
     The hyperparameters saved in checkpoints are the arguments as plain nodes
@@ -200,10 +200,10 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
     ) -> tuple[Tensor, int]:
         """Summed token cross-entropy of a batch and its supervised-token count.
 
-        With the step's ``meta`` (an :class:`ODBBatch`: right padded or packed by this
-        package's collates), the padded batch runs without its attention mask and the LM
+        With the step's ``meta`` (an :class:`ODBBatch` from this package's
+        collates, in any row layout), the padded batch runs without its attention mask and the LM
         head gathers the supervised rows by the metadata's count, both without a host
-        sync (:func:`~odb_lightning.lit.packed_inputs.body_inputs`,
+        sync (:func:`~odb_lightning.lit.attention_inputs.body_inputs`,
         :func:`~odb_lightning.lit.lm_head.chunked_lm_loss`); the count is checked lazily,
         once per optimizer step.
         """

@@ -3,8 +3,8 @@
 Our train and validation loaders are plain iterables without ``__len__`` (an ODB epoch's
 step count is known only at its end), so Lightning's bar shows ``0/?``. The planned modes
 (``standard``, ``sorted``, ``bucketed``, ``oracle``) do know it: their loader has the
-epoch's plan, and its ``len()`` is the bar's total, with tqdm's ETA. For ``odb`` and
-``odb_packed`` the total is an estimate refined every step: steps so far times this
+epoch's plan, and its ``len()`` is the bar's total, with tqdm's ETA. For the online
+modes the total is an estimate refined every step: steps so far times this
 rank's share of the epoch's training samples over the samples it has emitted so far.
 """
 

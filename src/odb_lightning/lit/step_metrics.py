@@ -5,7 +5,7 @@ logged every few steps and in ``summary.json``.
 
 A step's model FLOPs come from its samples' own lengths (:class:`~odb_lightning.lit.flops.
 ModelFlops`): ``6 N`` per real token, attention within each sample, the LM head on the
-supervised tokens. Padding, attention across samples of a packed row under a dense mask
+supervised tokens. Padding, attention across the samples of one row under a dense mask
 and IDLE dummy batches are work the device does, not model FLOPs, so they lower the MFU.
 
 Rates are over wall time (loader waits included) with every rank's counts summed, then

@@ -113,8 +113,9 @@ class VisionLanguageModule(CausalLMModule):
             inputs = fold_vlm_ids(inputs, self.token_id_fold, self.vision_ids)
         kwargs = {k: v for k, v in inputs.items() if k not in NOT_MODEL_INPUTS}
         if "cu_seqlens" in inputs or meta is not None:
-            # A packed row: transformers finds the samples from the text positions (row 0
-            # of position_ids), and must not get a mask that would override them.
+            # One row of several samples: transformers finds the samples from the text
+            # positions (row 0 of position_ids), and must not get a mask that would override
+            # them.
             kwargs.pop("attention_mask", None)
         pixels = kwargs.get(PIXEL_VALUES)
         has_images = pixels is not None and pixels.numel() > 0

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb_lightning.core.budget import Budget, PackedBudget
+from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import group_lengths, group_window, padded_cuts
+from odb_lightning.core.rows import PackedBudget
 from odb_lightning.core.types import SampleInfo
 
 SMALL = st.lists(st.integers(1, 40), min_size=1, max_size=10)

@@ -42,7 +42,7 @@ def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
     assert worst_case_shapes(capped, MAX_SEQ_LEN)[-1].rows == 32
     packed = BatchingConfig.of(mode="odb_packed", token_budget=1000, pad_to_multiple_of=64)
     (row,) = worst_case_shapes(packed, MAX_SEQ_LEN)
-    assert (row.rows, row.tokens, row.packed) == (1, 1024, True)
+    assert (row.rows, row.tokens, row.one_row) == (1, 1024, True)
 
 
 def fake_trainer(module: torch.nn.Module) -> SimpleNamespace:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 try:
@@ -70,3 +71,13 @@ def body_inputs(
         varlen = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
         return body | varlen | {"max_length_q": max_seqlen, "max_length_k": max_seqlen}
     return body
+
+
+def one_row_inputs(tokens: int, device: torch.device) -> dict[str, Any]:
+    """The inputs that make a ``[1, tokens]`` batch one packed row of a single sample
+    (positions, bounds), as :func:`~odb_lightning.runtime.batch.pack_collate` gives them."""
+    return {
+        "position_ids": torch.arange(tokens, device=device)[None],
+        "cu_seqlens": torch.tensor([0, tokens], dtype=torch.int32, device=device),
+        "max_seqlen": tokens,
+    }
