@@ -32,7 +32,7 @@ test-all: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(PY) -m ruff check src tests experiments
+	$(PY) -m ruff check src tests experiments train.py eval.py
 
 clean:
 	rm -rf $(VENV) outputs multirun wandb .pytest_cache

@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig
 
-from odb_lightning.app.evaluate import main as evaluate
 from odb_lightning.app.config_store import prepare_composition
+from odb_lightning.app.evaluate import main as evaluate
 
 # Before Hydra composes: the generated config nodes and the ${odb.run_name:...} resolver.
 prepare_composition()

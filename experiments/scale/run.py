@@ -56,12 +56,12 @@ def plan_seconds(world: int, settings: BatchingConfig) -> float:
     """Time of planning one round from ``world`` reports (what each rank computes)."""
     windows = []
     for rank in range(world):
-        window = GroupingWindow(settings, settings.outstanding_depth, rank=rank)
+        window = GroupingWindow(settings, settings.policy.outstanding_depth, rank=rank)
         for position in window.request():
             length = 200 + (rank * 37 + position * 101) % 3000
             window.add(SampleInfo(position, length, length // 2, position))
         windows.append(window)
-    q = settings.max_steps_per_round
+    q = settings.policy.max_steps_per_round
     messages = [encode_report(w.make_report(), q) for w in windows]
     started = time.perf_counter()
     repeats = 20
@@ -71,7 +71,7 @@ def plan_seconds(world: int, settings: BatchingConfig) -> float:
 
 
 def bytes_received_per_round(world: int, settings: BatchingConfig) -> int:
-    return world * message_length(settings.max_steps_per_round) * 8
+    return world * message_length(settings.policy.max_steps_per_round) * 8
 
 
 def percentiles_ms(values: list[float]) -> dict[str, float]:

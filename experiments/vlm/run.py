@@ -82,7 +82,7 @@ def score(batches: list[list[int]], measured: dict[str, list], budget: BatchingC
     real = sum(lengths[i] for b in steps for i in b)
     padded = sum(len(b) * max(lengths[i] for i in b) for b in steps)
     step_patches = [sum(patches[i] for i in b) for b in steps]
-    max_patches = budget.max_patches
+    max_patches = budget.rows.max_patches
     return {
         "steps": len(steps),
         "padding_efficiency": round(real / padded, 3),

@@ -25,7 +25,12 @@ from odb_lightning.data.vision_family import Qwen2VLFamily
 from odb_lightning.lit.counters import StepCounters
 from odb_lightning.lit.idle_steps import check_weights_idle_steps
 from odb_lightning.lit.run_context import RunContext
-from odb_lightning.lit.run_report import AddsToSummary, CountsParameters, ReportsCompile
+from odb_lightning.lit.run_report import (
+    AddsToSummary,
+    CountsParameters,
+    ReportsCompile,
+    ReportsRun,
+)
 from odb_lightning.lit.summary import SummaryBuilder
 from odb_lightning.lit.supervision import SupervisionCheck
 from odb_lightning.lit.vlm_module import VisionLanguageModule
@@ -43,13 +48,20 @@ class RunParts:
     embedding_rows: int | None  # of the model's input embedding
 
 
-def launched_world(trainer: DictConfig) -> tuple[int, str]:
-    """The job's processes (``trainer.devices x trainer.num_nodes``) and their accelerator,
-    counted as Lightning counts them (its accelerators' own device parsing)."""
+def launched_accelerator(trainer: DictConfig) -> str:
+    """The accelerator ``trainer.accelerator`` names, ``auto`` and ``gpu`` resolved as
+    Lightning resolves them (``cuda``, else ``mps``; ``auto`` falls back to ``cpu``)."""
     name = str(trainer.get("accelerator", "auto"))
     if name in ("auto", "gpu"):
         available = [n for n in ("cuda", "mps") if AcceleratorRegistry.get(n).is_available()]
         name = available[0] if available else ("cpu" if name == "auto" else "cuda")
+    return name
+
+
+def launched_world(trainer: DictConfig) -> tuple[int, str]:
+    """The job's processes (``trainer.devices x trainer.num_nodes``) and their accelerator,
+    counted as Lightning counts them (its accelerators' own device parsing)."""
+    name = launched_accelerator(trainer)
     devices = trainer.get("devices", "auto")
     try:
         accelerator = AcceleratorRegistry.get(name)
@@ -144,7 +156,7 @@ def build_callbacks(cfg: DictConfig | None, parts: RunParts) -> RunCallbacks:
     model = parts.model
     summary = SummaryBuilder(
         counters,
-        run_report=parts.datamodule,
+        run_report=parts.datamodule if isinstance(parts.datamodule, ReportsRun) else None,
         parameters=model if isinstance(model, CountsParameters) else None,
         compiled=model if isinstance(model, ReportsCompile) else None,
         extras=[c for c in configured if isinstance(c, AddsToSummary)],

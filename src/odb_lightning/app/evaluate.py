@@ -25,7 +25,7 @@ from rich.table import Table
 from typing_extensions import override
 
 from odb_lightning.app.checkpoints import resolve_resume_checkpoint
-from odb_lightning.app.components import build_parts, launched_world
+from odb_lightning.app.components import build_parts, launched_accelerator
 from odb_lightning.app.run_config import config_for_resume
 from odb_lightning.app.run_log import full_error_requested, is_user_error, route_library_logs
 from odb_lightning.app.validation import ConfigError, validate_config
@@ -78,7 +78,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
     # One process: the split is small next to training, and no launcher is needed.
-    parts = build_parts(cfg, world_size=1, device=launched_world(cfg.trainer)[1])
+    parts = build_parts(cfg, world_size=1, device=launched_accelerator(cfg.trainer))
     datamodule, model = parts.datamodule, parts.model
     counts = SplitCounts()
     trainer: pl.Trainer = hydra.utils.instantiate(

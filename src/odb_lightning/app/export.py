@@ -144,6 +144,31 @@ def read_hyperparameters(path: Path, checkpoint: Mapping[str, Any]) -> dict[str,
     return hyper_parameters
 
 
+TRUSTED_TARGETS = ("odb_lightning.", "torch.optim.")
+"""What a checkpoint's hyperparameter nodes may name as ``_target_``: instantiating them
+runs the named callable, so a checkpoint from elsewhere must not name any other."""
+
+
+def check_targets(path: Path, node: Any, key: str = "hyper_parameters") -> None:
+    """Refuse a node that names a ``_target_`` outside :data:`TRUSTED_TARGETS`.
+
+    Raises:
+        ExportError: Naming the key and the target.
+    """
+    if isinstance(node, Mapping):
+        target = node.get("_target_")
+        if target is not None and not str(target).startswith(TRUSTED_TARGETS):
+            raise ExportError(
+                f"{path}: {key}._target_ is {target!r}, not a class of odb_lightning or "
+                "torch.optim: the checkpoint is not one this package wrote, so it is not built"
+            )
+        for name, value in node.items():
+            check_targets(path, value, f"{key}.{name}")
+    elif isinstance(node, list | tuple):
+        for index, value in enumerate(node):
+            check_targets(path, value, f"{key}[{index}]")
+
+
 def build_module(path: Path, hyper_parameters: Mapping[str, Any]) -> CausalLMModule:
     """A ``CausalLMModule`` of ``hyper_parameters`` with its model built on CPU.
 
@@ -153,7 +178,8 @@ def build_module(path: Path, hyper_parameters: Mapping[str, Any]) -> CausalLMMod
     import hydra
     from hydra.errors import InstantiationException
 
-    node = {"_target_": target_of(CausalLMModule), **hyper_parameters}
+    node = {**hyper_parameters, "_target_": target_of(CausalLMModule)}
+    check_targets(path, node)
     try:
         module = hydra.utils.instantiate(node, _convert_="all")
     except InstantiationException as error:

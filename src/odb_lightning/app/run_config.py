@@ -174,11 +174,18 @@ def merge_resume_config(
     """The resume's config: ``saved`` (the checkpoint's, unresolved), with ``current``'s
     value for every key in ``set_keys``, under :data:`ALWAYS_THIS_RUN`, under a group in
     ``replaced`` (whose saved keys are dropped first), or missing from ``saved`` (outside
-    :data:`ENTRIES_OF_THE_RUN`); keys in ``deleted`` removed. Returns it nested, and the
-    keys this run set that differ from the checkpoint's."""
+    :data:`ENTRIES_OF_THE_RUN`); keys in ``deleted`` removed. A node whose ``_target_``
+    this run sets to another class is taken whole from ``current`` (one policy's keys are
+    no arguments of another's). Returns it nested, and the keys this run set that differ
+    from the checkpoint's."""
     merged = leaves(saved)
-    replaced = set(replaced)
     before = dict(merged)
+    retargeted = {
+        key.removesuffix("._target_")
+        for key, value in current.items()
+        if key.endswith("._target_") and key in set_keys and before.get(key, value) != value
+    }
+    replaced = set(replaced) | retargeted
     for key in [k for k in merged if any(_under(k, g) for g in replaced)]:
         del merged[key]
     set_keys = set_keys | {k for k in current if any(_under(k, g) for g in replaced)}

@@ -55,8 +55,10 @@ HANDSHAKE_FIELDS = tuple(SHARED_SETTINGS)
 
 
 def settings_message(config: Knobs) -> list[int]:
-    """The shared settings of ``config`` as integers (weights in 1e-9, MiB in KiB)."""
-    return [encode(config.knob(name)) for name, encode in SHARED_SETTINGS.items()]
+    """The shared settings of ``config`` as integers (weights in 1e-9, MiB in KiB; 0 for a
+    knob its mode does not have, such as a planned policy's window)."""
+    values = ((config.knob(name), encode) for name, encode in SHARED_SETTINGS.items())
+    return [0 if value is None else encode(value) for value, encode in values]
 
 
 def check_settings_agree(messages: list[list[int]]) -> None:

@@ -99,9 +99,6 @@ class RowLayout:
     """Weight ``w_p`` of the per-image quadratic term of the patch cost (``p + w_p * p**2``
     per image of ``p`` patches)."""
 
-    packs: ClassVar[bool] = False
-    """A group is one padding-free row (its samples' tokens, one after the other)."""
-
     def __post_init__(self) -> None:
         check_positive_int(f"{ROWS_KEY}.pad_to_multiple_of", self.pad_to_multiple_of)
         check_weight(f"{ROWS_KEY}.attention_weight", self.attention_weight)
@@ -173,8 +170,6 @@ class PackedRows(RowLayout):
     packed_attention: PackedAttention = PackedAttention.VARLEN
     """``varlen`` or ``dense``: the attention cost of a packed row (``w * sum L_i**2`` or
     ``w * N**2``); checked against ``model.architecture.attn_implementation`` at start."""
-
-    packs: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -326,7 +326,7 @@ class ODBDataModule(pl.LightningDataModule):
 
     # -- reporting ----------------------------------------------------------------------
     def run_report(self) -> RunReport:
-        """This rank's report of the run for the metrics callback."""
+        """This rank's report of the run for the summary builder."""
         facts = {
             "source": self.source,
             "regime": self.regime,

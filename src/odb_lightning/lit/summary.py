@@ -76,7 +76,7 @@ class SummaryBuilder(pl.Callback):
             counts = self.parameters.parameter_counts()
             summary["model"] = asdict(ParameterCounts.of(counts))
         if self.compiled is not None and (entries := self.compiled.compile_report()):
-            summary.update(entries)  # model.compile: graphs, recompiles, seconds
+            summary.update(entries)  # model.runtime.compile: graphs, recompiles, seconds
         if report is not None:
             summary.update(loader_figures(trainer, pl_module, report, summary["steps_per_rank"]))
         summary["not_trained_samples"] = not_trained_samples(trainer, summary)

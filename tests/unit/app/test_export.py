@@ -239,6 +239,19 @@ def test_bad_checkpoints_and_outputs_are_named(lora_run, tmp_path, capsys) -> No
     assert not any((tmp_path / name).exists() for name in "abcd")
 
 
+def test_a_checkpoint_naming_a_foreign_target_is_not_built(lora_run, tmp_path, capsys) -> None:
+    """Building the module instantiates the checkpoint's nodes: only this package's and
+    torch.optim's classes may be named, so a crafted checkpoint runs nothing else."""
+    _, lora_path = lora_run
+    checkpoint = torch.load(lora_path, map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"]["optimizer"]["_target_"] = "os.system"
+    torch.save(checkpoint, tmp_path / "crafted.ckpt")
+    assert main([str(tmp_path / "crafted.ckpt"), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "hyper_parameters.optimizer._target_ is 'os.system'" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["odb-export"] == "odb_lightning.app.export:main"

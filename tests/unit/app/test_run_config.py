@@ -190,3 +190,19 @@ def test_resume_at_its_own_max_steps_warns_that_nothing_is_left(
     assert resumed.trainer.max_steps == 3  # the checkpoint's: no command line sets it here
     assert "at step 3 and trainer.max_steps=3" in caplog.text
     assert "set trainer.max_steps (-1: no limit)" in caplog.text
+
+
+def test_a_node_given_another_target_is_taken_whole() -> None:
+    """A resume that switches the batching policy's type gets the new policy's node, not
+    the checkpoint's keys under the new target."""
+    saved = {"batching": {"token_budget": 64, "policy": {"_target_": "Online", "join": True}}}
+    current = {"batching.token_budget": 64, "batching.policy._target_": "Oracle"}
+    current["batching.policy.max_batch_size"] = 8
+    set_keys = {"batching.policy._target_", "batching.policy.max_batch_size"}
+    merged, changed = merge_resume_config(saved, current, set_keys, set())
+    assert merged["batching"]["policy"] == {"_target_": "Oracle", "max_batch_size": 8}
+    assert {"batching.policy._target_", "batching.policy.join"} <= set(changed)
+    # Unchanged target: the checkpoint's other keys stay.
+    same = {"batching.policy._target_": "Online", "batching.policy.join": False}
+    merged, _ = merge_resume_config(saved, same, {"batching.policy.join"}, set())
+    assert merged["batching"]["policy"] == {"_target_": "Online", "join": False}

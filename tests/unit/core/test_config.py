@@ -229,7 +229,7 @@ def test_keyword_form_routes_each_knob_to_its_concern() -> None:
     config = BatchingConfig.of(
         mode="odb_packed", token_budget=8192, outstanding_depth=64, num_workers=0
     )
-    assert config.mode == "odb_packed" and config.rows.packs
+    assert config.mode == "odb_packed" and isinstance(config.rows, PackedRows)
     assert config.policy.outstanding_depth == 64 and config.loader.num_workers == 0
     assert config.knob("outstanding_depth") == 64 and config.knob("mode") == "odb_packed"
     # Switching mode keeps the fields both layouts have; another policy's knob is not read.
@@ -263,3 +263,10 @@ def test_knob_names_are_unique_across_concerns() -> None:
     top = names(BatchingConfig) - {"policy", "rows", "loader"}
     concerns = [top, policies, layouts, names(LoaderConfig)]
     assert sum(map(len, concerns)) == len(set().union(*concerns))  # one owner per name
+
+
+def test_every_mode_has_a_handshake_and_modes_differ_in_it() -> None:
+    messages = {name: BatchingConfig.of(mode=name).handshake() for name in MODES}
+    assert len({tuple(m) for m in messages.values()}) == len(MODES)
+    with pytest.raises(SettingsMismatchError, match="mode"):
+        check_settings_agree([messages["standard"], messages["oracle"]])
