@@ -163,12 +163,12 @@ class MemoryWarmup(pl.Callback):
             rounding, memory the measured step does not show).
         capacity_gib: The memory to fit into, instead of the device's total (a smaller
             share of a GPU, or the CPU check).
-        batching: The run's batching config, whose steps are measured (the app hands it;
-            ``None``: nothing to measure).
+        batching: The run's batching config, whose steps are measured (the app hands it).
         max_seq_len: The run's ``data.max_seq_len``.
         vocab_size: Rows of the model's input embedding: the warm-up draws ids below it.
         apply_token_budget: Takes the budget ``auto`` resolved to (the data module's
-            :meth:`~odb_lightning.lit.datamodule.ODBDataModule.apply_token_budget`).
+            :meth:`~odb_lightning.lit.datamodule.ODBDataModule.apply_token_budget`);
+            required with ``token_budget=auto``.
     """
 
     def __init__(
@@ -177,8 +177,8 @@ class MemoryWarmup(pl.Callback):
         margin: float = 0.1,
         capacity_gib: float | None = None,
         *,
-        batching: BatchingConfig | None = None,
-        max_seq_len: int | None = None,
+        batching: BatchingConfig,
+        max_seq_len: int,
         vocab_size: int | None = None,
         apply_token_budget: Callable[[int], None] | None = None,
     ) -> None:
@@ -193,8 +193,11 @@ class MemoryWarmup(pl.Callback):
                 "memory_warmup.capacity_gib must be a positive number or null, "
                 f"got {capacity_gib!r}"
             )
-        if batching is not None and max_seq_len is None:
-            raise ValueError("memory_warmup needs the run's max_seq_len with its batching config")
+        if batching.token_budget == TOKEN_BUDGET_AUTO and apply_token_budget is None:
+            raise ValueError(
+                "memory_warmup resolves batching.token_budget=auto: it needs the data "
+                "module's apply_token_budget to hand the budget on"
+            )
         self.enabled, self.margin, self.capacity_gib = enabled, float(margin), capacity_gib
         self.batching, self.max_seq_len, self.vocab_size = batching, max_seq_len, vocab_size
         self.apply_token_budget = apply_token_budget
@@ -203,8 +206,6 @@ class MemoryWarmup(pl.Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         config, max_seq_len = self.batching, self.max_seq_len
-        if config is None or max_seq_len is None:
-            return
         auto = config.token_budget == TOKEN_BUDGET_AUTO
         probe = self._probe(pl_module)
         if probe is None:
@@ -229,8 +230,7 @@ class MemoryWarmup(pl.Callback):
             if auto:
                 budget = self._resolve_auto(trainer, pl_module, config, max_seq_len, measure)
                 config = replace(config, token_budget=budget)
-                if self.apply_token_budget is not None:
-                    self.apply_token_budget(budget)
+                self.apply_token_budget(budget)  # type: ignore[misc]  # checked at init
             report = measure(config, max_seq_len)
         finally:
             pl_module.train(was_training)

@@ -114,7 +114,7 @@ def test_auto_without_a_gpu_or_capacity_is_refused() -> None:
     module = tiny_module(model_dtype="float32")
     auto = BatchingConfig.of(token_budget="auto", num_workers=0)
     with pytest.raises(MemoryBudgetError, match="needs a CUDA device"):
-        warmup_of(module, auto).on_fit_start(fake_trainer(module), module)
+        warmup_of(module, auto, []).on_fit_start(fake_trainer(module), module)
     with pytest.raises(ValueError, match="resolved at fit start"):
         _ = BatchingConfig.of(token_budget="auto").budget
     with pytest.raises(ValueError, match="positive integer or auto"):
