@@ -205,14 +205,20 @@ class Qwen2VLFamily:
         vocabulary when ids are folded).
 
         Raises:
-            ValueError: ``mrope_section`` does not sum to half the head width.
+            ValueError: ``text`` is not a Qwen2 language model, or ``mrope_section`` does
+                not sum to half the head width.
         """
         from transformers import Qwen2VLConfig
 
+        if text.model_type != "qwen2":
+            raise ValueError(
+                f"model.architecture.model_type={text.model_type}: the Qwen2-VL family's "
+                "language model is qwen2"
+            )
         ids = self.tokens
         vision_ids = (ids.image_pad_id, ids.vision_start_id, ids.vision_end_id)
         model_ids = [fold - 1 - k for k in range(3)] if fold is not None else list(vision_ids)
-        head_dim = text.hidden_size // text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         section = list(tower.mrope_section or default_mrope_section(head_dim))
         if sum(section) != head_dim // 2:
             raise ValueError(

@@ -163,3 +163,11 @@ def test_a_local_pretrained_vlm_loads_its_weights(tmp_path: Path, module, sample
     batch = pad_collate(samples[:2])
     with torch.no_grad():
         assert float(loaded(batch)[0]) == float(module(batch)[0])
+
+
+def test_the_family_refuses_another_language_model_and_reads_head_dim() -> None:
+    with pytest.raises(ValueError, match="model_type=llama: the Qwen2-VL family"):
+        VisionLanguageModule(**tiny_vlm_arguments(model_type="llama"))
+    # Heads of 16 (not hidden_size / heads = 8): the rotary sections must sum to 8.
+    with pytest.raises(ValueError, match="must sum to head_dim / 2 = 8"):
+        VisionLanguageModule(**tiny_vlm_arguments(head_dim=16, vision_mrope_section=[2, 1, 1]))
