@@ -41,8 +41,9 @@ def jobs(draw: st.DrawFn) -> dict:
     }
 
 
-def run(job: dict, *, join: bool):
-    settings_ = BatchingConfig.of(
+def job_settings(job: dict, *, join: bool, **extra: object) -> BatchingConfig:
+    """The batching settings a drawn job describes (``extra``: further knobs)."""
+    return BatchingConfig.of(
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         window_budgets=job.get("window_budgets"),
@@ -50,7 +51,12 @@ def run(job: dict, *, join: bool):
         max_steps_per_round=job["max_steps_per_round"],
         join=join,
         seed=job["seed"],
+        **extra,
     )
+
+
+def run(job: dict, *, join: bool):
+    settings_ = job_settings(job, join=join)
     return simulate_epoch(
         job["rank_lengths"],
         settings_,
@@ -190,16 +196,7 @@ def test_packed_groups_fit_a_real_token_budget_and_cover_every_sample(job: dict)
 
 def run_dealt(job: dict, *, join: bool):
     """The job's samples as one global order dealt by need over its ranks."""
-    settings_ = BatchingConfig.of(
-        token_budget=job["token_budget"],
-        outstanding_depth=job["window"],
-        window_budgets=job.get("window_budgets"),
-        window_max_mib=job.get("window_max_mib"),
-        max_steps_per_round=job["max_steps_per_round"],
-        join=join,
-        seed=job["seed"],
-        shard_dealing="by_need",
-    )
+    settings_ = job_settings(job, join=join, shard_dealing="by_need")
     lengths = [n for rank in job["rank_lengths"] for n in rank]
     losses = [n for rank in job["loss_tokens"] for n in rank]
     sizes = [n for rank in job["sample_bytes"] for n in rank]
