@@ -38,6 +38,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "token_budget": int,
     "outstanding_depth": int,
     "window_budgets": lambda budgets: budgets or 0,
+    "ramp_budgets": lambda budgets: budgets or 0,
     "window_max_mib": lambda mib: 0 if mib is None else round(mib * 1024),  # KiB
     "shard_dealing": lambda dealing: list(ShardDealing).index(dealing),
     "max_steps_per_round": int,

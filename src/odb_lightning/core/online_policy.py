@@ -32,6 +32,13 @@ class OnlinePolicy(Policy):
     """The window fills until its samples' row costs sum to this many ``token_budget``s
     (about as many full batches), within ``outstanding_depth`` samples; ``None``: the
     window is ``D`` samples (experiments/sync_efficiency chose 128)."""
+    ramp_budgets: int | None = 2
+    """The ramp: the first round of an epoch (and of a resumed one) emits once every
+    window holds this many ``token_budget``s of work, not the full window; each round that
+    emits doubles it until it reaches ``window_budgets`` (a window of ``D`` samples: ``D``
+    budgets), so the first step waits for a few batches' worth of samples, never for the
+    whole window. ``None``, or a value at or above the full window: no ramp
+    (experiments/ramp)."""
     window_max_mib: float | None = 1024.0
     """Most MiB of serialized samples the window sized in work holds (meant for
     image-heavy samples); ``None``: no cap. The emitted steps waiting to be collated (at
@@ -53,6 +60,8 @@ class OnlinePolicy(Policy):
         key = POLICY_KEY
         check_positive_int(f"{key}.outstanding_depth", self.outstanding_depth)
         check_positive_int(f"{key}.window_budgets", self.window_budgets, optional=True)
+        check_positive_int(f"{key}.ramp_budgets", self.ramp_budgets, optional=True)
+        check_positive_int(f"{key}.ramp_budgets", self.ramp_budgets, optional=True)
         check_positive(f"{key}.window_max_mib", self.window_max_mib, "MiB", optional=True)
         dealing = enum_member(ShardDealing, f"{key}.shard_dealing", self.shard_dealing)
         object.__setattr__(self, "shard_dealing", dealing)

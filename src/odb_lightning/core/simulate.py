@@ -39,6 +39,9 @@ class SimulationResult:
             the whole window): the planner's work.
         over_patch_budget: Per rank, samples emitted alone because their patches alone
             exceed ``max_patches``.
+        first_step_samples: Per rank, samples that had arrived (or been skipped) when the
+            first round emitted steps: what the first step waits for (the ramp's work).
+        first_step_cost: Per rank, the row costs of those samples (each rounded up).
     """
 
     steps: list[list[Step]]
@@ -48,6 +51,8 @@ class SimulationResult:
     sync: SyncFigures
     grouped: list[int]
     over_patch_budget: tuple[int, ...] = ()
+    first_step_samples: tuple[int, ...] = ()
+    first_step_cost: tuple[int, ...] = ()
 
 
 def _fill(
@@ -159,6 +164,7 @@ def _run(
     # Every emitting round takes >= 1 sample from some rank, every round that only deals
     # deals >= 1 sample; one more round ends the epoch.
     bound = 2 * num_samples + 2
+    first: list[tuple[int, int]] = []  # (samples, cost) received before the first step
     for rounds in range(1, bound + 1):
         for rank, (window, lengths, loss) in enumerate(
             zip(windows, rank_lengths, losses, strict=True)
@@ -169,6 +175,8 @@ def _run(
             _fill(window, lengths, loss, rank_patches, squares, sizes)
         messages = [encode_report(w.make_report(), max_steps) for w in windows]
         plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.policy.join)
+        if plan.target_steps and not first:
+            first = [(w.num_received, w.received_cost) for w in windows]
         for window, rank_steps in zip(windows, steps, strict=True):
             rank_steps.extend(window.apply(plan).steps)
         if plan.epoch_over:
@@ -179,6 +187,8 @@ def _run(
                 over_budget=[w.num_over_budget for w in windows],
                 grouped=[w.num_grouped for w in windows],
                 over_patch_budget=tuple(w.num_over_patch_budget for w in windows),
+                first_step_samples=tuple(n for n, _ in first),
+                first_step_cost=tuple(c for _, c in first),
                 sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")

@@ -6,6 +6,11 @@ emits it in a step. A round starts only when every requested sample has arrived 
 window is full (or the shard is fully requested), so what a round sees does not depend on
 how fast workers were: the same seed gives the same steps, in production and in
 :mod:`odb_lightning.core.simulate`.
+
+The ramp (``ramp_budgets``): a window is full at ``ramp_budgets`` budgets of work in the
+epoch's first emitting round, twice that in the next, and so on up to the full window.
+Every rank counts the same emitting rounds (every rank acts on the same plans), so every
+rank ramps in step, and what a round sees stays a function of the data.
 """
 
 from __future__ import annotations
@@ -147,6 +152,7 @@ class GroupingWindow:
         self.num_skipped = 0
         self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
         self.epoch_over = False
+        self._ramp_budgets = self._ramped(self.policy.ramp_budgets)
 
     # -- filling ---------------------------------------------------------------------
     @property
@@ -173,34 +179,57 @@ class GroupingWindow:
         return self._buffered_bytes
 
     @property
+    def num_received(self) -> int:
+        """Samples that arrived (or were skipped) this epoch."""
+        return self._num_received
+
+    @property
+    def received_cost(self) -> int:
+        """Row costs of the samples that arrived this epoch, each rounded up."""
+        return self._received_cost
+
+    @property
+    def target_budgets(self) -> int | None:
+        """The token budgets of work the window fills to this round: the ramp's while it
+        lasts, else ``window_budgets`` (``None``: the window is ``outstanding_depth``
+        samples)."""
+        return self._ramp_budgets or self.policy.window_budgets
+
+    @property
     def target_cost(self) -> float | None:
-        """The work the window fills to: ``window_budgets`` token budgets (``None``: the
-        window is ``outstanding_depth`` samples)."""
-        budgets = self.policy.window_budgets
+        """The work the window fills to: :attr:`target_budgets` token budgets."""
+        budgets = self.target_budgets
         return None if budgets is None else budgets * self._budget.token_budget
+
+    def _ramped(self, budgets: int | None) -> int | None:
+        # The ramp ends where it reaches the full window; D samples are taken to cost at
+        # most D budgets (a sample longer than the budget may cost more).
+        full = self.policy.window_budgets or self.policy.outstanding_depth
+        return budgets if budgets is not None and budgets < full else None
 
     def shortfall(self) -> int:
         """How many more samples the window lacks (whether or not any are left).
 
         A window sized in work decides only when nothing is in flight, from the samples it
         holds: it lacks the missing work divided by the mean row cost of the samples seen
-        this epoch (``window_budgets`` samples before any arrived), and no more than the
+        this epoch (one sample a budget before any arrived), and no more than the
         bytes left under ``window_max_mib`` hold at their mean size (at least one while
         any are left, so the cap may be passed by one sample). Each decision is a function
         of samples that arrived, never of how fast they did, so the window a round sees is
         the same in production and in the simulator.
         """
         room = self.policy.outstanding_depth - self.num_buffered - self.num_in_flight
-        target = self.target_cost
-        if target is None or room <= 0:
+        budgets = self.target_budgets
+        if budgets is None or room <= 0:
             return max(0, room)
+        target = budgets * self._budget.token_budget
         cap = self.policy.window_max_bytes
         over_bytes = cap is not None and self._buffered_bytes >= cap
         if self.num_in_flight or self._buffered_cost >= target or over_bytes:
             return 0
         seen = self._num_received - self.num_skipped
         if seen == 0:
-            return min(room, self.policy.window_budgets)
+            return min(room, budgets)
         missing = target - self._buffered_cost
         wanted = max(1, math.ceil(missing * seen / self._received_cost))
         if cap is not None and self._received_bytes:
@@ -346,6 +375,8 @@ class GroupingWindow:
         self._receive_deal(plan.deals)
         if plan.target_steps == 0:
             return RoundOutcome()
+        if self._ramp_budgets is not None:
+            self._ramp_budgets = self._ramped(2 * self._ramp_budgets)
         local = self._local_steps(groups, plan)
         order = list(range(plan.target_steps))
         make_rng(self.config.seed, "round", self.epoch, self.round_index - 1).shuffle(order)

@@ -11,8 +11,13 @@ from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round
 
 # Fixed shards: the window requests from its own shard (dealt by need, see test_simulate).
+# No ramp: these pin the cap of D samples (the ramp has its own tests below).
 SETTINGS = BatchingConfig.of(
-    token_budget=64, outstanding_depth=6, max_steps_per_round=4, shard_dealing="fixed"
+    token_budget=64,
+    outstanding_depth=6,
+    max_steps_per_round=4,
+    shard_dealing="fixed",
+    ramp_budgets=None,
 )
 LENGTHS = [9, 30, 2, 17, 5, 40, 8, 3, 12, 21]
 
@@ -128,7 +133,11 @@ def test_window_sized_in_work_stops_at_the_byte_cap() -> None:
     def asks(cap_mib: float | None) -> tuple[list[int], GroupingWindow]:
         # 40 samples of 4 tokens, 100 KiB each: 8 budgets of 32 tokens would take all.
         config = BatchingConfig.of(
-            token_budget=32, window_budgets=8, window_max_mib=cap_mib, shard_dealing="fixed"
+            token_budget=32,
+            window_budgets=8,
+            window_max_mib=cap_mib,
+            shard_dealing="fixed",
+            ramp_budgets=None,
         )
         window = GroupingWindow(config, shard_size=40)
         asked = []
