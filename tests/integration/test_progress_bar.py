@@ -20,7 +20,7 @@ import torch
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.lit.counters import StepCounters
 from odb_lightning.lit.datamodule import ODBDataModule
-from odb_lightning.lit.progress import ODBProgressBar
+from odb_lightning.lit.progress import ODBProgressBar, SteadyRateTqdm
 from odb_lightning.lit.run_context import RunContext
 from odb_lightning.lit.step_metrics import StepMetricsCallback
 
@@ -47,12 +47,15 @@ class RecordingBar(ODBProgressBar):
         super().__init__(refresh_rate=1, train_samples=run.train_samples)
         self.seen: list[tuple[int, int | None, str]] = []
         self.samples: list[int] = []
+        self.rate_clock_steps: list[int | None] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         bar = self.train_progress_bar
         self.seen.append((bar.n, bar.total, bar.postfix or ""))
         self.samples.append(0 if batch.meta.is_idle else batch.meta.local_samples)
+        assert isinstance(bar, SteadyRateTqdm)
+        self.rate_clock_steps.append(bar.rate_clock_steps)
 
 
 def fit(tmp_path: Path, mode: str, **limits: Any) -> tuple[RecordingBar, ODBDataModule]:
@@ -121,3 +124,5 @@ def test_odb_total_is_an_estimate_from_samples_that_ends_on_the_real_count(
 def test_bar_redraws_every_step(mode: str, tmp_path: Path) -> None:
     bar, _ = fit(tmp_path, mode, max_epochs=1)
     assert [n for n, _, _ in bar.seen] == list(range(1, len(bar.seen) + 1))
+    # The rate (and ETA) counts from the end of the first step on.
+    assert bar.rate_clock_steps == [1] * len(bar.seen)
