@@ -10,12 +10,15 @@ divided by ``W``). Default batching settings except the token budget, and
 * first step: the samples (and their work, in budgets) that had arrived at the window
   of the rank that waited for the most when the first round emitted
   (``SimulationResult.first_step_samples`` / ``first_step_cost``);
-* steps against the oracle, utilization, padding efficiency of the whole epoch, and the
-  padding efficiency of the steps after the ramp's rounds (the first ``k`` emitting
-  rounds, ``k`` the doublings from ``ramp_budgets`` to ``window_budgets``; the same
-  rounds are left out of the run without the ramp).
+* steps against the oracle, utilization, padding efficiency of the whole epoch, and with
+  the ramp the padding efficiency of the steps after its rounds (the first
+  ``len(core.window.ramp_targets(policy))`` emitting rounds; ``-`` where the epoch has no
+  round after them).
+* ``--large N``: also an epoch of ``N`` lengths drawn with replacement from ShareGPT whole
+  (seeded), in one seeded order, at ``--large-worlds`` ranks (a user's scale: the ramp's
+  cost is a few steps per rank, whatever the epoch's length).
 
-    python -m experiments.ramp.run [--worlds 1,8,64] [--synthetic] [--knobs shard_dealing=fixed]
+    python -m experiments.ramp.run [--worlds 1,8,64] [--large 902087] [--knobs shard_dealing=fixed]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.common import results_meta
+from experiments.scale.shards import draw_lengths
 from experiments.sync_efficiency.run import (
     CASES,
     epoch_lengths,
@@ -35,18 +39,15 @@ from experiments.sync_efficiency.run import (
     synthetic_lengths,
 )
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
+from odb_lightning.core.window import ramp_targets
 
 HERE = Path(__file__).resolve().parent
 RAMPS = {"off": None, "on": 2}
-
-
-def ramp_rounds(config: BatchingConfig, ramp: int | None) -> int:
-    """Emitting rounds in which the window is smaller than the full one."""
-    policy = config.policy
-    full = policy.window_budgets or policy.outstanding_depth
-    return 0 if ramp is None or ramp >= full else math.ceil(math.log2(full / ramp))
+LARGE_SET = "sharegpt_whole"
+LARGE = (16384, 49152)  # token budgets of the large epoch
 
 
 def padding_efficiency(result: SimulationResult, skip_rounds: int) -> float:
@@ -103,9 +104,13 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['set']} | {r['token_budget']:,} | {r['world_size']} | {ramp} | "
             f"{r['first_step_samples']:,} ({r['first_step_budgets']:.1f}) | "
             f"{r['steps_vs_oracle']:.3f} | {r['utilization']:.3f} | "
-            f"{r['padding_efficiency']:.4f} | {r['padding_efficiency_after_ramp']:.4f} |"
+            f"{r['padding_efficiency']:.4f} | {_figure(r['padding_efficiency_after_ramp'])} |"
         )
     return "\n".join(lines)
+
+
+def _figure(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.4f}"
 
 
 def _value(text: str) -> int | str | None:
@@ -120,6 +125,10 @@ def main() -> None:
     parser.add_argument("--worlds", default="1,8,64")
     parser.add_argument("--synthetic", action="store_true", help="add the synthetic profiles")
     parser.add_argument("--knobs", default="", help="batching fields to change, e.g. join=0")
+    parser.add_argument(
+        "--large", type=int, default=0, help=f"add an epoch of this many {LARGE_SET} lengths"
+    )
+    parser.add_argument("--large-worlds", default="1,8", help="rank counts of the large epoch")
     args = parser.parse_args()
     knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
     lengths = real_lengths()
@@ -128,16 +137,25 @@ def main() -> None:
         synthetic = synthetic_lengths(lengths)
         lengths |= synthetic
         cases += [(name, budget) for name in synthetic for budget in (16384, 49152)]
+    runs = [
+        (name, budget, world, epoch_lengths(lengths[name], world))
+        for world in (int(w) for w in args.worlds.split(","))
+        for name, budget in cases
+    ]
+    if args.large:
+        drawn, _ = draw_lengths(lengths[LARGE_SET], args.large, seed=0)
+        ordered = [drawn[i] for i in epoch_permutation(len(drawn), 0, 0)]
+        for world in (int(w) for w in args.large_worlds.split(",")):
+            runs += [(f"{LARGE_SET}_{args.large}", budget, world, ordered) for budget in LARGE]
     rows = []
-    for world in (int(w) for w in args.worlds.split(",")):
-        for name, budget in cases:
-            ordered = epoch_lengths(lengths[name], world)
-            base = replace(BatchingConfig.of(**knobs), token_budget=budget)
-            skip = ramp_rounds(base, RAMPS["on"])
-            for ramp in RAMPS.values():
-                config = BatchingConfig.of(base, ramp_budgets=ramp)
-                rows.append({"set": name} | measure(ordered, world, config, skip))
-                print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    for name, budget, world, ordered in runs:
+        base = replace(BatchingConfig.of(**knobs), token_budget=budget)
+        ramped = BatchingConfig.of(base, ramp_budgets=RAMPS["on"])
+        for ramp in RAMPS.values():
+            config = BatchingConfig.of(base, ramp_budgets=ramp)
+            skip = len(ramp_targets(ramped.policy)) if ramp is not None else 0
+            rows.append({"set": name} | measure(ordered, world, config, skip))
+            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     path = HERE / "results.json"
     stored = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     stored["runs"][args.label] = {"meta": results_meta(), "rows": rows}

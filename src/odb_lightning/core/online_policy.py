@@ -35,10 +35,10 @@ class OnlinePolicy(Policy):
     ramp_budgets: int | None = 2
     """The ramp: the first round of an epoch (and of a resumed one) emits once every
     window holds this many ``token_budget``s of work, not the full window; each round that
-    emits doubles it until it reaches ``window_budgets`` (a window of ``D`` samples: ``D``
-    budgets), so the first step waits for a few batches' worth of samples, never for the
-    whole window. ``None``, or a value at or above the full window: no ramp
-    (experiments/ramp)."""
+    emits multiplies it by 4 until it would reach ``window_budgets`` (a window of ``D``
+    samples: ``D`` budgets), so the first step waits for a few batches' worth of samples,
+    never for the whole window (``core.window.ramp_targets``). ``None``, or a value at or
+    above the full window: no ramp (experiments/ramp)."""
     window_max_mib: float | None = 1024.0
     """Most MiB of serialized samples the window sized in work holds (meant for
     image-heavy samples); ``None``: no cap. The emitted steps waiting to be collated (at

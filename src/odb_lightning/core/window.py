@@ -8,9 +8,9 @@ how fast workers were: the same seed gives the same steps, in production and in
 :mod:`odb_lightning.core.simulate`.
 
 The ramp (``ramp_budgets``): a window is full at ``ramp_budgets`` budgets of work in the
-epoch's first emitting round, twice that in the next, and so on up to the full window.
-Every rank counts the same emitting rounds (every rank acts on the same plans), so every
-rank ramps in step, and what a round sees stays a function of the data.
+epoch's first emitting round, :data:`RAMP_GROWTH` times that in the next, and so on up to
+the full window. Every rank counts the same emitting rounds (every rank acts on the same
+plans), so every rank ramps in step, and what a round sees stays a function of the data.
 """
 
 from __future__ import annotations
@@ -29,6 +29,27 @@ from odb_lightning.core.order import make_rng
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
+
+RAMP_GROWTH = 4
+"""How much the ramp's window grows per emitting round. Each round's steps train while the
+workers fetch the next, larger window, so the pipeline keeps up while fetching a budget
+takes under a quarter of a step; every ramp round groups a small window, so fewer rounds
+cost fewer steps (experiments/ramp: 4 against 2)."""
+
+
+def ramp_targets(policy: OnlinePolicy) -> tuple[int, ...]:
+    """The budgets of work the window fills to in the epoch's first emitting rounds, one
+    per round, before it fills to the full window (empty: no ramp). The ramp ends where it
+    would reach the full window: ``window_budgets``, or for a window of ``D`` samples ``D``
+    budgets (taking a sample to cost at most a budget)."""
+    full = policy.window_budgets or policy.outstanding_depth
+    targets: list[int] = []
+    budgets = policy.ramp_budgets
+    while budgets is not None and budgets < full:
+        targets.append(budgets)
+        budgets *= RAMP_GROWTH
+    return tuple(targets)
+
 
 Exchange = Callable[[list[int]], list[list[int]]]
 """All-gather of one fixed-size integer message: returns every rank's message by rank."""
@@ -152,7 +173,7 @@ class GroupingWindow:
         self.num_skipped = 0
         self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
         self.epoch_over = False
-        self._ramp_budgets = self._ramped(self.policy.ramp_budgets)
+        self._ramp = deque(ramp_targets(self.policy))  # the targets of the rounds to come
 
     # -- filling ---------------------------------------------------------------------
     @property
@@ -193,7 +214,7 @@ class GroupingWindow:
         """The token budgets of work the window fills to this round: the ramp's while it
         lasts, else ``window_budgets`` (``None``: the window is ``outstanding_depth``
         samples)."""
-        return self._ramp_budgets or self.policy.window_budgets
+        return self._ramp[0] if self._ramp else self.policy.window_budgets
 
     @property
     def target_cost(self) -> float | None:
@@ -201,22 +222,18 @@ class GroupingWindow:
         budgets = self.target_budgets
         return None if budgets is None else budgets * self._budget.token_budget
 
-    def _ramped(self, budgets: int | None) -> int | None:
-        # The ramp ends where it reaches the full window; D samples are taken to cost at
-        # most D budgets (a sample longer than the budget may cost more).
-        full = self.policy.window_budgets or self.policy.outstanding_depth
-        return budgets if budgets is not None and budgets < full else None
-
     def shortfall(self) -> int:
         """How many more samples the window lacks (whether or not any are left).
 
         A window sized in work decides only when nothing is in flight, from the samples it
         holds: it lacks the missing work divided by the mean row cost of the samples seen
-        this epoch (one sample a budget before any arrived), and no more than the
-        bytes left under ``window_max_mib`` hold at their mean size (at least one while
-        any are left, so the cap may be passed by one sample). Each decision is a function
-        of samples that arrived, never of how fast they did, so the window a round sees is
-        the same in production and in the simulator.
+        this epoch (one sample a budget before any arrived), but no more than as many
+        samples as it has seen (a mean of ``n`` samples is trusted for ``n`` more, so a
+        small window, the ramp's, does not overshoot on the mean of its first few), and no
+        more than the bytes left under ``window_max_mib`` hold at their mean size (at least
+        one while any are left, so the cap may be passed by one sample). Each decision is a
+        function of samples that arrived, never of how fast they did, so the window a round
+        sees is the same in production and in the simulator.
         """
         room = self.policy.outstanding_depth - self.num_buffered - self.num_in_flight
         budgets = self.target_budgets
@@ -231,7 +248,7 @@ class GroupingWindow:
         if seen == 0:
             return min(room, budgets)
         missing = target - self._buffered_cost
-        wanted = max(1, math.ceil(missing * seen / self._received_cost))
+        wanted = min(seen, max(1, math.ceil(missing * seen / self._received_cost)))
         if cap is not None and self._received_bytes:
             fits = (cap - self._buffered_bytes) * seen // self._received_bytes
             wanted = min(wanted, max(1, fits))
@@ -375,8 +392,8 @@ class GroupingWindow:
         self._receive_deal(plan.deals)
         if plan.target_steps == 0:
             return RoundOutcome()
-        if self._ramp_budgets is not None:
-            self._ramp_budgets = self._ramped(2 * self._ramp_budgets)
+        if self._ramp:
+            self._ramp.popleft()
         local = self._local_steps(groups, plan)
         order = list(range(plan.target_steps))
         make_rng(self.config.seed, "round", self.epoch, self.round_index - 1).shuffle(order)

@@ -33,6 +33,7 @@ def jobs(draw: st.DrawFn) -> dict:
         "token_budget": draw(st.sampled_from([16, 100, 512, 2048])),
         "window": draw(st.integers(1, 40)),
         "window_budgets": draw(st.one_of(st.none(), st.integers(1, 6))),
+        "ramp_budgets": draw(st.one_of(st.none(), st.integers(1, 3))),
         # A byte cap of a few samples' worth (each 1-64 KiB) or none.
         "window_max_mib": draw(st.sampled_from([None, 1 / 64, 1 / 8, 1.0])),
         "sample_bytes": [[rng.randint(1, 64) * 1024 for _ in lengths] for lengths in rank_lengths],
@@ -47,6 +48,7 @@ def job_settings(job: dict, *, join: bool, **extra: object) -> BatchingConfig:
         token_budget=job["token_budget"],
         outstanding_depth=job["window"],
         window_budgets=job.get("window_budgets"),
+        ramp_budgets=job.get("ramp_budgets"),
         window_max_mib=job.get("window_max_mib"),
         max_steps_per_round=job["max_steps_per_round"],
         join=join,
@@ -257,10 +259,13 @@ def test_dealt_by_need_balances_heavy_shards() -> None:
 
 @pytest.mark.parametrize("world", [2, 8, 64])
 def test_dealt_by_need_ends_the_epoch_with_level_work(world: int) -> None:
-    # One window holds a whole share of the epoch, so every sample is dealt before the
-    # first step: only the deal decides each rank's work. Heavy tail: lognormal, CV 1.5.
+    # One window holds a whole share of the epoch (no ramp), so every sample is dealt
+    # before the first step: only the deal decides each rank's work. Heavy tail:
+    # lognormal, CV 1.5.
     lengths = lognormal_lengths(40 * world, 600, 1.5, seed=world, max_len=4096)
-    config = BatchingConfig.of(token_budget=8192, window_budgets=64, shard_dealing="by_need")
+    config = BatchingConfig.of(
+        token_budget=8192, window_budgets=64, ramp_budgets=None, shard_dealing="by_need"
+    )
     result = simulate_dealt_epoch(lengths, world, config)
     work = [
         sum(s.length for step in rank if step.group for s in step.group.samples)

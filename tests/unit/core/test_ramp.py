@@ -1,0 +1,119 @@
+"""The window ramp (``ramp_budgets``): the first round emits after a few budgets of work,
+the window grows to ``window_budgets``, every rank ramps in step, and the grouping after
+the ramp is that of the full window."""
+
+from __future__ import annotations
+
+import pytest
+
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
+from odb_lightning.core.types import SampleInfo
+from odb_lightning.core.window import GroupingWindow, exchange_round, ramp_targets
+
+
+def _steps_per_round(result: SimulationResult, rank: int = 0) -> list[int]:
+    counts: dict[int, int] = {}
+    for step in result.steps[rank]:
+        counts[step.round_index] = counts.get(step.round_index, 0) + 1
+    return [counts[r] for r in sorted(counts)]
+
+
+def test_the_window_grows_from_the_ramp_to_the_full_window() -> None:
+    # Samples of 8 tokens under a budget of 32: every group is 4 samples, one budget.
+    config = BatchingConfig.of(
+        token_budget=32, window_budgets=16, ramp_budgets=2, shard_dealing="fixed"
+    )
+    window = GroupingWindow(config, shard_size=400)
+    targets, buffered, steps = [], [], []
+    while not window.epoch_over:
+        targets.append(window.target_budgets)
+        while positions := window.request():
+            for p in positions:
+                window.add(SampleInfo(p, 8, 4, p))
+        buffered.append(window.num_buffered)
+        outcome = exchange_round(window, lambda message: [message])
+        steps.append(len(outcome.steps))
+    assert ramp_targets(config.policy) == (2, 8)
+    assert targets[:4] == [2, 8, 16, 16]
+    assert buffered[:4] == [8, 32, 64, 64]
+    assert steps[:4] == [2, 8, 16, 16]
+    assert sum(steps) == 100 and buffered[-1] == 0
+    no_ramp = GroupingWindow(BatchingConfig.of(config, ramp_budgets=None), shard_size=400)
+    assert no_ramp.target_budgets == 16
+
+
+def test_ramp_is_validated_and_at_the_full_window_is_no_ramp() -> None:
+    with pytest.raises(
+        ValueError, match=r"batching\.policy\.ramp_budgets must be a positive integer or null"
+    ):
+        BatchingConfig.of(ramp_budgets=0)
+    for ramp in (None, 16, 40):
+        config = BatchingConfig.of(window_budgets=16, ramp_budgets=ramp)
+        assert ramp_targets(config.policy) == ()
+        assert GroupingWindow(config, shard_size=10).target_budgets == 16
+    default = BatchingConfig.of().policy
+    assert (default.ramp_budgets, default.window_budgets) == (2, 128)
+    assert ramp_targets(default) == (2, 8, 32)
+    # A window of D samples ramps in work until D budgets.
+    samples = BatchingConfig.of(window_budgets=None, outstanding_depth=64, ramp_budgets=4)
+    assert ramp_targets(samples.policy) == (4, 16)
+    assert GroupingWindow(samples, shard_size=10).target_budgets == 4
+
+
+LENGTHS = lognormal_lengths(6000, 1456, 0.54, seed=3, max_len=4096)
+BUDGET = 16384
+FULL = 32
+
+
+def _simulated(world: int, dealing: str, ramp: int | None) -> SimulationResult:
+    config = BatchingConfig.of(
+        token_budget=BUDGET, window_budgets=FULL, ramp_budgets=ramp, shard_dealing=dealing
+    )
+    if dealing == "by_need":
+        return simulate_dealt_epoch(LENGTHS, world, config)
+    return simulate_epoch([LENGTHS[r::world] for r in range(world)], config)
+
+
+@pytest.mark.parametrize("dealing", ["fixed", "by_need"])
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_the_first_step_waits_for_the_ramp_budgets_only(world: int, dealing: str) -> None:
+    ramped = _simulated(world, dealing, 2)
+    full = _simulated(world, dealing, None)
+    for cost in ramped.first_step_cost:
+        # Full at 2 budgets; the last request, sized at the mean cost seen and at most as
+        # many samples as arrived before it, overshoots by less than a budget (here at
+        # most 0.55 of one: a few samples of about 1,500 tokens).
+        assert 2 * BUDGET <= cost < 3 * BUDGET
+    for cost in full.first_step_cost:
+        assert cost >= FULL * BUDGET
+    assert max(ramped.first_step_samples) * 10 < min(full.first_step_samples)
+    # The first round emits a few steps per rank instead of about FULL.
+    assert _steps_per_round(ramped)[0] <= 4 < FULL - 4 <= _steps_per_round(full)[0]
+
+
+@pytest.mark.parametrize("dealing", ["fixed", "by_need"])
+@pytest.mark.parametrize("world", [1, 8])
+def test_grouping_after_the_ramp_is_unchanged(world: int, dealing: str) -> None:
+    """The ramp's two rounds (2 and 8 budgets) cost at most 2 steps per rank each (here
+    -2 to +3 of 75 to 585); the steps of the later rounds pad as the full window's do (to
+    0.3 points; the epoch is 67 budgets per rank at 8 ranks, 2 full windows)."""
+    ramped = _simulated(world, dealing, 2)
+    full = _simulated(world, dealing, None)
+    ramp_rounds = len(ramp_targets(BatchingConfig.of(window_budgets=FULL).policy))
+    assert ramp_rounds == 2
+    assert len(ramped.steps[0]) <= len(full.steps[0]) + 2 * ramp_rounds
+
+    def efficiency(result: SimulationResult, skip: int) -> float:
+        emitting = sorted({s.round_index for s in result.steps[0]})[skip:]
+        groups = [
+            s.group
+            for rank in result.steps
+            for s in rank
+            if s.group is not None and s.round_index in emitting
+        ]
+        real = sum(m.length for g in groups for m in g.samples)
+        return real / sum(g.num_padded_tokens for g in groups)
+
+    assert abs(efficiency(ramped, ramp_rounds) - efficiency(full, 0)) < 0.003
