@@ -184,6 +184,26 @@ def test_dealt_by_need_matches_simulation(world_size: int) -> None:
             assert run["stats"].emitted_samples == sum(map(len, emitted[runs.index(run)]))
 
 
+@pytest.mark.parametrize("dealing", ["fixed", "by_need"])
+def test_ramped_windows_match_simulation(dealing: str) -> None:
+    # The ramp on (1 then 4 budgets, then 16), workers fetching: the steps equal the
+    # simulator's, and the first round emits fewer steps than the full windows do.
+    loader = {"window_budgets": 16, "ramp_budgets": 1, "shard_dealing": dealing}
+    weights = (1, 3) if dealing == "fixed" else None
+    job = _job(loader={**loader, "max_steps_per_round": 64}, weights=weights, epochs=1)
+    outcome = run_ranks(job, world_size=2, timeout_s=120)
+    assert outcome.errors == {}
+    if dealing == "fixed":
+        _check_epoch(job, outcome.ok, 0)
+    else:
+        emitted = [[list(s["meta"].sample_ids) for s in outcome.ok[r][0]["steps"]] for r in (0, 1)]
+        assert emitted == expected_dealt_steps(job, 2, 0)
+    _check_join_coverage(outcome.ok, 0)
+    rounds = Counter(s["meta"].round_index for s in outcome.ok[0][0]["steps"])
+    per_round = [rounds[r] for r in sorted(rounds)]
+    assert per_round[0] <= 2 < 8 <= max(per_round), per_round
+
+
 @pytest.mark.slow
 def test_four_ranks_spawn_persistent() -> None:
     job = _job(
