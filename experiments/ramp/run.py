@@ -14,6 +14,7 @@ divided by ``W``). Default batching settings except the token budget, and
   the ramp the padding efficiency of the steps after its rounds (the first
   ``len(core.window.ramp_targets(policy))`` emitting rounds; ``-`` where the epoch has no
   round after them).
+* ``--growth G``: the ramp's growth per emitting round (``core.window.RAMP_GROWTH``, 4).
 * ``--large N``: also an epoch of ``N`` lengths drawn with replacement from ShareGPT whole
   (seeded), in one seeded order, at ``--large-worlds`` ranks (a user's scale: the ramp's
   cost is a few steps per rank, whatever the epoch's length).
@@ -38,6 +39,7 @@ from experiments.sync_efficiency.run import (
     shards_of,
     synthetic_lengths,
 )
+from odb_lightning.core import window
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
@@ -129,7 +131,11 @@ def main() -> None:
         "--large", type=int, default=0, help=f"add an epoch of this many {LARGE_SET} lengths"
     )
     parser.add_argument("--large-worlds", default="1,8", help="rank counts of the large epoch")
+    parser.add_argument(
+        "--growth", type=int, default=window.RAMP_GROWTH, help="the ramp's growth per round"
+    )
     args = parser.parse_args()
+    window.RAMP_GROWTH = args.growth  # the study of the constant itself
     knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
     lengths = real_lengths()
     cases = list(CASES)
@@ -158,7 +164,7 @@ def main() -> None:
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     path = HERE / "results.json"
     stored = json.loads(path.read_text()) if path.exists() else {"runs": {}}
-    stored["runs"][args.label] = {"meta": results_meta(), "rows": rows}
+    stored["runs"][args.label] = {"meta": results_meta(ramp_growth=args.growth), "rows": rows}
     path.write_text(json.dumps(stored, indent=2) + "\n")
     print(markdown(rows))
 
