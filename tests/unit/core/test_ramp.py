@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.handshake import SettingsMismatchError, check_settings_agree
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
 from odb_lightning.core.types import SampleInfo
@@ -60,6 +61,12 @@ def test_ramp_is_validated_and_at_the_full_window_is_no_ramp() -> None:
     samples = BatchingConfig.of(window_budgets=None, outstanding_depth=64, ramp_budgets=4)
     assert ramp_targets(samples.policy) == (4, 16)
     assert GroupingWindow(samples, shard_size=10).target_budgets == 4
+
+
+def test_ranks_must_agree_on_the_ramp() -> None:
+    ramped, flat = BatchingConfig.of(ramp_budgets=2), BatchingConfig.of(ramp_budgets=None)
+    with pytest.raises(SettingsMismatchError, match=r"'ramp_budgets' \(rank 0: 2, rank 1: 0\)"):
+        check_settings_agree([ramped.handshake(), flat.handshake()])
 
 
 LENGTHS = lognormal_lengths(6000, 1456, 0.54, seed=3, max_len=4096)
