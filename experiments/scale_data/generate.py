@@ -109,6 +109,18 @@ def conversation(target: int, pool: TextPool, overhead: list[int], rng) -> list[
     return messages
 
 
+def target_lengths(num_records: int, length_scale: float, seed: int, shortest: int) -> list[int]:
+    """The profile's draws for the file, at the scale, at most the scaled longest sample
+    (never below ``shortest``, which the records are then raised to)."""
+    longest = max(shortest, round(LONGEST * length_scale))
+    return CASE_STUDY_LENGTHS.lengths(num_records, seed, max_len=longest, scale=length_scale)
+
+
+def shortest_conversation(tokenizer: ChatTokenizer) -> int:
+    """Tokens of the shortest record: one exchange of one word each."""
+    return template_tokens(build_chat_template(tokenizer, "auto"), 1) + 2
+
+
 def records(
     num_records: int, length_scale: float, seed: int, tokenizer: ChatTokenizer
 ) -> Iterator[tuple[dict, int, bool]]:
@@ -120,9 +132,7 @@ def records(
     shortest = overhead[1] + 2
     pool = TextPool.of(one_token_words(tokenizer), seed)
     rng = make_rng(seed, "casestudy-turns")
-    longest = max(shortest, round(LONGEST * length_scale))
-    targets = CASE_STUDY_LENGTHS.lengths(num_records, seed, max_len=longest, scale=length_scale)
-    for index, target in enumerate(targets):
+    for index, target in enumerate(target_lengths(num_records, length_scale, seed, shortest)):
         length = max(shortest, target)
         messages = conversation(length, pool, overhead, rng)
         yield {"id": f"cs-{index:07d}", "messages": messages}, length, target < shortest
@@ -163,9 +173,18 @@ def main(argv: list[str] | None = None) -> int:
         help="multiply every length by this (default 1: the case study's; the scale study uses 0.125)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--lengths-only", action="store_true",
+        help="write the records' token lengths instead, one per line (for odb-plan --lengths)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.records < 1 or not args.length_scale > 0:
         parser.error("--records must be >= 1 and --length-scale > 0")
+    if args.lengths_only:
+        shortest = shortest_conversation(QwenTokenizer())
+        targets = target_lengths(args.records, args.length_scale, args.seed, shortest)
+        args.out.write_text("".join(f"{max(shortest, n)}\n" for n in targets))
+        return 0
     summary = write_jsonl(args.out, args.records, args.length_scale, args.seed)
     print(json.dumps(summary), file=sys.stderr)
     return 0
