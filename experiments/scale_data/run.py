@@ -201,6 +201,7 @@ def startup_figures(run_dir: Path, started: float, ranks: int) -> dict[str, Any]
         ("first_step_s", "first_step"),
     ):
         figures[name] = max(m[key] for m in marks) - started
+    figures["window_fill_s"] = figures["first_step_s"] - figures["startup_s"]
     figures["first_step_s_by_rank"] = [m["first_step"] - started for m in marks]
     return figures
 
@@ -366,6 +367,7 @@ COLUMNS = (
     ("cache", "cache", "{}"),
     ("startup_s", "start-up s", "{:.1f}"),
     ("first_step_s", "first step s", "{:.1f}"),
+    ("window_fill_s", "window fill s", "{:.1f}"),
     ("conversion_s", "conversion s", "{:.1f}"),
     ("pss_peak_rank_mib", "PSS/rank MiB", "{:,.0f}"),
     ("pss_peak_job_mib", "PSS job MiB", "{:,.0f}"),
