@@ -42,16 +42,20 @@ MAX_EXCHANGES = 3
 USER_SHARE = (0.1, 0.5)  # a user turn's share of its exchange's words, drawn uniformly
 # Common words; those that are not one token with and without a leading space are dropped.
 WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at "
-    "which but have an they you were her she there one all we their been has when who "
-    "will more if no out so said what up its about into than them can only other new some "
-    "time could these two may then do first any my now such like our over man me even "
-    "most made after also did many before must through back years where much your way "
-    "well down should because each just those people how too little state good very make "
-    "world still own see men work long get here between both life being under never day "
-    "same another know while last might us great old year off come since against go came "
-    "right used take three"
-).split()
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an",
+    "they", "you", "were", "her", "she", "there", "one", "all", "we", "their", "been", "has",
+    "when", "who", "will", "more", "if", "no", "out", "so", "said", "what", "up", "its",
+    "about", "into", "than", "them", "can", "only", "other", "new", "some", "time", "could",
+    "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our",
+    "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before",
+    "must", "through", "back", "years", "where", "much", "your", "way", "well", "down",
+    "should", "because", "each", "just", "those", "people", "how", "too", "little", "state",
+    "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get",
+    "here", "between", "both", "life", "being", "under", "never", "day", "same", "another",
+    "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since",
+    "against", "go", "came", "right", "used", "take", "three",
+)  # fmt: skip
 
 
 def one_token_words(tokenizer: ChatTokenizer) -> list[str]:
@@ -66,7 +70,9 @@ def one_token_words(tokenizer: ChatTokenizer) -> list[str]:
 
 def template_tokens(template: ChatTemplate, exchanges: int) -> int:
     """Tokens the template adds to a conversation of ``exchanges`` user/assistant pairs."""
-    empty = [{"role": role, "content": ""} for _ in range(exchanges) for role in ("user", "assistant")]
+    empty = [
+        {"role": role, "content": ""} for _ in range(exchanges) for role in ("user", "assistant")
+    ]
     return template.tokenize(empty).full_length
 
 
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the .jsonl file")
     parser.add_argument(
         "--length-scale", type=float, default=1.0,
-        help="multiply every length by this (default 1: the case study's; the scale study uses 0.125)",
+        help="multiply every length by this (default 1: the case study's; the study's 0.125)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -148,7 +148,11 @@ class Job:
         started = time.time()
         processes = [
             subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
             for command, env, log in zip(self.commands, self.envs, logs, strict=True)
@@ -256,8 +260,12 @@ def reference_job(ranks: int, path: Path, run_dir: Path, s: Settings) -> Job:
     port = str(free_port())
     envs = [
         dict(
-            os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+            os.environ,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(ranks),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
         )  # fmt: skip
         for r in range(ranks)
     ]
@@ -389,8 +397,8 @@ def print_table(results: dict[str, Any]) -> None:
     for row in results["rows"]:
         print(format_row(row))
     for row in results.get("plan", []):
-        peak = row["pss_peak_job_mib"]
-        print(f"odb-plan {size_label(row['records'])}: {row['wall_s']:.1f} s, peak PSS {peak:,.0f} MiB")
+        label, peak = size_label(row["records"]), row["pss_peak_job_mib"]
+        print(f"odb-plan {label}: {row['wall_s']:.1f} s, peak PSS {peak:,.0f} MiB")
 
 
 def merged(old: list[dict], new: list[dict], keys: Sequence[str]) -> list[dict]:
@@ -404,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10k,100k,1M", help="records per file, e.g. 10k,100k,1M")
     parser.add_argument("--ranks", default="1,2", help="rank counts, e.g. 1,2")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"among {','.join(ARMS)}")
-    parser.add_argument("--plan-sizes", default=None, help="odb-plan on these sizes (default: --sizes)")
+    parser.add_argument(
+        "--plan-sizes", default=None, help="odb-plan on these sizes (default: --sizes)"
+    )
     parser.add_argument("--quick", action="store_true", help="10k records, 2 steps")
     parser.add_argument(
         "--length-scale", type=float, default=0.125,
@@ -451,9 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(args.out.read_text()) if args.out.is_file() else {"rows": [], "plan": []}
     results = {
         "meta": results_meta(
-            settings={
-                k: str(v) if isinstance(v, Path) else v for k, v in vars(settings).items()
-            },
+            settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(settings).items()},
             model="cpu_bench (2 layers, 128 wide, token ids folded modulo 2,048)",
             load_avg_at_end=os.getloadavg(),
             memory_total_gib=psutil.virtual_memory().total / (1 << 30),

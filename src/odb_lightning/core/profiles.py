@@ -69,7 +69,7 @@ class HistogramProfile:
 
     @property
     def mean_length(self) -> float:
-        """The mean of the distribution (a uniform bin ``[lo, hi)`` has mean ``(lo + hi - 1) / 2``)."""
+        """The distribution's mean (a uniform bin ``[lo, hi)`` has mean ``(lo + hi - 1) / 2``)."""
         return math.fsum(share * (lo + hi - 1) / 2 for lo, hi, share in self.bins)
 
     def counts(self, n: int) -> list[int]:

@@ -62,7 +62,13 @@ class SyntheticDataset(Dataset[Sample]):
 
     @classmethod
     def from_profile(
-        cls, name: str, num_samples: int, *, max_seq_len: int = 4096, seed: int = 0, **kwargs: object
+        cls,
+        name: str,
+        num_samples: int,
+        *,
+        max_seq_len: int = 4096,
+        seed: int = 0,
+        **kwargs: object,
     ) -> SyntheticDataset:
         """``num_samples`` samples with lengths drawn from one of the
         :data:`LENGTH_PROFILES` by name (seeded by ``seed``, at most ``max_seq_len``)."""

@@ -71,7 +71,10 @@ def test_same_seed_same_file(tmp_path: Path) -> None:
 
 def test_lengths_only_are_the_files_lengths(tmp_path: Path, tokenizer: QwenTokenizer) -> None:
     out = tmp_path / "lengths.txt"
-    assert main(["--records", "40", "--length-scale", "0.125", "--lengths-only", "--out", str(out)]) == 0
+    assert (
+        main(["--records", "40", "--length-scale", "0.125", "--lengths-only", "--out", str(out)])
+        == 0
+    )
     path = tmp_path / "cs.jsonl"
     write_jsonl(path, 40, length_scale=0.125, seed=0)
     assert [int(x) for x in out.read_text().split()] == token_lengths(path, tokenizer)[1]

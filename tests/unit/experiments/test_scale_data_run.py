@@ -19,8 +19,9 @@ MIB = 1 << 20
 TREE = """
 import os, subprocess, sys
 held = bytearray(96 * 2**20)
+code = "import sys; held = bytearray(48 * 2**20); print('ready', flush=True); sys.stdin.read()"
 child = subprocess.Popen(
-    [sys.executable, "-c", "import sys; held = bytearray(48 * 2**20); print('ready', flush=True); sys.stdin.read()"],
+    [sys.executable, "-c", code],
     env=dict(os.environ, LOCAL_RANK="1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
 )
 child.stdout.readline()
@@ -31,7 +32,9 @@ child.wait()
 """
 
 
-@pytest.mark.parametrize(("text", "n"), [("10k", 10_000), ("1M", 1_000_000), ("2500", 2500), ("0.5k", 500)])
+@pytest.mark.parametrize(
+    ("text", "n"), [("10k", 10_000), ("1M", 1_000_000), ("2500", 2500), ("0.5k", 500)]
+)
 def test_sizes(text: str, n: int) -> None:
     assert parse_size(text) == n
     assert parse_size(size_label(n)) == n
