@@ -66,11 +66,15 @@ def real_lengths() -> dict[str, list[int]]:
 
 def synthetic_lengths(real: dict[str, list[int]]) -> dict[str, list[int]]:
     """The lognormal profiles, each as many samples as ShareGPT whole."""
-    from odb_lightning.data.synthetic import LENGTH_PROFILES
+    from odb_lightning.data.synthetic import LENGTH_PROFILES, LengthProfile
 
     n = len(real["sharegpt_whole"])
     chat = real["chitchat"]
-    profiles = {name: (p.mean_length, p.cv) for name, p in LENGTH_PROFILES.items()}
+    profiles = {
+        name: (p.mean_length, p.cv)
+        for name, p in LENGTH_PROFILES.items()
+        if isinstance(p, LengthProfile)
+    }
     profiles["chitchat"] = (
         statistics.fmean(chat),
         statistics.pstdev(chat) / statistics.fmean(chat),

@@ -213,3 +213,19 @@ def test_model_defaults_are_the_dataclasses_and_typos_fail(compose_cfg: ComposeC
     wrong = compose_cfg(["model.architecture.hidden_size=30"])
     with pytest.raises(ConfigError, match=r"model\.architecture\.hidden_size \(30\) must be a"):
         instantiate_checked(wrong.model, "model", _convert_="all")
+
+
+def test_casestudy_presets_carry_its_budget_edges_and_profile(compose_cfg: ComposeConfig) -> None:
+    odb = compose_cfg(["experiment=casestudy_odb"])
+    assert (odb.data.source, odb.data.regime) == ("synthetic", "casestudy")
+    assert (odb.data.max_samples, odb.data.max_seq_len) == (902_087, 8192)
+    assert instantiate_checked(odb.batching, "batching").token_budget == 49_152
+    bucketed = compose_cfg(["experiment=casestudy_bucketed"])
+    config = instantiate_checked(bucketed.batching, "batching")
+    assert (config.mode, config.token_budget) == ("bucketed", 49_152)
+    assert config.policy.boundaries == (0, 770, 1216, 1728, 2432, 3296, 8192)
+    assert config.policy.max_batch_size == 64
+    optimized = compose_cfg(["experiment=casestudy_bucketed", "batching.policy.boundaries=[]"])
+    assert instantiate_checked(optimized.batching, "batching").policy.boundaries == ()
+    own_file = compose_cfg(["experiment=casestudy_odb", "data=jsonl", "data.path=cs.jsonl"])
+    assert (own_file.data.source, own_file.data.path) == ("jsonl", "cs.jsonl")

@@ -9,7 +9,6 @@ from typing import Any
 
 from odb_lightning.data.length_cache import LengthCache, length_fingerprint, source_parts
 from odb_lightning.data.synthetic import SyntheticDataset
-from odb_lightning.sample import count_loss_tokens
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,9 @@ def exact_lengths(
         barrier: Waits for every rank; with ``world_size > 1`` each rank calls it once,
             rank 0 after its build and the others before they read.
     """
-    if isinstance(dataset, SyntheticDataset):
-        samples = [dataset[i] for i in range(len(dataset))]
-        lengths = [len(s["input_ids"]) for s in samples]
-        return ExactLengths(lengths, [count_loss_tokens(s["labels"]) for s in samples], None)
+    if isinstance(dataset, SyntheticDataset):  # its lengths are its definition: no samples built
+        loss_tokens = [dataset.num_loss_tokens(i) for i in range(len(dataset))]
+        return ExactLengths(list(dataset.lengths), loss_tokens, None)
     if cache_dir is None:
         raise ValueError("length-pass modes need data.length_cache_dir")
     parts = {**source_parts(**source), **dataset.length_settings()}

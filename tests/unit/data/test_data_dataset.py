@@ -98,6 +98,7 @@ def test_synthetic_dataset_is_deterministic_and_valid() -> None:
         prompt = max(1, int(length * 0.3))
         assert stats == SampleStats(length, length - prompt)
         assert (sample["labels"][:prompt] == IGNORE_INDEX).all()
+        assert dataset.num_loss_tokens(index) == length - prompt
 
 
 GOOD = {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])}
