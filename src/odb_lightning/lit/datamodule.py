@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import Augmentation, ChatDataset, ChatTokenizer, SyntheticDataset
+from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
 from odb_lightning.data.sizes import check_size, records_to_read
 from odb_lightning.data.template import resolve_template_name
 from odb_lightning.lit.chat_source import ChatSource
@@ -61,6 +62,10 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
+        record_cache_dir: Where every source but ``ultrachat`` and ``synthetic`` is
+            converted once into a memory-mapped record table and read from
+            (:mod:`odb_lightning.data.record_table`); ``None``: a directory
+            ``odb_lightning/records`` in the ``datasets`` cache (``HF_DATASETS_CACHE``).
         run: The run's context (from the app): the vocabulary the loaders check token ids
             against, and the training sample count this module fills at ``setup``.
             ``None``: no vocabulary check, and a count of its own.
@@ -81,6 +86,7 @@ class ODBDataModule(pl.LightningDataModule):
         template: str = "auto",
         augmentation: Augmentation | None = None,
         length_cache_dir: str | None = None,
+        record_cache_dir: str | None = None,
         run: RunContext | None = None,
     ) -> None:
         super().__init__()
@@ -97,6 +103,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.max_samples, self.val_samples = max_samples, val_samples
         self.system_prompt = system_prompt
         self.augmentation, self.length_cache_dir = augmentation, length_cache_dir
+        self.record_cache = RecordCache(record_cache_dir or default_record_cache_dir())
         self.dataset: Dataset | None = None
         self.train_indices: list[int] = []
         self.train_lengths: list[int] = []
@@ -125,7 +132,7 @@ class ODBDataModule(pl.LightningDataModule):
                 seed=self.batching.seed,
             )
         kept, self.source_counts = self._chat_source().read(
-            self.batching.loader.on_bad_sample.value
+            self.batching.loader.on_bad_sample.value, self.record_cache
         )
         return ChatDataset(
             kept,
