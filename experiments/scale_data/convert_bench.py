@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-WORDS = "the of and to in is for on that with as by this be are from at or it an".split()
+WORDS = [
+    *("the", "of", "and", "to", "in", "is", "for", "on", "that", "with"),
+    *("as", "by", "this", "be", "are", "from", "at", "or", "it", "an"),
+]
 
 
 def write_jsonl(path: Path, num_records: int, seed: int = 0) -> Path:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from odb_lightning.data.length_cache import LengthCache, length_fingerprint, source_parts
 from odb_lightning.data.synthetic import SyntheticDataset
 from odb_lightning.sample import count_loss_tokens
@@ -14,11 +16,12 @@ from odb_lightning.sample import count_loss_tokens
 
 @dataclass(frozen=True)
 class ExactLengths:
-    """Per dataset index: length and supervised tokens; ``build_s`` is the time the
-    length pass cost this run (0 on a cache hit, ``None`` without a cache)."""
+    """Per dataset index: length and supervised tokens (``int32`` columns, on a cache hit
+    memory-mapped from the cache file); ``build_s`` is the time the length pass cost this
+    run (0 on a cache hit, ``None`` without a cache)."""
 
-    lengths: list[int]
-    num_loss_tokens: list[int]
+    lengths: np.ndarray
+    num_loss_tokens: np.ndarray
     build_s: float | None
 
 
@@ -49,8 +52,9 @@ def exact_lengths(
     """
     if isinstance(dataset, SyntheticDataset):
         samples = [dataset[i] for i in range(len(dataset))]
-        lengths = [len(s["input_ids"]) for s in samples]
-        return ExactLengths(lengths, [count_loss_tokens(s["labels"]) for s in samples], None)
+        lengths = np.array([len(s["input_ids"]) for s in samples], dtype=np.int32)
+        loss_tokens = np.array([count_loss_tokens(s["labels"]) for s in samples], dtype=np.int32)
+        return ExactLengths(lengths, loss_tokens, None)
     if cache_dir is None:
         raise ValueError("length-pass modes need data.length_cache_dir")
     parts = {**source_parts(**source), **dataset.length_settings()}

@@ -217,7 +217,9 @@ class RecordCache:
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
             raise
-        logger.info("converted %d %s records in %.2f s", num_records, source.name, meta["convert_s"])
+        logger.info(
+            "converted %d %s records in %.2f s", num_records, source.name, meta["convert_s"]
+        )
         loaded = self._load(entry, fingerprint, source.name, replay=False)
         if loaded is None:
             raise RecordTableError(f"record table {entry} is unreadable right after conversion")

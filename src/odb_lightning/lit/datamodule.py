@@ -3,10 +3,12 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
@@ -107,7 +109,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.dataset: Dataset | None = None
         self.train_indices: list[int] = []
         self.train_lengths: list[int] = []
-        self.loss_tokens: list[int] | None = None  # by dataset index, from the length pass
+        self.loss_tokens: np.ndarray | None = None  # by dataset index, from the length pass
         self.length_cache_s: float | None = None
         self.val_set: Subset | None = None
         self.num_val_samples = 0  # val_samples as a count (known after setup)
@@ -159,7 +161,8 @@ class ODBDataModule(pl.LightningDataModule):
             exact = source.exact_lengths(
                 dataset, self.length_cache_dir, self.batching, *self._world(), barrier
             )
-            self.train_lengths = [exact.lengths[i] for i in self.train_indices]
+            train = np.asarray(self.train_indices, dtype=np.int64)
+            self.train_lengths = exact.lengths[train].tolist()
             self.loss_tokens, self.length_cache_s = exact.num_loss_tokens, exact.build_s
         self.run.train_samples.set(len(self.train_indices))
         self.train_record_counts, unsupervised = count_train_records(
@@ -195,7 +198,7 @@ class ODBDataModule(pl.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
 
     def _planned_loader(
-        self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
+        self, dataset: Dataset, plan: PlanFn, loss_tokens: Sequence[int] | None = None
     ) -> PlannedLoader:
         world_size, rank = self._world()
         return PlannedLoader(
