@@ -21,6 +21,7 @@ from odb_lightning.data.sources.chitchat import chitchat_source
 from odb_lightning.data.sources.llava import llava_source
 from odb_lightning.data.sources.sharegpt import sharegpt_source
 from odb_lightning.data.sources.source_records import SourceReader, SourceRecords
+from odb_lightning.lit.resume_state import data_identity
 
 TURNS = [{"role": "human", "content": "hi"}, {"role": "gpt", "content": "yo"}]
 
@@ -79,6 +80,10 @@ def test_jsonl_with_bad_lines_skipped(
     with caplog.at_level(logging.INFO):
         hit = load_source("jsonl", **arguments, record_cache=cache)
     same_records(hit, memory)
+    settings = {"source": "jsonl"}  # a checkpoint's data identity is the same either way
+    assert data_identity(settings, hit.records, len(hit), 3) == data_identity(
+        settings, memory.records, len(memory), 3
+    )
     assert memory.warnings[0] in caplog.text  # the repeated id is warned about again
     assert "record table hit" in caplog.text and "converting" not in caplog.text
 
@@ -251,3 +256,23 @@ def test_lengths_read_from_the_column_equal_a_fresh_length_pass(tmp_path: Path) 
     assert hit.hit and hit.lengths.tolist() == [len(s["input_ids"]) for s in fresh]
     assert hit.num_loss_tokens.tolist() == [int((s["labels"][1:] != -100).sum()) for s in fresh]
     assert 48 in hit.lengths  # truncated samples measured at max_seq_len
+
+
+def test_ultrachat_supervision_from_its_role_column(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from odb_lightning.data import ultrachat_records
+
+    roles = [["user", "assistant"], ["user"], ["System", "User", "GPT"], [], ["user", "model"]]
+    rows = [
+        {"prompt_id": f"p{k}", "messages": [{"role": r, "content": "x"} for r in turns]}
+        for k, turns in enumerate(roles * 3)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train_sft-0.parquet")
+    records = ultrachat_records(tmp_path, cache_dir=tmp_path / "hf").records
+    tokenizer = _tokenizer()
+    indices = list(range(len(rows)))
+    from_column = ChatDataset(records, tokenizer, 64).unsupervised_indices(indices)
+    scanned = ChatDataset(list(records), tokenizer, 64).unsupervised_indices(indices)
+    assert from_column == scanned == [1, 3, 6, 8, 11, 13]
