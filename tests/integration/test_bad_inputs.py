@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -391,12 +392,16 @@ def test_damaged_length_cache_is_rebuilt(
     fingerprint = length_fingerprint(**parts)
     cache = LengthCache(tmp_path)
     built = cache.load_or_build(dataset, fingerprint, parts, num_workers=0, progress=False)
-    header, body = built.path.read_text().splitlines()
-    built.path.write_text(header + "\n" + body.replace("[9,", f"[{bad},", 1) + "\n")
+    table = pa.ipc.open_file(pa.memory_map(str(built.path))).read_all()
+    lengths = [float(bad), *table.column("length").to_pylist()[1:]]
+    column = pa.array(lengths, pa.float64() if bad in ("NaN", "2.5") else pa.int32())
+    table = table.set_column(0, pa.field("length", column.type), column)
+    with pa.OSFile(str(built.path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
     with caplog.at_level(logging.WARNING, logger="odb_lightning.data.length_cache"):
         again = cache.load_or_build(dataset, fingerprint, parts, num_workers=0, progress=False)
     assert "length cache file is corrupt, rebuilding it" in caplog.text
-    assert not again.hit and again.lengths == built.lengths
+    assert not again.hit and again.lengths.tolist() == built.lengths.tolist()
 
 
 # -- What a user of train.py sees --------------------------------------------------------

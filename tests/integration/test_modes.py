@@ -6,20 +6,20 @@ against the exact lengths of the run's own length cache), or padding-free packed
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from helpers.train_run import read_audit, train
 from odb_lightning.core.order import epoch_permutation
+from odb_lightning.data.length_cache import read_length_columns
 
 BUDGET = 4096  # experiment=sharegpt_odb's token budget
 
 
 def cached_lengths(cache_dir: Path) -> list[int]:
-    (path,) = cache_dir.glob("lengths-*.json")
-    return json.loads(path.read_text().splitlines()[1])["lengths"]
+    (path,) = cache_dir.glob("lengths-*.arrow")
+    return read_length_columns(path)[1].tolist()
 
 
 @pytest.mark.parametrize(

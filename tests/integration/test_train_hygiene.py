@@ -1,5 +1,6 @@
 """A 2-rank ``train.py`` run keeps to itself: it writes only into its output directory
-(the working directory, ``HOME`` and ``TMPDIR`` are empty directories before and after),
+and its record cache (the working directory holds nothing but the one record table of its
+file afterwards, ``HOME`` and ``TMPDIR`` are empty directories before and after),
 listens only on the job's store and its Gloo groups (the ODB metadata channel meets on
 the job's store: no port of its own), and a record whose
 preprocessing raises is skipped and counted under ``batching.loader.on_bad_sample=skip``.
@@ -101,7 +102,11 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         for i in json.loads(line)["indices"]
     ]  # fmt: skip
     assert sorted(audit) == sorted(set(range(NUM_RECORDS)) - set(RAISING))  # once each
-    assert file_tree(cwd) == []
+    records = ".cache/odb_lightning/records"  # data.record_cache_dir: one table, two ranks
+    (entry,) = [p.name for p in (cwd / records).iterdir() if p.is_dir()]
+    tree = [".cache", ".cache/odb_lightning", records, f"{records}/{entry}"]
+    tree += [f"{records}/{entry}.lock", f"{records}/{entry}/records.arrow"]
+    assert file_tree(cwd) == sorted([*tree, f"{records}/{entry}/source.json"])
     assert [p for p in file_tree(temp) if not THIRD_PARTY_TEMP.fullmatch(p)] == []
     ours = [
         p for p in file_tree(home)

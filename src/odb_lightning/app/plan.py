@@ -136,7 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="odb-plan", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--lengths", type=Path, help="sample lengths: .npy, or text with one int per sample"
+        "--lengths",
+        type=Path,
+        help="sample lengths: a length cache (lengths-*.arrow), .npy, or text with one int per "
+        "sample",
     )
     source.add_argument(
         "--synthetic", type=_synthetic, metavar="MEAN,CV,N",

@@ -21,9 +21,18 @@ class PlanCliError(Exception):
 
 
 def read_lengths_file(path: Path) -> list[int]:
-    """Lengths from a ``.npy`` array (integer dtype) or whitespace-separated integers."""
+    """Lengths from a length cache a training run wrote (``lengths-*.arrow``, its
+    ``length`` column), a ``.npy`` array (integer dtype) or whitespace-separated
+    integers."""
     if not path.is_file():
         raise PlanCliError(f"--lengths: no such file {path}")
+    if path.suffix == ".arrow":
+        from odb_lightning.data.length_cache import CorruptCacheError, read_length_columns
+
+        try:
+            return read_length_columns(path)[1].tolist()
+        except CorruptCacheError as error:
+            raise PlanCliError(f"--lengths: {error}") from None
     if path.suffix == ".npy":
         import numpy as np
 

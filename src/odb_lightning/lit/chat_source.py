@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import load_source
 from odb_lightning.data.length_pass import ExactLengths, exact_lengths
+from odb_lightning.data.record_table import RecordCache
 from odb_lightning.data.sizes import kept_records, records_to_read
 
 RecordT = TypeVar("RecordT")
@@ -18,10 +19,12 @@ RecordT = TypeVar("RecordT")
 
 def keep_records(
     records: Sequence[RecordT], counts: Mapping[str, int], max_samples: int | float | None
-) -> tuple[list[RecordT], dict[str, int]]:
+) -> tuple[Sequence[RecordT], dict[str, int]]:
     """The records kept of those a source read (``data.max_samples`` as a fraction keeps
-    a share of them) and the source's counts, with ``kept`` where some were left out."""
-    kept = list(records[: kept_records(max_samples, len(records))])
+    a share of them: a slice, which of a record table is a view of it) and the source's
+    counts, with ``kept`` where some were left out."""
+    num_kept = kept_records(max_samples, len(records))
+    kept = records if num_kept == len(records) else records[:num_kept]
     counts = dict(counts)
     if len(kept) < len(records):
         counts["kept"] = len(kept)
@@ -48,10 +51,18 @@ class ChatSource:
             "seed": self.seed,
         }
 
-    def read(self, on_bad_record: str) -> tuple[list[Any], dict[str, int]]:
-        """The records kept and the counts of what was read, kept and dropped."""
+    def read(
+        self, on_bad_record: str, record_cache: RecordCache
+    ) -> tuple[Sequence[Any], dict[str, int]]:
+        """The records kept, read from their record table in ``record_cache`` (UltraChat:
+        from its parquet table), and the counts of what was read, kept and dropped."""
         arguments = self.arguments()
-        records = load_source(arguments.pop("name"), **arguments, on_bad_record=on_bad_record)
+        records = load_source(
+            arguments.pop("name"),
+            **arguments,
+            on_bad_record=on_bad_record,
+            record_cache=record_cache,
+        )
         return keep_records(records.records, records.counts, self.max_samples)
 
     def exact_lengths(

@@ -3,15 +3,18 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import Augmentation, ChatDataset, ChatTokenizer, SyntheticDataset
+from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
 from odb_lightning.data.sizes import check_size, records_to_read
 from odb_lightning.data.template import resolve_template_name
 from odb_lightning.lit.chat_source import ChatSource
@@ -61,6 +64,10 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Seeded per-epoch augmentation (changes lengths between epochs;
             length-pass modes refuse it).
         length_cache_dir: Where length-pass modes keep their length caches.
+        record_cache_dir: Where every source but ``ultrachat`` and ``synthetic`` is
+            converted once into a memory-mapped record table and read from
+            (:mod:`odb_lightning.data.record_table`); ``None``: a directory
+            ``odb_lightning/records`` in the ``datasets`` cache (``HF_DATASETS_CACHE``).
         run: The run's context (from the app): the vocabulary the loaders check token ids
             against, and the training sample count this module fills at ``setup``.
             ``None``: no vocabulary check, and a count of its own.
@@ -81,6 +88,7 @@ class ODBDataModule(pl.LightningDataModule):
         template: str = "auto",
         augmentation: Augmentation | None = None,
         length_cache_dir: str | None = None,
+        record_cache_dir: str | None = None,
         run: RunContext | None = None,
     ) -> None:
         super().__init__()
@@ -97,10 +105,11 @@ class ODBDataModule(pl.LightningDataModule):
         self.max_samples, self.val_samples = max_samples, val_samples
         self.system_prompt = system_prompt
         self.augmentation, self.length_cache_dir = augmentation, length_cache_dir
+        self.record_cache = RecordCache(record_cache_dir or default_record_cache_dir())
         self.dataset: Dataset | None = None
         self.train_indices: list[int] = []
         self.train_lengths: list[int] = []
-        self.loss_tokens: list[int] | None = None  # by dataset index, from the length pass
+        self.loss_tokens: np.ndarray | None = None  # by dataset index, from the length pass
         self.length_cache_s: float | None = None
         self.val_set: Subset | None = None
         self.num_val_samples = 0  # val_samples as a count (known after setup)
@@ -125,7 +134,7 @@ class ODBDataModule(pl.LightningDataModule):
                 seed=self.batching.seed,
             )
         kept, self.source_counts = self._chat_source().read(
-            self.batching.loader.on_bad_sample.value
+            self.batching.loader.on_bad_sample.value, self.record_cache
         )
         return ChatDataset(
             kept,
@@ -152,7 +161,8 @@ class ODBDataModule(pl.LightningDataModule):
             exact = source.exact_lengths(
                 dataset, self.length_cache_dir, self.batching, *self._world(), barrier
             )
-            self.train_lengths = [exact.lengths[i] for i in self.train_indices]
+            train = np.asarray(self.train_indices, dtype=np.int64)
+            self.train_lengths = exact.lengths[train].tolist()
             self.loss_tokens, self.length_cache_s = exact.num_loss_tokens, exact.build_s
         self.run.train_samples.set(len(self.train_indices))
         self.train_record_counts, unsupervised = count_train_records(
@@ -188,7 +198,7 @@ class ODBDataModule(pl.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
 
     def _planned_loader(
-        self, dataset: Dataset, plan: PlanFn, loss_tokens: list[int] | None = None
+        self, dataset: Dataset, plan: PlanFn, loss_tokens: Sequence[int] | None = None
     ) -> PlannedLoader:
         world_size, rank = self._world()
         return PlannedLoader(

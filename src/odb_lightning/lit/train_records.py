@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from odb_lightning.data import ChatDataset
@@ -29,10 +30,11 @@ def count_train_records(
     supervised everywhere and counts nothing.
     """
     if loss_tokens is not None:
-        unsupervised = sum(1 for i in indices if loss_tokens[i] == 0)
+        chosen = np.asarray(indices, dtype=np.int64)
+        unsupervised = int(np.count_nonzero(np.asarray(loss_tokens)[chosen] == 0))
         counts = {
             "unsupervised_samples": unsupervised,
-            "truncated_samples": sum(1 for n in lengths if n >= max_seq_len),
+            "truncated_samples": int(np.count_nonzero(np.asarray(lengths) >= max_seq_len)),
         }
     elif isinstance(dataset, ChatDataset):
         unsupervised = len(dataset.unsupervised_indices(indices))

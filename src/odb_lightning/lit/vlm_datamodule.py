@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.sizes import records_to_read
-from odb_lightning.data.sources.llava import build_llava_set, llava_records
+from odb_lightning.data.sources.llava import build_llava_set, llava_source
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import ImageSettings
@@ -98,11 +98,12 @@ class VisionDataModule(ODBDataModule):
     @override
     def _load_dataset(self) -> Dataset:
         path = self.records_path()
-        records = llava_records(
+        source = llava_source(
             path,
             max_samples=records_to_read(self.max_samples),
             on_bad_record=self.batching.loader.on_bad_sample.value,
         )
+        records = self.record_cache.records(source)
         kept, self.source_counts = keep_records(records.records, records.counts, self.max_samples)
         return VisionChatDataset(
             kept,

@@ -119,7 +119,8 @@ class _EpochBatches:
         samples = sum(len(batch) for batch in column)
         if self.loss_tokens is None:
             return StepTotals(samples, None)
-        return StepTotals(samples, sum(self.loss_tokens[i] for batch in column for i in batch))
+        loss_tokens = sum(int(self.loss_tokens[i]) for batch in column for i in batch)
+        return StepTotals(samples, loss_tokens)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         for batch in self.current()[0]:

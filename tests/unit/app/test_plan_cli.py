@@ -76,10 +76,18 @@ def test_synthetic_json_matches_the_core_planners(capsys):
         assert stats["odb"]["over_budget_batches"] == 0
 
 
-@pytest.mark.parametrize("kind", ["text", "npy"])
+@pytest.mark.parametrize("kind", ["text", "npy", "length_cache"])
 def test_lengths_file_gives_the_same_plan(tmp_path, capsys, kind):
     lengths = lognormal_lengths(400, 900, 0.8, seed=1)
-    if kind == "npy":
+    if kind == "length_cache":  # the file a training run's length pass writes
+        from odb_lightning.data import LengthCache, TokenizedDataset, length_fingerprint
+
+        dataset = TokenizedDataset([(list(range(1, n + 1)), None) for n in lengths])
+        parts = {"source": "test"}
+        cache = LengthCache(tmp_path / "cache")
+        fingerprint = length_fingerprint(**parts)
+        path = cache.load_or_build(dataset, fingerprint, parts, num_workers=0, progress=False).path
+    elif kind == "npy":
         path = tmp_path / "lengths.npy"
         np.save(path, np.array(lengths, dtype=np.int32))
     else:

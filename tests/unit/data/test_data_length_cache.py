@@ -74,8 +74,10 @@ def test_build_matches_pipeline_then_hits(
         built = _load(cache, dataset, parts, workers=2)  # parallel, as training runs
     assert "length cache miss (no cache yet) - building 48 lengths" in caplog.text
     samples = [dataset[i] for i in range(len(dataset))]
-    assert built.lengths == [s["input_ids"].numel() for s in samples]
-    assert built.num_loss_tokens == [count_loss_tokens(s["labels"].tolist()) for s in samples]
+    assert built.lengths.tolist() == [s["input_ids"].numel() for s in samples]
+    assert built.num_loss_tokens.tolist() == [
+        count_loss_tokens(s["labels"].tolist()) for s in samples
+    ]
     assert 64 in built.lengths and min(built.lengths) < 40  # truncation is measured
     assert not built.hit and built.build_s > 0 and built.load_s == 0
     assert built.fingerprint == length_fingerprint(**parts) and built.path.is_file()
@@ -84,7 +86,9 @@ def test_build_matches_pipeline_then_hits(
     with caplog.at_level(logging.INFO, logger=LOGGER):
         again = _load(cache, dataset, parts)
     assert again.hit and again.build_s == 0 and again.load_s > 0
-    assert (again.lengths, again.num_loss_tokens) == (built.lengths, built.num_loss_tokens)
+    assert again.lengths.tolist() == built.lengths.tolist()
+    assert again.num_loss_tokens.tolist() == built.num_loss_tokens.tolist()
+    assert not again.lengths.flags.writeable  # a view of the memory-mapped file
     assert "length cache hit (48 lengths" in caplog.text
 
 
@@ -112,7 +116,9 @@ def test_rebuild_names_the_changed_part(
         rebuilt = _load(cache, dataset, parts)
     assert rebuilt.fingerprint != first.fingerprint and not rebuilt.hit
     assert f"length cache miss ({changed} changed) - building 48 lengths" in caplog.text
-    assert rebuilt.lengths == [dataset[i]["input_ids"].numel() for i in range(len(dataset))]
+    assert rebuilt.lengths.tolist() == [
+        dataset[i]["input_ids"].numel() for i in range(len(dataset))
+    ]
     if changed != "tokenizer":  # a renamed tokenizer with the same ids: same lengths
         assert sum(rebuilt.lengths) > sum(first.lengths)
     assert _load(cache, base, base_parts).hit and _load(cache, dataset, parts).hit
@@ -130,16 +136,30 @@ def test_source_change_rebuilds(jsonl_path: Path, tmp_path: Path, caplog) -> Non
     with caplog.at_level(logging.INFO, logger=LOGGER):
         grown = _load(cache, dataset, parts)
     assert "(num_records, source_version changed)" in caplog.text
-    assert grown.lengths[:48] == first.lengths and len(grown.lengths) == 49
+    assert grown.lengths[:48].tolist() == first.lengths.tolist() and len(grown.lengths) == 49
+
+
+def _negative_length(data: bytes) -> bytes:
+    """The file with its first length set to -1 (the header and the count intact)."""
+    import pyarrow as pa
+
+    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    lengths = table.column("length").to_numpy().copy()
+    lengths[0] = -1
+    table = table.set_column(0, "length", pa.array(lengths))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda text: text[: len(text) // 2],  # cut off mid-write by another tool
-        lambda text: "not json\n",
-        lambda text: text.replace('"lengths":[', '"lengths":[-1,'),
-        lambda text: text.splitlines()[0] + "\n",  # header only
+        lambda data: data[: len(data) // 2],  # cut off mid-write by another tool
+        lambda data: b"not arrow\n",
+        _negative_length,
+        lambda data: data[:-64],  # the footer lost
     ],
 )
 def test_corrupt_file_is_rebuilt(
@@ -148,10 +168,10 @@ def test_corrupt_file_is_rebuilt(
     cache = LengthCache(tmp_path)
     dataset, parts = _dataset(jsonl_path)
     built = _load(cache, dataset, parts)
-    built.path.write_text(damage(built.path.read_text(encoding="utf-8")), encoding="utf-8")
+    built.path.write_bytes(damage(built.path.read_bytes()))
     with caplog.at_level(logging.INFO, logger=LOGGER):
         rebuilt = _load(cache, dataset, parts)
-    assert not rebuilt.hit and rebuilt.lengths == built.lengths
+    assert not rebuilt.hit and rebuilt.lengths.tolist() == built.lengths.tolist()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "corrupt" in warnings[0].getMessage()
     assert "length cache miss (corrupt cache file)" in caplog.text

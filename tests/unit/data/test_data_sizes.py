@@ -58,12 +58,13 @@ def test_a_file_of_ten_records_trains_on_nine(tmp_path: Path, compose_cfg: Compo
     data = ODBDataModule(
         "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path),
         max_samples=cfg.data.max_samples, val_samples=cfg.data.val_samples,
+        record_cache_dir=str(tmp_path / "records"),
     )  # fmt: skip
     data.setup("fit")
     assert data.num_train_samples == 9 and len(data.val_set) == 1
     half = ODBDataModule(
         "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path), max_samples=0.5,
-        val_samples=0.2,
+        val_samples=0.2, record_cache_dir=str(tmp_path / "records"),
     )  # fmt: skip
     half.setup("fit")
     assert len(half.dataset) == 5 and half.source_counts["kept"] == 5

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import ChatRecord, Message, Role, has_assistant
-from odb_lightning.data.sources.source_records import SourceRecords, take
+from odb_lightning.data.sources.source_records import (
+    SourceReader,
+    SourceRecords,
+    source_version,
+    take,
+)
 
 
 def chitchat_path() -> Path:
@@ -38,8 +43,30 @@ def _messages(chat: dict[str, Any]) -> list[Message]:
     ]
 
 
+def chitchat_source(*, max_samples: int | None = None) -> SourceReader:
+    """The reader of :func:`chitchat_records` (records one at a time, for a record table)."""
+
+    def read(result: SourceRecords) -> Iterator[ChatRecord]:
+        chats: dict[str, Any] = json.loads(chitchat_path().read_text(encoding="utf-8"))
+
+        def generate() -> Iterator[ChatRecord]:
+            for chat_id, chat in chats.items():
+                result.counts["read"] += 1
+                messages = _messages(chat)
+                if not has_assistant(messages):
+                    result.counts["dropped/no_assistant"] += 1
+                    continue
+                yield ChatRecord(id=chat_id, messages=messages)
+
+        return take(generate(), max_samples)
+
+    arguments = {"max_samples": max_samples}
+    return SourceReader("chitchat", read, source_version("chitchat"), arguments)
+
+
 def chitchat_records(*, max_samples: int | None = None) -> SourceRecords:
-    """Chit Chat conversations as user/assistant records.
+    """Chit Chat conversations as user/assistant records, in memory (the data module
+    reads them through a record table).
 
     Args:
         max_samples: Keep at most this many records (after dropping unanswered chats).
@@ -48,18 +75,4 @@ def chitchat_records(*, max_samples: int | None = None) -> SourceRecords:
         Records with the chat's UUID as id, and counts ``read``,
         ``dropped/no_assistant`` and ``kept``.
     """
-    chats: dict[str, Any] = json.loads(chitchat_path().read_text(encoding="utf-8"))
-    result = SourceRecords("chitchat", [])
-
-    def generate() -> Iterator[ChatRecord]:
-        for chat_id, chat in chats.items():
-            result.counts["read"] += 1
-            messages = _messages(chat)
-            if not has_assistant(messages):
-                result.counts["dropped/no_assistant"] += 1
-                continue
-            yield ChatRecord(id=chat_id, messages=messages)
-
-    result.records = list(take(generate(), max_samples))
-    result.counts["kept"] = len(result.records)
-    return result
+    return chitchat_source(max_samples=max_samples).collect()

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, normalize_role
-from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
+from odb_lightning.data.sources.source_records import (
+    SourceReader,
+    SourceRecords,
+    checked_max_samples,
+    source_version,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +88,36 @@ def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
     return ChatRecord(id=record_id, messages=_parse_messages(value["messages"], where))
 
 
+def jsonl_source(
+    path: str | Path,
+    *,
+    max_samples: int | None = None,
+    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+) -> SourceReader:
+    """The reader of :func:`jsonl_records` (records one at a time, for a record table)."""
+    path = Path(path)
+    on_bad_record = OnBadRecord(on_bad_record)
+
+    def read(result: SourceRecords) -> Iterator[ChatRecord]:
+        first_line: dict[str | int, int] = {}
+
+        def keep(record: ChatRecord, line_number: int, result: SourceRecords) -> None:
+            _note_duplicate(record["id"], line_number, first_line, result, path)
+
+        return iter_jsonl_lines(path, parse_jsonl_line, max_samples, on_bad_record, result, keep)
+
+    arguments = {"max_samples": max_samples, "on_bad_record": on_bad_record.value}
+    return SourceReader("jsonl", read, source_version("jsonl", path), arguments)
+
+
 def jsonl_records(
     path: str | Path,
     *,
     max_samples: int | None = None,
     on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
 ) -> SourceRecords:
-    """Read conversations from a JSON Lines file.
+    """Read conversations from a JSON Lines file into memory (the data module reads them
+    through a record table instead: :mod:`odb_lightning.data.record_table`).
 
     Args:
         max_samples: Stop after this many records.
@@ -101,35 +129,45 @@ def jsonl_records(
         (records whose id an earlier line already had), and ``dropped/bad_record`` when
         skipping.
     """
-    first_line: dict[str | int, int] = {}
-
-    def keep(record: ChatRecord, line_number: int, result: SourceRecords) -> None:
-        _note_duplicate(record["id"], line_number, first_line, result, Path(path))
-
-    return read_jsonl_lines(path, "jsonl", parse_jsonl_line, max_samples, on_bad_record, keep)
+    return jsonl_source(path, max_samples=max_samples, on_bad_record=on_bad_record).collect()
 
 
-def read_jsonl_lines(
+def iter_jsonl_lines(
     path: str | Path,
-    source: str,
     parse: Callable[[bytes, str, int], Any],
     max_samples: int | None,
     on_bad_record: OnBadRecord | str,
+    result: SourceRecords,
     keep: Callable[[Any, int, SourceRecords], None] | None = None,
-) -> SourceRecords:
-    """Parse every non-blank line of a JSON Lines file with ``parse(raw, where, line)``
-    into ``source``'s records: at most ``max_samples``, a bad line raised or (``skip``)
-    counted under ``dropped/bad_record`` with its message in ``rejected``; ``keep`` sees
-    each good record before it is kept. Counts ``read`` and ``kept``."""
+) -> Iterator[Any]:
+    """Parse every non-blank line of a JSON Lines file with ``parse(raw, where, line)``:
+    at most ``max_samples`` records, a bad line raised or (``skip``) counted under
+    ``dropped/bad_record`` in ``result`` with its message in ``result.rejected``; ``keep``
+    sees each good record before it is yielded. Counts ``read``.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file (when called, before any line).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
     limit = checked_max_samples(max_samples)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
-    result = SourceRecords(source, [])
+    return _parsed_lines(path, parse, limit, skip, result, keep)
+
+
+def _parsed_lines(
+    path: Path,
+    parse: Callable[[bytes, str, int], Any],
+    limit: int | None,
+    skip: bool,
+    result: SourceRecords,
+    keep: Callable[[Any, int, SourceRecords], None] | None,
+) -> Iterator[Any]:
+    kept = 0
     with path.open("rb") as file:
         for line_number, raw in enumerate(file, start=1):
-            if limit is not None and len(result.records) >= limit:
+            if limit is not None and kept >= limit:
                 break
             if not raw.strip():
                 continue
@@ -144,9 +182,8 @@ def read_jsonl_lines(
                 continue
             if keep is not None:
                 keep(record, line_number, result)
-            result.records.append(record)
-    result.counts["kept"] = len(result.records)
-    return result
+            kept += 1
+            yield record
 
 
 def _note_duplicate(
@@ -161,11 +198,9 @@ def _note_duplicate(
         return
     result.counts["duplicate_ids"] += 1
     if result.counts["duplicate_ids"] == 1:  # one line per file, the count says the rest
-        logger.warning(
-            "%s: id %r on line %d repeats line %d; both are kept (records are told apart "
-            "by line, see duplicate_ids in the source counts)",
-            path,
-            record_id,
-            line_number,
-            first,
+        warning = (
+            f"{path}: id {record_id!r} on line {line_number} repeats line {first}; both are "
+            "kept (records are told apart by line, see duplicate_ids in the source counts)"
         )
+        result.warnings.append(warning)
+        logger.warning("%s", warning)

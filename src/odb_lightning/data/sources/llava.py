@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.data.image_generator import ResolutionProfile, write_images
-from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages, read_jsonl_lines
-from odb_lightning.data.sources.source_records import SourceRecords
+from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages, iter_jsonl_lines
+from odb_lightning.data.sources.source_records import SourceReader, SourceRecords, source_version
 from odb_lightning.data.vision import IMAGE_PLACEHOLDER
 
 LLAVA_RESOLUTIONS = ResolutionProfile(mean_pixels=420_000, cv=0.35)
@@ -60,24 +61,43 @@ def parse_llava_line(raw: bytes, where: str, line_number: int) -> dict[str, Any]
     return {"id": record_id, "images": images, "messages": messages}
 
 
+def _count_images(record: dict[str, Any], line_number: int, result: SourceRecords) -> None:
+    result.counts["images"] += len(record["images"])
+    result.counts["text_only"] += not record["images"]
+
+
+def llava_source(
+    path: str | Path,
+    *,
+    max_samples: int | None = None,
+    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+) -> SourceReader:
+    """The reader of :func:`llava_records` (records one at a time, for a record table)."""
+    on_bad_record = OnBadRecord(on_bad_record)
+
+    def read(result: SourceRecords) -> Iterator[dict[str, Any]]:
+        return iter_jsonl_lines(
+            path, parse_llava_line, max_samples, on_bad_record, result, _count_images
+        )
+
+    arguments = {"max_samples": max_samples, "on_bad_record": on_bad_record.value}
+    return SourceReader("llava", read, source_version("llava", path), arguments, images=True)
+
+
 def llava_records(
     path: str | Path,
     *,
     max_samples: int | None = None,
     on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
 ) -> SourceRecords:
-    """Read image-text records from a JSON Lines file (see the module docstring).
+    """Read image-text records from a JSON Lines file into memory (see the module
+    docstring; the data module reads them through a record table).
 
     Returns:
         Records, and counts ``read``, ``kept``, ``images`` (paths over the kept records),
         ``text_only`` (kept records without an image) and ``dropped/bad_record``.
     """
-
-    def keep(record: dict[str, Any], line_number: int, result: SourceRecords) -> None:
-        result.counts["images"] += len(record["images"])
-        result.counts["text_only"] += not record["images"]
-
-    return read_jsonl_lines(path, "llava", parse_llava_line, max_samples, on_bad_record, keep)
+    return llava_source(path, max_samples=max_samples, on_bad_record=on_bad_record).collect()
 
 
 def easy_vqa_conversations(seed: int) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -107,12 +127,14 @@ def image_conversation(qa: list[tuple[str, str]], turns: int) -> list[dict[str, 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> Path:
     """``records`` as JSON Lines at ``path``, written whole, then renamed (ranks may write
-    the same set at once)."""
+    the same set at once); a file that holds them already is left as it is, so its record
+    table stays valid."""
+    text = "".join(json.dumps(record) + "\n" for record in records).encode("utf-8")
+    if path.is_file() and path.read_bytes() == text:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    with partial.open("w", encoding="utf-8") as file:
-        for record in records:
-            file.write(json.dumps(record) + "\n")
+    partial.write_bytes(text)
     os.replace(partial, path)
     return path
 

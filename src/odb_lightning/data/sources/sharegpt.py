@@ -28,7 +28,12 @@ from enum import StrEnum
 from typing import Any
 
 from odb_lightning.data.conversation import ChatRecord, Message, has_assistant, normalize_role
-from odb_lightning.data.sources.source_records import SourceRecords, take
+from odb_lightning.data.sources.source_records import (
+    SourceReader,
+    SourceRecords,
+    source_version,
+    take,
+)
 
 _BETWEEN_ITEMS = re.compile(r"[\s,]*")
 
@@ -107,13 +112,43 @@ def _select(messages: list[Message], regime: ShareGPTRegime, seed: int, key: str
     return messages[:2] if first_exchange else messages
 
 
+def sharegpt_source(
+    *,
+    regime: ShareGPTRegime | str = ShareGPTRegime.WHOLE,
+    max_samples: int | None = None,
+    seed: int = 0,
+) -> SourceReader:
+    """The reader of :func:`sharegpt_records` (records one at a time, for a record table)."""
+    regime = ShareGPTRegime(regime)
+
+    def read(result: SourceRecords) -> Iterator[ChatRecord]:
+        def generate() -> Iterator[ChatRecord]:
+            for index, raw in enumerate(iter_sharegpt_raw()):
+                result.counts["read"] += 1
+                messages = _messages(raw)
+                if not messages:
+                    result.counts["dropped/empty"] += 1
+                    continue
+                messages = _select(messages, regime, seed, f"{index}")
+                result.counts["unsupervised"] += not has_assistant(messages)
+                yield ChatRecord(id=str(raw.get("id", index)), messages=messages)
+
+        return take(generate(), max_samples)
+
+    # The seed draws the mix coin only: another seed is the same whole or first exchange.
+    arguments = {"regime": regime.value, "max_samples": max_samples}
+    arguments["seed"] = seed if regime is ShareGPTRegime.MIX else None
+    return SourceReader("sharegpt", read, source_version("sharegpt"), arguments)
+
+
 def sharegpt_records(
     *,
     regime: ShareGPTRegime | str = ShareGPTRegime.WHOLE,
     max_samples: int | None = None,
     seed: int = 0,
 ) -> SourceRecords:
-    """ShareGPT conversations mapped to ChatML roles.
+    """ShareGPT conversations mapped to ChatML roles, in memory (the data module reads
+    them through a record table).
 
     Args:
         regime: See the module docstring.
@@ -125,20 +160,4 @@ def sharegpt_records(
         sample), and counts ``read``, ``dropped/empty``, ``unsupervised`` and ``kept`` over
         the raw records read (``max_samples`` may stop the scan early).
     """
-    regime = ShareGPTRegime(regime)
-    result = SourceRecords("sharegpt", [])
-
-    def generate() -> Iterator[ChatRecord]:
-        for index, raw in enumerate(iter_sharegpt_raw()):
-            result.counts["read"] += 1
-            messages = _messages(raw)
-            if not messages:
-                result.counts["dropped/empty"] += 1
-                continue
-            messages = _select(messages, regime, seed, f"{index}")
-            result.counts["unsupervised"] += not has_assistant(messages)
-            yield ChatRecord(id=str(raw.get("id", index)), messages=messages)
-
-    result.records = list(take(generate(), max_samples))
-    result.counts["kept"] = len(result.records)
-    return result
+    return sharegpt_source(regime=regime, max_samples=max_samples, seed=seed).collect()

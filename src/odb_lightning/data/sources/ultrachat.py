@@ -9,11 +9,12 @@ the sequence pickles as a file reference for spawned workers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from odb_lightning.data.conversation import ChatRecord, normalize_role
+from odb_lightning.data.sources.arrow_records import ArrowRecords
 from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
 
 if TYPE_CHECKING:
@@ -23,27 +24,16 @@ ULTRACHAT_HUB_NAME = "HuggingFaceH4/ultrachat_200k"
 ULTRACHAT_SPLIT = "train_sft"
 
 
-class UltraChatRecords(Sequence[ChatRecord]):
+class UltraChatRecords(ArrowRecords):
     """A ``datasets.Dataset`` in the UltraChat schema, seen as a sequence of records."""
 
-    def __init__(self, table: datasets.Dataset) -> None:
+    def __init__(self, table: datasets.Dataset, offset: int = 0) -> None:
         missing = {"messages"} - set(table.column_names)
         if missing:
             raise ValueError(f"UltraChat data lacks column(s) {sorted(missing)}: {table}")
-        self.table = table
+        super().__init__(table, offset)
 
-    def __len__(self) -> int:
-        return len(self.table)
-
-    @overload
-    def __getitem__(self, index: int) -> ChatRecord: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[ChatRecord]: ...
-
-    def __getitem__(self, index: int | slice) -> ChatRecord | list[ChatRecord]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        row: dict[str, Any] = self.table[index]
+    def record_of(self, row: Mapping[str, Any], index: int) -> ChatRecord:
         record_id = row.get("prompt_id") or index
         # Content goes through as it is: the template rejects a non-string one, naming
         # the record and the field, instead of training on an empty turn.

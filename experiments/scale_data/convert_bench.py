@@ -1,0 +1,123 @@
+"""Record-table conversion: its time, the main process's PSS after ``setup()``, and the
+time of a cached load, for a JSON Lines file of N conversations.
+
+    PYTHONPATH=src .venv/bin/python -m experiments.scale_data.convert_bench --records 100000
+
+Each measurement runs in a fresh interpreter (``--probe``), so one does not inherit the
+pages of another: ``convert`` is the first ``setup()`` on a file (an empty record cache),
+``cached`` the second (a cache hit). The file and the caches live under ``--work-dir``;
+results go to ``convert_bench.json`` beside this file. Run it against another checkout's
+``src`` (``PYTHONPATH``) to measure that code on the same file: a checkout without a
+record cache reads the file into Python objects on every ``setup()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+WORDS = [
+    *("the", "of", "and", "to", "in", "is", "for", "on", "that", "with"),
+    *("as", "by", "this", "be", "are", "from", "at", "or", "it", "an"),
+]
+
+
+def write_jsonl(path: Path, num_records: int, seed: int = 0) -> Path:
+    """``num_records`` conversations of 2-6 turns, about 1 KB each (a user's file)."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as file:
+        for k in range(num_records):
+            messages = []
+            for turn in range(rng.choice((2, 2, 4, 6))):
+                words = rng.choices(WORDS, k=rng.randint(20, 160))
+                role = "user" if turn % 2 == 0 else "assistant"
+                messages.append({"role": role, "content": " ".join(words)})
+            file.write(json.dumps({"id": f"conv-{k}", "messages": messages}) + "\n")
+    return path
+
+
+def probe(path: Path, cache_dir: Path) -> dict[str, Any]:
+    """One ``setup()`` of an ``odb`` data module on ``path`` in this process."""
+    import psutil
+
+    from odb_lightning.core.config import BatchingConfig
+    from odb_lightning.data import QwenTokenizer
+    from odb_lightning.lit.datamodule import ODBDataModule
+
+    batching = BatchingConfig.of(mode="odb", token_budget=16384, num_workers=0)
+    kwargs: dict[str, Any] = {"path": str(path), "max_seq_len": 4096, "val_samples": 0.05}
+    if "record_cache_dir" in inspect.signature(ODBDataModule).parameters:
+        kwargs["record_cache_dir"] = str(cache_dir)
+    data = ODBDataModule("jsonl", QwenTokenizer(), batching, **kwargs)
+    before = psutil.Process().memory_full_info().pss
+    start = time.perf_counter()
+    data.setup("fit")
+    setup_s = time.perf_counter() - start
+    pss = psutil.Process().memory_full_info().pss
+    result = {
+        "setup_s": round(setup_s, 3),
+        "pss_mib": round(pss / 2**20, 1),
+        "pss_growth_mib": round((pss - before) / 2**20, 1),
+        "train_samples": data.num_train_samples,
+        "record_table": "record_cache_dir" in kwargs,
+    }
+    if result["record_table"]:  # the table alone, on a hit, imports done
+        from odb_lightning.data.sources import source_reader
+
+        start = time.perf_counter()
+        data.record_cache.records(source_reader("jsonl", path=path))
+        result["table_hit_s"] = round(time.perf_counter() - start, 4)
+    return result
+
+
+def run_probe(path: Path, cache_dir: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "experiments.scale_data.convert_bench", "--probe"]
+    command += ["--file", str(path), "--cache-dir", str(cache_dir)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--work-dir", type=Path, default=Path(".cache/scale_data"))
+    parser.add_argument("--label", default="record_table", help="key of this run's results")
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        print(json.dumps(probe(args.file, args.cache_dir)))
+        return
+    path = args.work_dir / f"chats_{args.records}.jsonl"
+    if not path.exists():
+        write_jsonl(path, args.records)
+    cache_dir = args.work_dir / f"records_{args.label}"
+    if cache_dir.exists():
+        import shutil
+
+        shutil.rmtree(cache_dir)
+    result = {
+        "records": args.records,
+        "file_mib": round(path.stat().st_size / 2**20, 1),
+        "convert": run_probe(path, cache_dir),
+        "cached": run_probe(path, cache_dir),
+    }
+    out = HERE / "convert_bench.json"
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results.setdefault(args.label, {})[str(args.records)] = result
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
