@@ -68,7 +68,9 @@ def stream_fingerprint(path: str | Path, on_bad_record: str) -> str:
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
-def write_chat_stream(path: str | Path, out_dir: str | Path, on_bad_record: str) -> dict:
+def write_chat_stream(
+    path: str | Path, out_dir: str | Path, on_bad_record: str, chunk_bytes: str = CHUNK_BYTES
+) -> dict:
     """Write the records of a JSON Lines file as LitData chunks in ``out_dir`` (run it
     where no ``torch.distributed`` group exists, see the module docstring).
 
@@ -85,7 +87,7 @@ def write_chat_stream(path: str | Path, out_dir: str | Path, on_bad_record: str)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
     counts: Counter[str] = Counter()
     seen_ids: set[str | int] = set()
-    cache = Cache(str(out_dir), chunk_bytes=CHUNK_BYTES)
+    cache = Cache(str(out_dir), chunk_bytes=chunk_bytes)
     with path.open("rb") as file:
         for line_number, raw in enumerate(file, start=1):
             if not raw.strip():
