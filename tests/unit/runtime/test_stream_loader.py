@@ -20,7 +20,13 @@ from odb_lightning.data.stream import ChatStream, StreamPart, write_chat_stream
 from odb_lightning.runtime import ODBLoader
 
 NUM_RECORDS = 301  # odd: the two ranks' parts differ by a record
-LOADER = {"token_budget": 1024, "shard_dealing": "fixed", "num_workers": 1, "window_budgets": 4}
+LOADER = {
+    "token_budget": 1024,
+    "shard_dealing": "fixed",
+    "num_workers": 1,
+    "window_budgets": 4,
+    "multiprocessing_context": "fork",  # the ranks are forked from a preloaded server
+}
 
 
 @pytest.fixture(scope="module")
