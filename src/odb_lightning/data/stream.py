@@ -11,8 +11,8 @@ the loader, the id audit and resume use.
   file (resolved path, size, modification time, the bad-line policy, the format version),
   by one process while the others wait for it (a file lock, bounded). The bad-line policy
   and its messages (file, line, field) are those of the ``jsonl`` source. It runs in a
-  spawned child: LitData's writer takes the job's ranks from ``torch.distributed`` and
-  would wait for every rank's part.
+  spawned child that is the only writer: LitData's writer takes the job's ranks from
+  ``torch.distributed`` and ``WORLD_SIZE`` and would wait for every rank's part.
 * **Parts** (:meth:`ChatStream.part`): LitData deals each rank a contiguous run of the
   records (``shuffle=False``, ``drop_last=False``, so parts may differ by a record and
   none is dropped). The reader checks every record's index against its place, so a
@@ -114,6 +114,13 @@ def write_chat_stream(
     return written
 
 
+def _write_alone(path: str, out_dir: str, on_bad_record: str) -> dict:
+    """:func:`write_chat_stream` as the only writer: LitData reads the job's size from
+    ``WORLD_SIZE`` (set by launchers) and would wait for the other ranks' chunks."""
+    os.environ.update(WORLD_SIZE="1", GLOBAL_RANK="0", NNODES="1")
+    return write_chat_stream(path, out_dir, on_bad_record)
+
+
 def convert_jsonl_stream(
     path: str | Path, cache_dir: str | Path, on_bad_record: str, timeout_s: float = 3600.0
 ) -> Path:
@@ -142,7 +149,7 @@ def convert_jsonl_stream(
             shutil.rmtree(partial, ignore_errors=True)
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(1, mp_context=context) as pool:
-                pool.submit(write_chat_stream, str(path), str(partial), on_bad_record).result()
+                pool.submit(_write_alone, str(path), str(partial), on_bad_record).result()
             os.replace(partial, target)  # readers see a whole stream or none
     finally:
         lock.release()
