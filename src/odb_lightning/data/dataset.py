@@ -116,7 +116,11 @@ class ChatDataset(Dataset[Sample]):
         return unsupervised
 
     def __getitem__(self, index: int) -> Sample:
-        record: Any = self.records[index]
+        return self.tokenize_record(self.records[index], index)
+
+    def tokenize_record(self, record: Any, index: int) -> Sample:
+        """The sample of ``record``, the record at dataset ``index`` (which seeds its
+        augmentation and names it in errors)."""
         if not isinstance(record, dict):
             problem = f"is missing: the record is a {type(record).__name__}, not a dict"
             raise BadSampleError(index, "messages", problem)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -16,6 +17,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import Augmentation, ChatDataset, ChatTokenizer, SyntheticDataset
 from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
 from odb_lightning.data.sizes import check_size, records_to_read
+from odb_lightning.data.stream import ChatStream, StreamedChatDataset, convert_jsonl_stream
 from odb_lightning.data.template import resolve_template_name
 from odb_lightning.lit.chat_source import ChatSource
 from odb_lightning.lit.evaluation_split import hold_out, split_indices, without_augmentation
@@ -30,6 +32,7 @@ from odb_lightning.lit.resume_state import (
 )
 from odb_lightning.lit.run_context import RunContext
 from odb_lightning.lit.run_report import RunReport
+from odb_lightning.lit.streaming import check_streaming
 from odb_lightning.lit.train_records import count_train_records, no_supervision_error
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
@@ -68,6 +71,12 @@ class ODBDataModule(pl.LightningDataModule):
             converted once into a memory-mapped record table and read from
             (:mod:`odb_lightning.data.record_table`); ``None``: a directory
             ``odb_lightning/records`` in the ``datasets`` cache (``HF_DATASETS_CACHE``).
+        streaming: Stream the records (``jsonl``): the file is written once as LitData
+            chunks under ``stream_cache_dir`` and each rank reads its own part in order,
+            never the whole set (:mod:`odb_lightning.data.stream`). Online modes with
+            ``batching.policy.shard_dealing=fixed`` only, without a validation hold-out.
+        stream_cache_dir: Where streamed files are written as chunks, keyed by a
+            fingerprint of the file.
         run: The run's context (from the app): the vocabulary the loaders check token ids
             against, and the training sample count this module fills at ``setup``.
             ``None``: no vocabulary check, and a count of its own.
@@ -89,6 +98,8 @@ class ODBDataModule(pl.LightningDataModule):
         augmentation: Augmentation | None = None,
         length_cache_dir: str | None = None,
         record_cache_dir: str | None = None,
+        streaming: bool = False,
+        stream_cache_dir: str | None = None,
         run: RunContext | None = None,
     ) -> None:
         super().__init__()
@@ -106,6 +117,10 @@ class ODBDataModule(pl.LightningDataModule):
         self.system_prompt = system_prompt
         self.augmentation, self.length_cache_dir = augmentation, length_cache_dir
         self.record_cache = RecordCache(record_cache_dir or default_record_cache_dir())
+        self.streaming, self.stream_cache_dir = streaming, stream_cache_dir
+        if streaming:
+            check_streaming(source, batching, max_samples, val_samples, stream_cache_dir)
+        self.stream: ChatStream | None = None
         self.dataset: Dataset | None = None
         self.train_indices: list[int] = []
         self.train_lengths: list[int] = []
@@ -145,9 +160,30 @@ class ODBDataModule(pl.LightningDataModule):
             template=self.template,
         )
 
+    def _open_stream(self) -> None:
+        """The stream of the file (written once as chunks) and its tokenizing dataset."""
+        on_bad_record = self.batching.loader.on_bad_sample.value
+        directory = convert_jsonl_stream(self.path, self.stream_cache_dir, on_bad_record)
+        self.stream = ChatStream(directory)
+        self.source_counts = dict(self.stream.counts)
+        self.dataset = StreamedChatDataset(
+            self.stream.num_records,
+            self.tokenizer,
+            self.max_seq_len,
+            system_prompt=self.system_prompt,
+            augmentation=self.augmentation,
+            template=self.template,
+        )
+        self.train_indices = range(self.stream.num_records)  # type: ignore[assignment]
+        self.run.train_samples.set(self.stream.num_records)
+
     @override
     def setup(self, stage: str) -> None:
         if self.dataset is not None:
+            return
+        if self.streaming:
+            # Unsupervised and truncated records are counted by the loader as they pass.
+            self._open_stream()
             return
         dataset = self._load_dataset()
         val_indices, self.train_indices = hold_out(
@@ -219,7 +255,9 @@ class ODBDataModule(pl.LightningDataModule):
             timeout_s = self.batching.loader.alignment_timeout_s
             rendezvous, store = self._channel.for_loader("train", world_size, rank, timeout_s)
             seed = self.batching.seed
-            if self.batching.policy.by_need:
+            if self.stream is not None:
+                indices: dict[str, Any] = {"stream": self.stream}
+            elif self.batching.policy.by_need:
                 indices = {"order": TrainOrder(self.train_indices, seed)}
             else:
                 indices = {"shard": TrainShard(self.train_indices, *self._world(), seed)}
@@ -267,6 +305,11 @@ class ODBDataModule(pl.LightningDataModule):
         """Fixed in-order batches of ``batching.eval_batch_size`` over a split (after
         ``setup``): ``val`` (the held-out records, as validation sees them), ``train``
         (the training records, unaugmented) or ``all``; closed in :meth:`teardown`."""
+        if self.stream is not None:
+            raise ValueError(
+                f"evaluation_loader({split!r}): a stream (data.streaming=true) has no random "
+                "access; evaluate on the file with data.streaming=false"
+            )
         held_out = self.val_set.indices if self.val_set is not None else []
         indices = split_indices(split, held_out, self.train_indices, len(self.dataset or ()))
         subset = Subset(without_augmentation(self.dataset), indices)
@@ -292,8 +335,8 @@ class ODBDataModule(pl.LightningDataModule):
         """The source's own ids of the records at dataset ``indices`` (the indices
         themselves for synthetic data, which has no records)."""
         dataset = self.dataset
-        if not isinstance(dataset, ChatDataset):
-            return list(indices)
+        if not isinstance(dataset, ChatDataset) or self.stream is not None:
+            return list(indices)  # streamed: the record's place among the file's records
         return [dataset.record_id(i) for i in indices]
 
     def data_identity(self) -> dict[str, Any]:
@@ -301,6 +344,9 @@ class ODBDataModule(pl.LightningDataModule):
         settings = {"source": self.source, "regime": self.regime, "max_samples": self.max_samples}
         settings |= {"seed": self.batching.seed, "val_samples": self.val_samples}
         records = getattr(self.dataset, "records", None) or []
+        if self.stream is not None:  # the file's fingerprint names its records
+            settings["stream"] = Path(self.stream.directory).name
+            records = []
         num_records = len(self.dataset) if self.dataset is not None else None
         return data_identity(settings, records, num_records, len(self.train_indices))
 

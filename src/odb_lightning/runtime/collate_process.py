@@ -23,7 +23,7 @@ from typing import Protocol
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import DataHandshake
 from odb_lightning.runtime.batch import CollateFn
-from odb_lightning.runtime.engine import EpochRunner
+from odb_lightning.runtime.engine import EpochRunner, SampleSource
 from odb_lightning.runtime.errors import SampleTimeoutError
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.lifecycle import prepare_child
@@ -36,6 +36,7 @@ from odb_lightning.runtime.messages import (
     Shutdown,
 )
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.stream_source import RankStream, StreamSource
 from odb_lightning.sample import SampleLimits
 
 
@@ -142,6 +143,7 @@ class CollateProcessSpec:
     slots: Semaphore
     progress: ProgressCounter
     data: DataHandshake | None = None  # what the channel's handshake compares of the data
+    stream: RankStream | None = None  # the rank's part of a stream, read here in order
 
 
 def _report_failure(outputs: Queue, error: Exception) -> None:
@@ -155,13 +157,16 @@ def _report_failure(outputs: Queue, error: Exception) -> None:
 
 
 def _serve(spec: CollateProcessSpec, channel: Channel) -> None:
+    source: SampleSource = WorkerQueues(
+        spec.requests, spec.results, spec.config.loader.timeout_s, spec.progress
+    )
+    if spec.stream is not None:
+        source = StreamSource(source, spec.stream, spec.rank)
     runner = EpochRunner(
         spec.config,
         rank=spec.rank,
         channel=ProgressChannel(channel, spec.progress),
-        source=WorkerQueues(
-            spec.requests, spec.results, spec.config.loader.timeout_s, spec.progress
-        ),
+        source=source,
         slots=SemaphoreSlots(spec.slots),
         collate_fn=spec.collate_fn,
         pad_id=spec.pad_id,

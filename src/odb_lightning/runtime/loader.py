@@ -18,7 +18,7 @@ from odb_lightning.runtime.batch import (
     pin_batch,
     pins_memory,
 )
-from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource
+from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource, SampleSource
 from odb_lightning.runtime.exchange import Channel, open_channel
 from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.pipeline import Pipeline
@@ -31,6 +31,12 @@ from odb_lightning.runtime.rendezvous import (
 )
 from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
 from odb_lightning.runtime.stats import EpochStats
+from odb_lightning.runtime.stream_source import (
+    RankStream,
+    RecordStream,
+    StreamSource,
+    check_streamable,
+)
 from odb_lightning.runtime.worker import MapDataset
 from odb_lightning.sample import SampleLimits
 
@@ -76,6 +82,11 @@ class ODBLoader:
             several ranks, both come from the job's store
             (:meth:`~odb_lightning.runtime.rendezvous.JobRendezvous.connect`, a
             collective).
+        stream: Read samples from a stream instead of ``dataset[i]``
+            (:class:`~odb_lightning.runtime.stream_source.RecordStream`, e.g. a
+            :class:`~odb_lightning.data.stream.ChatStream`): each rank's shard is its part
+            of the stream, read in order, and ``dataset`` only tokenizes the records
+            (``tokenize_record``). Needs ``shard_dealing=fixed`` and no ``shard=``.
         pad_id: Padding token id of the default collate and of IDLE batches.
         max_seq_len: Longer samples are bad samples (``None``: no limit).
         vocab_size: Samples with a token id (or supervised label) at or above it are bad
@@ -95,6 +106,7 @@ class ODBLoader:
         order: ShardFn | None = None,
         rendezvous: Rendezvous | None = None,
         metadata_store: MetadataStore | None = None,
+        stream: RecordStream | None = None,
         pad_id: int = 0,
         max_seq_len: int | None = None,
         vocab_size: int | None = None,
@@ -120,6 +132,8 @@ class ODBLoader:
         self.collate_fn = collate_fn
         self._pin = pins_memory(self.config)
         self._policy: OnlinePolicy = self.config.policy  # type: ignore[assignment]
+        if stream is not None:
+            check_streamable(self._policy, shard, order)
         self._shard = given_indices(self._policy, shard, order)
         self._store = metadata_store
         if rendezvous is None:
@@ -132,6 +146,10 @@ class ODBLoader:
         self._rendezvous = rendezvous
         self.rank = 0 if rendezvous is None else rendezvous.rank
         self.world_size = 1 if rendezvous is None else rendezvous.world_size
+        self.stream: RankStream | None = None
+        if stream is not None:
+            self.stream = RankStream(stream, stream.part(self.world_size, self.rank))
+            self._shard = self.stream.shard
         self._epoch = 0
         self._generation = 0
         self._pipeline: Pipeline | None = None
@@ -271,6 +289,7 @@ class ODBLoader:
             max_seq_len=self._limits,
             pad_id=self.pad_id,
             data=self._data_handshake(),
+            stream=self.stream,
         )
         if ordered:
             self._store.rank_zero_started(prefix)
@@ -312,11 +331,14 @@ class ODBLoader:
             self._channel = open_channel(
                 self.config, self._rendezvous, self._next_generation(), self._data_handshake()
             )
+        source: SampleSource = InlineSource(self.dataset, self.config, self._limits)
+        if self.stream is not None:
+            source = StreamSource(source, self.stream, self.rank)
         runner = EpochRunner(
             self.config,
             rank=self.rank,
             channel=self._channel,
-            source=InlineSource(self.dataset, self.config, self._limits),
+            source=source,
             slots=InlineSlots(),
             collate_fn=self.collate_fn,
             pad_id=self.pad_id,

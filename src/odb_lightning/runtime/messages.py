@@ -9,6 +9,7 @@ Flow: main -> collate (:class:`EpochStart`, :class:`Shutdown`); collate -> worke
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from odb_lightning.runtime.stats import EpochStats
 
@@ -16,11 +17,14 @@ from odb_lightning.runtime.stats import EpochStats
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
     """Fetch ``dataset[dataset_index]``, the sample at ``position`` in this rank's shard,
-    for ``epoch`` (a dataset with ``set_epoch``, e.g. one that augments, is told first)."""
+    for ``epoch`` (a dataset with ``set_epoch``, e.g. one that augments, is told first).
+    A streamed record travels as ``record``: the worker tokenizes it
+    (``dataset.tokenize_record(record, dataset_index)``) instead of reading the dataset."""
 
     position: int
     dataset_index: int
     epoch: int = 0
+    record: Any = None
 
 
 @dataclass(frozen=True, slots=True)

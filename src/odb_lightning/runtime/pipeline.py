@@ -27,6 +27,7 @@ from odb_lightning.runtime.messages import (
     StopWorker,
 )
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.stream_source import RankStream
 from odb_lightning.runtime.worker import MapDataset, worker_main
 from odb_lightning.sample import SampleLimits
 
@@ -75,6 +76,8 @@ class Pipeline:
         rank: This rank (named in errors).
         rendezvous: Metadata channel address, ``None`` for a single rank.
         generation: Index of this pipeline's channel among those the loader opened.
+        stream: The rank's part of a stream, which the collate process reads in order
+            (``None``: samples are read from ``dataset``).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Pipeline:
         max_seq_len: SampleLimits | int | None,
         pad_id: int,
         data: DataHandshake | None = None,
+        stream: RankStream | None = None,
     ) -> None:
         context = multiprocessing.get_context(start_method(config))
         self._rank = rank
@@ -112,6 +116,7 @@ class Pipeline:
         spec = CollateProcessSpec(
             config, max_seq_len, pad_id, rank, rendezvous, generation, collate_fn, self._requests,
             self._results, self._commands, self._outputs, self._slots, self._progress, data,
+            stream,
         )  # fmt: skip
         self._collate = context.Process(
             target=collate_main, args=(spec,), name="odb-collate", daemon=True

@@ -5,6 +5,9 @@ all ranks (dataset indices), plus the epoch number. Resuming runs the rest of th
 
 * the ODB loader gives each rank its shard for the epoch minus the consumed ids, so a
   sample that sat in a window but was never emitted is read again, not lost;
+* a streamed ODB loader's shard is its part of the stream minus the consumed ids, so the
+  stream restarts at the first unconsumed record of the part and passes over the
+  consumed ones after it (:mod:`~odb_lightning.runtime.stream_source`);
 * a planned loader runs the epoch's plan without the consumed ids: when the plan is the
   one the checkpoint saw, fully consumed batches vanish and the run goes on with the very
   next batch of the uninterrupted run.

@@ -37,6 +37,22 @@ class MapDataset(Protocol):
     def __len__(self) -> int: ...
 
 
+class RecordDataset(MapDataset, Protocol):
+    """A dataset that also tokenizes records it is handed (streamed records)."""
+
+    def tokenize_record(self, record: Any, index: int) -> Any: ...
+
+
+def _tokenized(dataset: MapDataset, request: FetchRequest) -> Any:
+    tokenize = getattr(dataset, "tokenize_record", None)
+    if not callable(tokenize):
+        raise TypeError(
+            f"a streamed record reached a {type(dataset).__name__}, which has no "
+            "tokenize_record(record, index)"
+        )
+    return tokenize(request.record, request.dataset_index)
+
+
 def record_label(dataset: MapDataset, index: int) -> str:
     """`` (record id 'abc')`` for a dataset that names its records (``record_id(i)``, as
     :class:`~odb_lightning.data.ChatDataset` does), so errors point into the user's file;
@@ -48,6 +64,14 @@ def record_label(dataset: MapDataset, index: int) -> str:
         return f" (record id {record_id(index)!r})"
     except (LookupError, TypeError):  # e.g. a record that is not a mapping: index only
         return ""
+
+
+def _label(dataset: MapDataset, request: FetchRequest) -> str:
+    """:func:`record_label`, or the id a streamed record carries."""
+    record = request.record
+    if isinstance(record, dict) and "id" in record:
+        return f" (record id {record['id']!r})"
+    return record_label(dataset, request.dataset_index)
 
 
 def _failure(request: FetchRequest, error: Exception) -> SampleFailed:
@@ -92,23 +116,23 @@ def fetch_sample(
     if callable(set_epoch) and getattr(dataset, "epoch", None) != request.epoch:
         set_epoch(request.epoch)  # per-epoch augmentation, in this worker's copy
     try:
-        sample = dataset[index]
+        sample = dataset[index] if request.record is None else _tokenized(dataset, request)
     except BadSampleError as error:
-        located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
+        located = BadSampleError(index, error.field, error.problem + _label(dataset, request))
         return _reject(request, located, on_bad_sample)
     except Exception as error:  # any user error is reported, with its traceback, by index
-        where = f"dataset[{index}]{record_label(dataset, index)}"
+        where = f"dataset[{index}]{_label(dataset, request)}"
         wrapped = RuntimeError(f"{where} raised {type(error).__name__}: {error}")
         return _reject(request, wrapped, on_bad_sample)
     try:
         sample, (length, num_loss_tokens) = normalize_sample(sample, index, limits)
     except BadSampleError as error:
-        located = BadSampleError(index, error.field, error.problem + record_label(dataset, index))
+        located = BadSampleError(index, error.field, error.problem + _label(dataset, request))
         return _reject(request, located, on_bad_sample)
     try:
         payload = dump_sample(sample)
     except Exception as error:  # e.g. an unpicklable value in the sample
-        where = f"sample {index}{record_label(dataset, index)}"
+        where = f"sample {index}{_label(dataset, request)}"
         wrapped = RuntimeError(f"{where} could not be serialized: {error}")
         return _failure(request, wrapped)
     truncated = is_truncated(sample, length)

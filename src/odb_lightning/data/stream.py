@@ -1,0 +1,271 @@
+"""Chat records as a stream: a JSON Lines file written once as LitData chunks, then read
+by each rank in order, its own part of it, never held whole.
+
+The engine is LitData (``litdata.streaming``): ``Cache`` writes the chunks,
+``StreamingDataset`` reads them (why LitData and not a ``datasets`` iterable dataset:
+``experiments/streaming/README.md``). Each item is one record, ``{"index": k, "id": ...,
+"messages": <JSON text>}``, ``k`` its place among the file's kept records: the sample id
+the loader, the id audit and resume use.
+
+* **Conversion** (:func:`convert_jsonl_stream`): once per file, under a fingerprint of the
+  file (resolved path, size, modification time, the bad-line policy, the format version),
+  by one process while the others wait for it (a file lock, bounded). The bad-line policy
+  and its messages (file, line, field) are those of the ``jsonl`` source. It runs in a
+  spawned child that is the only writer: LitData's writer takes the job's ranks from
+  ``torch.distributed`` and ``WORLD_SIZE`` and would wait for every rank's part.
+* **Parts** (:meth:`ChatStream.part`): LitData deals each rank a contiguous run of the
+  records (``shuffle=False``, ``drop_last=False``, so parts may differ by a record and
+  none is dropped). The reader checks every record's index against its place, so a
+  change in LitData's dealing fails loudly instead of reading a record twice.
+* **Restart** (:meth:`ChatStream.records`): from any place in the part, through the
+  engine's own state (``state_dict(num_samples_yielded=...)``), without reading what is
+  before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from odb_lightning.data.conversation import BadRecordError, ChatRecord
+from odb_lightning.data.dataset import ChatDataset
+from odb_lightning.data.sources.jsonl import OnBadRecord, parse_jsonl_line
+from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.sample import Sample
+
+STREAM_FORMAT = 1
+"""Version of the items :func:`write_chat_stream` writes (part of the fingerprint)."""
+COUNTS_FILE = "odb_source_counts.json"
+"""Beside LitData's ``index.json``: what the conversion read, kept and dropped."""
+CHUNK_BYTES = "64MB"
+"""LitData chunk size: a rank reads its part chunk by chunk."""
+
+
+class StreamError(RuntimeError):
+    """A stream that cannot be read as written (changed data, or another dealing)."""
+
+
+def stream_fingerprint(path: str | Path, on_bad_record: str) -> str:
+    """What decides the converted records: the file (resolved path, size, modification
+    time), the bad-line policy and :data:`STREAM_FORMAT`."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
+    stat = path.stat()
+    key = [str(path), stat.st_size, stat.st_mtime_ns, OnBadRecord(on_bad_record).value]
+    key.append(STREAM_FORMAT)
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
+
+
+def write_chat_stream(
+    path: str | Path, out_dir: str | Path, on_bad_record: str, chunk_bytes: str = CHUNK_BYTES
+) -> dict:
+    """Write the records of a JSON Lines file as LitData chunks in ``out_dir`` (run it
+    where no ``torch.distributed`` group exists, see the module docstring).
+
+    Lines are parsed as the ``jsonl`` source parses them (blank lines skipped, a bad line
+    raised or, with ``on_bad_record="skip"``, counted under ``dropped/bad_record``).
+
+    Returns:
+        The counts (``read``, ``kept``, ``duplicate_ids``, ``dropped/bad_record``), also
+        written to :data:`COUNTS_FILE` in ``out_dir``.
+    """
+    from litdata.streaming import Cache
+
+    path = Path(path)
+    skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
+    counts: Counter[str] = Counter()
+    seen_ids: set[str | int] = set()
+    cache = Cache(str(out_dir), chunk_bytes=chunk_bytes)
+    with path.open("rb") as file:
+        for line_number, raw in enumerate(file, start=1):
+            if not raw.strip():
+                continue
+            counts["read"] += 1
+            try:
+                record = parse_jsonl_line(raw, f"{path}:{line_number}", line_number)
+            except BadRecordError:
+                if not skip:
+                    raise
+                counts["dropped/bad_record"] += 1
+                continue
+            counts["duplicate_ids"] += record["id"] in seen_ids
+            seen_ids.add(record["id"])
+            index = counts["kept"]
+            messages = json.dumps(record["messages"], ensure_ascii=False)
+            cache[index] = {"index": index, "id": str(record["id"]), "messages": messages}
+            counts["kept"] += 1
+    if counts["kept"]:
+        cache.done()
+        cache.merge()
+    written = dict(counts)
+    Path(out_dir, COUNTS_FILE).write_text(json.dumps(written))
+    return written
+
+
+def _write_alone(path: str, out_dir: str, on_bad_record: str) -> dict:
+    """:func:`write_chat_stream` as the only writer: LitData reads the job's size from
+    ``WORLD_SIZE`` (set by launchers) and would wait for the other ranks' chunks."""
+    os.environ.update(WORLD_SIZE="1", GLOBAL_RANK="0", NNODES="1")
+    return write_chat_stream(path, out_dir, on_bad_record)
+
+
+def convert_jsonl_stream(
+    path: str | Path, cache_dir: str | Path, on_bad_record: str, timeout_s: float = 3600.0
+) -> Path:
+    """The chunk directory of ``path``'s records, written on first use (see the module
+    docstring); every process of a node may call it at once.
+
+    Raises:
+        BadRecordError: A bad line under ``on_bad_record="raise"`` (file, line, field).
+        TimeoutError: Another process held the conversion longer than ``timeout_s``.
+    """
+    target = Path(cache_dir) / stream_fingerprint(path, on_bad_record)
+    if (target / COUNTS_FILE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(target) + ".lock")
+    try:
+        lock.acquire(timeout=timeout_s)
+    except Timeout:
+        raise TimeoutError(
+            f"waited {timeout_s:.0f}s for another process to convert {path} into the stream "
+            f"at {target} (lock {lock.lock_file}); if no process is converting, delete the lock"
+        ) from None
+    try:
+        if not (target / COUNTS_FILE).is_file():
+            partial = target.with_name(target.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                pool.submit(_write_alone, str(path), str(partial), on_bad_record).result()
+            os.replace(partial, target)  # readers see a whole stream or none
+    finally:
+        lock.release()
+    return target
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """A rank's part of the stream: records ``first .. first + count - 1``, in order."""
+
+    first: int
+    count: int
+
+    def ids(self) -> range:
+        return range(self.first, self.first + self.count)
+
+
+class ChatStream:
+    """The records of a chunk directory written by :func:`write_chat_stream`.
+
+    Picklable: a loader's collate process reads its rank's part itself. Build it in the
+    rank's own process (LitData takes the rank from ``torch.distributed`` there).
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = str(directory)
+        counts_file = Path(directory, COUNTS_FILE)
+        if not counts_file.is_file():
+            raise StreamError(f"{directory} is not a stream written by write_chat_stream")
+        self.counts: dict[str, int] = json.loads(counts_file.read_text())
+        self.num_records = self.counts.get("kept", 0)
+        self._dataset: Any = None
+
+    def _stream(self) -> Any:
+        from litdata import StreamingDataset
+
+        return StreamingDataset(self.directory, shuffle=False, drop_last=False)
+
+    def part(self, world_size: int, rank: int) -> StreamPart:
+        """This rank's part, as LitData deals it; checked against ``world_size`` and
+        ``rank`` (those of the loader). Keeps the reader :meth:`records` uses, built here,
+        in the rank's process, so that a collate process reads the same part."""
+        probe = self._stream()
+        env = probe.distributed_env
+        if (env.world_size, env.global_rank) != (world_size, rank):
+            raise StreamError(
+                f"LitData sees rank {env.global_rank} of {env.world_size}, the loader is rank "
+                f"{rank} of {world_size}: build the stream's loader after "
+                "torch.distributed.init_process_group, in the rank's own process"
+            )
+        count = len(probe) if self.num_records else 0
+        first = next(iter(probe))["index"] if count else 0
+        self._dataset = self._stream()
+        return StreamPart(first, count)
+
+    def records(self, part: StreamPart, offset: int) -> Iterator[tuple[int, ChatRecord]]:
+        """``(index, record)`` of the part from its ``offset``-th record on, in order.
+
+        Raises:
+            StreamError: A record is not at the place its index says, or the part ends
+                early (the data changed since the part was dealt).
+        """
+        stream = self._dataset
+        if stream is None:
+            raise StreamError("ChatStream.part() deals this rank its part before records()")
+        stream.reset_state_dict()  # an abandoned iteration must not resume here
+        if offset:
+            state = stream.state_dict(num_samples_yielded=offset, num_workers=1, batch_size=1)
+            stream.load_state_dict(state)
+        expected = part.first + offset
+        for item in stream:
+            if item["index"] != expected:
+                raise StreamError(
+                    f"the stream at {self.directory} gave record {item['index']} where this "
+                    f"rank's part has record {expected}: LitData dealt the records otherwise"
+                )
+            yield expected, {"id": item["id"], "messages": json.loads(item["messages"])}
+            expected += 1
+        if expected != part.first + part.count:
+            raise StreamError(
+                f"the stream at {self.directory} ended at record {expected}, this rank's part "
+                f"runs to {part.first + part.count - 1}"
+            )
+
+
+class StreamedChatDataset(ChatDataset):
+    """The tokenizing half of :class:`ChatDataset` for streamed records: a worker gets the
+    record with its request and calls :meth:`tokenize_record`; there is no random access.
+
+    ``len()`` is the number of records in the stream, so sample ids (record indices) are
+    checked against it.
+    """
+
+    def __init__(
+        self, num_records: int, tokenizer: ChatTokenizer, max_seq_len: int, **kwargs: Any
+    ) -> None:
+        super().__init__(_NoRandomAccess(num_records), tokenizer, max_seq_len, **kwargs)
+
+    def record_id(self, index: int) -> str | int:
+        raise LookupError("a streamed record's id travels with the record")
+
+    def __getitem__(self, index: int) -> Sample:
+        raise TypeError(
+            f"streamed dataset[{index}]: a stream has no random access; its records reach "
+            "the workers with their requests (data.streaming=true)"
+        )
+
+
+class _NoRandomAccess:
+    """A sequence of ``n`` records whose items cannot be read."""
+
+    def __init__(self, length: int) -> None:
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> Any:
+        raise TypeError("a stream has no random access")
