@@ -5,7 +5,9 @@ the Qwen2.5 ChatML template and BPE (``ChatDataset``, ``max_seq_len`` 4,096) in
 ``--workers`` worker processes, one rank, default batching settings except the token
 budget; the clock runs from ``next(iter(loader))`` (the loader's processes forked, the
 window filled, the first round planned and collated) to the batch. Runs interleaved
-(off, on, off, ...), medians over ``--repeats``; the clock is ``time.perf_counter``.
+(off, on, one budget, off, ...; the last a window of one budget without the ramp,
+which shows the start-up the others share), medians over ``--repeats``; the clock is
+``time.perf_counter``.
 
     python -m experiments.ramp.first_step [--workers 2] [--repeats 3] [--budget 16384]
 """
@@ -25,7 +27,12 @@ from odb_lightning.data.sources import load_source
 from odb_lightning.runtime import ODBLoader
 
 HERE = Path(__file__).resolve().parent
-RAMPS = {"off": None, "on": 2}
+SETTINGS = {
+    "off": {"ramp_budgets": None},
+    "on": {"ramp_budgets": 2},
+    # A window of one budget: start-up (forks, each worker's tokenizer) plus ~1 budget.
+    "one_budget": {"window_budgets": 1, "ramp_budgets": None},
+}
 
 
 def first_batch(dataset: ChatDataset, config: BatchingConfig, workers: int) -> dict:
@@ -45,10 +52,10 @@ def main() -> None:
     args = parser.parse_args()
     records = load_source("sharegpt").records
     dataset = ChatDataset(records, load_tokenizer("qwen2.5"), max_seq_len=4096)
-    timings: dict[str, list[float]] = {name: [] for name in RAMPS}
+    timings: dict[str, list[float]] = {name: [] for name in SETTINGS}
     for _ in range(args.repeats):
-        for name, ramp in RAMPS.items():
-            config = BatchingConfig.of(token_budget=args.budget, ramp_budgets=ramp)
+        for name, knobs in SETTINGS.items():
+            config = BatchingConfig.of(token_budget=args.budget, **knobs)
             run = first_batch(dataset, config, args.workers)
             timings[name].append(run["seconds"])
             print(name, f"{run['seconds']:.2f} s", flush=True)
