@@ -25,7 +25,10 @@ def write_records(path: Path, lengths: list[int]) -> Path:
     """One record per length: its assistant reply is ``length`` characters long."""
     with path.open("w") as out:
         for i, length in enumerate(lengths):
-            messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x" * length}]
+            messages = [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "x" * length},
+            ]
             out.write(json.dumps({"id": f"rec{i}", "messages": messages}) + "\n")
     return path
 

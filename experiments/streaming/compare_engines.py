@@ -28,7 +28,28 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
-WORDS = "the of and to in is you that it he was for on are as with his they at be".split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "you",
+    "that",
+    "it",
+    "he",
+    "was",
+    "for",
+    "on",
+    "are",
+    "as",
+    "with",
+    "his",
+    "they",
+    "at",
+    "be",
+]
 
 
 def write_jsonl(path: Path, num_records: int, seed: int = 0) -> None:
@@ -75,7 +96,9 @@ def convert_arrow(jsonl: Path, out_dir: Path) -> float:
     import datasets
 
     started = time.perf_counter()
-    table = datasets.Dataset.from_generator(_records, gen_kwargs={"path": jsonl}, cache_dir=str(out_dir))
+    table = datasets.Dataset.from_generator(
+        _records, gen_kwargs={"path": jsonl}, cache_dir=str(out_dir)
+    )
     table.save_to_disk(str(out_dir / "table"))
     return time.perf_counter() - started
 
@@ -139,7 +162,9 @@ def _check_resume(engine, where, rank, world_size, num_shards, ids):
 def read_with(engine: str, where: str, world_size: int, num_shards: int, port: int) -> list:
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_read_part, args=(world_size, port, engine, where, num_shards, results), nprocs=world_size)
+    mp.spawn(
+        _read_part, args=(world_size, port, engine, where, num_shards, results), nprocs=world_size
+    )
     return [dict(results[r]) for r in range(world_size)]
 
 
@@ -169,7 +194,11 @@ def main() -> None:
             "hf_json": 0.0,
         }
         split_jsonl(jsonl, work / "json4", 4)
-        places = {"litdata": str(lit_dir), "hf_arrow": str(arrow_dir / "table"), "hf_json": str(work / "json4")}
+        places = {
+            "litdata": str(lit_dir),
+            "hf_arrow": str(arrow_dir / "table"),
+            "hf_json": str(work / "json4"),
+        }
         for port, engine in enumerate(places, start=29611):
             ranks = read_with(engine, places[engine], 2, 4, port)
             report["engines"][engine] = {"conversion_s": conversions[engine], "ranks": ranks}

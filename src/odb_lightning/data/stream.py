@@ -192,6 +192,8 @@ class ChatStream:
         """This rank's part, as LitData deals it; checked against ``world_size`` and
         ``rank`` (those of the loader). Keeps the reader :meth:`records` uses, built here,
         in the rank's process, so that a collate process reads the same part."""
+        if self.num_records == 0:  # no chunk was written: nothing to deal
+            return StreamPart(0, 0)
         probe = self._stream()
         env = probe.distributed_env
         if (env.world_size, env.global_rank) != (world_size, rank):
@@ -200,7 +202,7 @@ class ChatStream:
                 f"{rank} of {world_size}: build the stream's loader after "
                 "torch.distributed.init_process_group, in the rank's own process"
             )
-        count = len(probe) if self.num_records else 0
+        count = len(probe)
         first = next(iter(probe))["index"] if count else 0
         self._dataset = self._stream()
         return StreamPart(first, count)

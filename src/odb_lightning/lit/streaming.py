@@ -17,7 +17,7 @@ def check_streaming(
     if source != "jsonl":
         raise ValueError(
             f"data.streaming=true streams a JSON Lines file (data=jsonl), got "
-            f"data.source={source!r}: write the records as JSON Lines, or stream=false"
+            f"data.source={source!r}: write the records as JSON Lines, or set data.streaming=false"
         )
     policy = batching.policy
     if not policy.online:

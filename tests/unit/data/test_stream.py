@@ -24,9 +24,15 @@ LINES = [
     {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "gpt", "content": "yo"}]},
     {"messages": [{"role": "human", "content": "no id"}, {"role": "assistant", "content": "ok"}]},
     "not json",
-    {"id": "a", "messages": [{"role": "user", "content": "dup"}, {"role": "assistant", "content": "é"}]},
+    {
+        "id": "a",
+        "messages": [{"role": "user", "content": "dup"}, {"role": "assistant", "content": "é"}],
+    },
     {"id": 7, "messages": []},
-    {"id": "z", "messages": [{"role": "user", "content": "last"}, {"role": "assistant", "content": "!"}]},
+    {
+        "id": "z",
+        "messages": [{"role": "user", "content": "last"}, {"role": "assistant", "content": "!"}],
+    },
 ]
 
 
@@ -59,7 +65,9 @@ def test_a_bad_line_raises_naming_file_line_and_field(tmp_path: Path) -> None:
 def test_streamed_dataset_tokenizes_records_as_chat_dataset_does(tmp_path: Path, tokenizer) -> None:
     from odb_lightning.data import ChatDataset
 
-    records = [{"id": "a", "messages": LINES[0]["messages"][:1] + [{"role": "assistant", "content": "yo"}]}]
+    records = [
+        {"id": "a", "messages": LINES[0]["messages"][:1] + [{"role": "assistant", "content": "yo"}]}
+    ]
     mapped = ChatDataset(records, tokenizer, 64, template="chatml")
     streamed = StreamedChatDataset(1, tokenizer, 64, template="chatml")
     sample, expected = streamed.tokenize_record(records[0], 0), mapped[0]
@@ -98,5 +106,7 @@ def test_two_processes_converting_at_once_produce_one_stream(tmp_path: Path) -> 
         process.join(60)
     assert len(directories) == 1
     (directory,) = directories
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == [Path(directory).name]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == [
+        Path(directory).name
+    ]
     assert ChatStream(directory).num_records == 4

@@ -81,10 +81,13 @@ def test_non_join_counts_what_it_drops(stream_dir: Path) -> None:
 
 def test_one_rank_in_process_reads_the_whole_stream(stream_dir: Path) -> None:
     stream = ChatStream(stream_dir)
-    with ODBLoader(ReplyLengthDataset(stream.num_records), stream=stream, **LOADER | {"num_workers": 0}) as loader:
-        ids = [i for batch in loader for i in batch.meta.sample_ids]
-        lengths = {i: n for batch in loader for i, n in zip(batch.meta.sample_ids, batch.meta.sample_lengths)}
-    assert sorted(ids) == list(range(NUM_RECORDS))
+    dataset = ReplyLengthDataset(stream.num_records)
+    lengths: dict[int, int] = {}
+    with ODBLoader(dataset, stream=stream, **LOADER | {"num_workers": 0}) as loader:
+        for batch in loader:
+            meta = batch.meta
+            lengths |= dict(zip(meta.sample_ids, meta.sample_lengths, strict=True))
+    assert sorted(lengths) == list(range(NUM_RECORDS))
     assert [lengths[i] for i in range(NUM_RECORDS)] == seeded_lengths(NUM_RECORDS)
 
 
