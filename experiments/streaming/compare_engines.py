@@ -15,6 +15,7 @@ Writes ``results.json`` beside this file (or ``--out``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -135,7 +136,7 @@ def _read_part(rank, world_size, port, engine, where, num_shards, results):
     results[rank] = {
         "records": len(ids), "first_record_s": first_s, "records_per_s": len(ids) / total_s,
         "pss_mib": pss / 2**20, "ids_head": ids[:3], "resume": resume,
-        "ids_digest": hash(tuple(ids)),
+        "ids_sha256": hashlib.sha256(repr(ids).encode()).hexdigest()[:16],
     }  # fmt: skip
     dist.barrier()
     dist.destroy_process_group()
