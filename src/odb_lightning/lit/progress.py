@@ -42,10 +42,11 @@ class SteadyRateTqdm(Tqdm):
     """Lightning's tqdm bar whose rate (and ETA) counts from :meth:`start_rate_clock`.
 
     tqdm's rate is the steps over the time since the bar was reset, so a slow first step
-    dominates it for a long time (a 3-minute first step over 6,786 steps at a second each
-    shows an ETA of hundreds of hours). Once the clock is started the rate is the steps
-    since then over the time since then, and unknown (``?``) until a step has ended after
-    it; the elapsed time shown stays tqdm's. :meth:`reset` (each epoch) stops the clock.
+    dominates it for a long time (a first step as long as 200 others makes the ETA 200
+    times too long after it, and still twice too long 200 steps later). Once the clock is
+    started the rate is the steps since then over the time since then, and unknown
+    (``?``) until a step has ended after it; the elapsed time shown stays tqdm's.
+    :meth:`reset` (each epoch) stops the clock.
 
     Args:
         clock: Seconds, monotonic (a fake one in tests).
