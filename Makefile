@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_TORCH := torch==2.13.0
+# data.streaming's engine; its torchvision requirement would replace the CPU torch with a
+# CUDA build, so on CPU it is installed without it (its streaming never imports it).
+LITDATA := litdata==0.2.76
+LITDATA_DEPS := boto3 filelock lightning-utilities numpy obstore requests tifffile urllib3
 
 .PHONY: setup train test test-all lint clean
 
@@ -18,6 +22,12 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -m pip install -q "$(CPU_TORCH)"; \
 	fi
 	$(PY) -m pip install -q -e ".[dev]"
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PY) -m pip install -q -e ".[dev,streaming]"; \
+	else \
+		$(PY) -m pip install -q --no-deps "$(LITDATA)"; \
+		$(PY) -m pip install -q $(LITDATA_DEPS); \
+	fi
 	touch $@
 
 setup: $(VENV)/.installed

@@ -56,6 +56,19 @@ class StreamError(RuntimeError):
     """A stream that cannot be read as written (changed data, or another dealing)."""
 
 
+def require_litdata() -> Any:
+    """The ``litdata`` module, or an error that says how to install it."""
+    try:
+        import litdata
+        import litdata.streaming
+    except ImportError as error:
+        raise ImportError(
+            "data.streaming=true needs LitData: pip install 'odb_lightning[streaming]' "
+            "(on a CPU-only machine `make setup` installs it without torchvision)"
+        ) from error
+    return litdata
+
+
 def stream_fingerprint(path: str | Path, on_bad_record: str) -> str:
     """What decides the converted records: the file (resolved path, size, modification
     time), the bad-line policy and :data:`STREAM_FORMAT`."""
@@ -81,7 +94,7 @@ def write_chat_stream(
         The counts (``read``, ``kept``, ``duplicate_ids``, ``dropped/bad_record``), also
         written to :data:`COUNTS_FILE` in ``out_dir``.
     """
-    from litdata.streaming import Cache
+    Cache = require_litdata().streaming.Cache
 
     path = Path(path)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
@@ -184,9 +197,7 @@ class ChatStream:
         self._dataset: Any = None
 
     def _stream(self) -> Any:
-        from litdata import StreamingDataset
-
-        return StreamingDataset(self.directory, shuffle=False, drop_last=False)
+        return require_litdata().StreamingDataset(self.directory, shuffle=False, drop_last=False)
 
     def part(self, world_size: int, rank: int) -> StreamPart:
         """This rank's part, as LitData deals it; checked against ``world_size`` and

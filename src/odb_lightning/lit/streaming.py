@@ -4,6 +4,7 @@ reason and the fix: a stream is read in order, each rank its own part, and never
 from __future__ import annotations
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data.stream import require_litdata
 
 
 def check_streaming(
@@ -45,3 +46,4 @@ def check_streaming(
         )
     if stream_cache_dir is None:
         raise ValueError("data.streaming=true needs data.stream_cache_dir (where chunks go)")
+    require_litdata()  # the engine: missing, the error says how to install it
