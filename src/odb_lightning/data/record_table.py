@@ -229,16 +229,26 @@ class RecordCache:
 def _write_records(source: SourceReader, result: SourceRecords, path: Path) -> int:
     """Write every record ``source`` yields to ``path`` in batches; their number."""
     import pyarrow as pa
+    from tqdm.auto import tqdm
 
     schema = record_schema(source.images)
     count, rows = 0, []
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    # The number of records is not known before the file is read: the bar counts them and
+    # shows the rate (on a terminal; ``disable=None`` keeps logs free of carriage returns).
+    bar = tqdm(desc=f"converting {source.name}", unit=" records", mininterval=1.0, disable=None)
+    with (
+        bar,
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_stream(sink, schema) as writer,
+    ):
         for record in source.read(result):
             rows.append(table_row(record, source.images))
             if len(rows) == WRITE_BATCH_RECORDS:
                 writer.write_batch(pa.RecordBatch.from_pylist(rows, schema=schema))
                 count, rows = count + len(rows), []
+                bar.update(WRITE_BATCH_RECORDS)
         if rows:
             writer.write_batch(pa.RecordBatch.from_pylist(rows, schema=schema))
             count += len(rows)
+            bar.update(len(rows))
     return count

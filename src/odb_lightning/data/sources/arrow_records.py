@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from odb_lightning.data.conversation import ROLE_ALIASES, ChatRecord, Role, has_assistant
+from odb_lightning.data.mapped_pages import PageRelease
 
 if TYPE_CHECKING:
     import datasets
@@ -62,6 +63,9 @@ class ArrowRecords(Sequence[ChatRecord]):
 
     def __init__(self, table: datasets.Dataset, offset: int = 0) -> None:
         self.table, self.offset = table, offset
+        # The pages each row read maps stay mapped in the reading process: released every
+        # few hundred rows, so a worker's memory does not grow with the rows it has read.
+        self._pages = PageRelease([entry["filename"] for entry in table.cache_files])
 
     @abstractmethod
     def record_of(self, row: Mapping[str, Any], index: int) -> ChatRecord:
@@ -85,12 +89,16 @@ class ArrowRecords(Sequence[ChatRecord]):
         if not -len(self) <= index < len(self):
             raise IndexError(f"record {index} of {len(self)}")
         index %= len(self)
-        return self.record_of(self.table[index], self.offset + index)
+        row = self.table[index]
+        self._pages.read(self.table.data.table)
+        return self.record_of(row, self.offset + index)
 
     def __iter__(self) -> Iterator[ChatRecord]:
         index = self.offset
         for batch in self.table.with_format("arrow").iter(batch_size=ITER_BATCH_ROWS):
-            for row in batch.to_pylist():
+            rows = batch.to_pylist()
+            self._pages.read(self.table.data.table, len(rows))
+            for row in rows:
                 yield self.record_of(row, index)
                 index += 1
 
