@@ -37,8 +37,9 @@ class OnlinePolicy(Policy):
     window holds this many ``token_budget``s of work, not the full window; each round that
     emits multiplies it by 4 until it would reach ``window_budgets`` (a window of ``D``
     samples: ``D`` budgets), so the first step waits for a few batches' worth of samples,
-    never for the whole window (``core.window.ramp_targets``). ``None``, or a value at or
-    above the full window: no ramp (experiments/ramp)."""
+    never for the whole window (``core.window.ramp_targets``). A ramp round emits only a
+    few of its steps and keeps the rest for the next (``core.window.RAMP_STEP_SHARE``).
+    ``None``, or a value at or above the full window: no ramp (experiments/ramp)."""
     window_max_mib: float | None = 1024.0
     """Most MiB of serialized samples the window sized in work holds (meant for
     image-heavy samples); ``None``: no cap. The emitted steps waiting to be collated (at

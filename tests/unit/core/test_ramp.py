@@ -10,6 +10,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import SettingsMismatchError, check_settings_agree
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
+from odb_lightning.core import window as window_module
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round, ramp_targets
 
@@ -21,8 +22,17 @@ def _steps_per_round(result: SimulationResult, rank: int = 0) -> list[int]:
     return [counts[r] for r in sorted(counts)]
 
 
-def test_the_window_grows_from_the_ramp_to_the_full_window() -> None:
+@pytest.mark.parametrize(
+    ("share", "ramp_steps"), [(window_module.RAMP_STEP_SHARE, [1, 1]), (None, [2, 8])]
+)
+def test_the_window_grows_from_the_ramp_to_the_full_window(
+    share: float | None, ramp_steps: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Samples of 8 tokens under a budget of 32: every group is 4 samples, one budget.
+    # A ramp round emits RAMP_STEP_SHARE steps per budget of its target, at least one
+    # (1 and 1 at 2 and 8 budgets), and keeps the rest of its window for the next round;
+    # without the share it emits every group.
+    monkeypatch.setattr(window_module, "RAMP_STEP_SHARE", share)
     config = BatchingConfig.of(
         token_budget=32, window_budgets=16, ramp_budgets=2, shard_dealing="fixed"
     )
@@ -39,7 +49,7 @@ def test_the_window_grows_from_the_ramp_to_the_full_window() -> None:
     assert ramp_targets(config.policy) == (2, 8)
     assert targets[:4] == [2, 8, 16, 16]
     assert buffered[:4] == [8, 32, 64, 64]
-    assert steps[:4] == [2, 8, 16, 16]
+    assert steps[:4] == [*ramp_steps, 16, 16]
     assert sum(steps) == 100 and buffered[-1] == 0
     no_ramp = GroupingWindow(BatchingConfig.of(config, ramp_budgets=None), shard_size=400)
     assert no_ramp.target_budgets == 16
@@ -104,8 +114,8 @@ def test_the_first_step_waits_for_the_ramp_budgets_only(world: int, dealing: str
 @pytest.mark.parametrize("world", [1, 8])
 def test_grouping_after_the_ramp_is_unchanged(world: int, dealing: str) -> None:
     """The ramp's two rounds (2 and 8 budgets) cost at most 2 steps per rank each (here
-    -2 to +3 of 75 to 585); the steps of the later rounds pad as the full window's do (to
-    0.3 points; the epoch is 67 budgets per rank at 8 ranks, 2 full windows)."""
+    -2 to +3 of 75 to 585); the steps of the later rounds pad no more than the full
+    window's do (to 0.3 points; the epoch is 67 budgets per rank at 8 ranks, 2 full windows)."""
     ramped = _simulated(world, dealing, 2)
     full = _simulated(world, dealing, None)
     ramp_rounds = len(ramp_targets(BatchingConfig.of(window_budgets=FULL).policy))
@@ -123,4 +133,6 @@ def test_grouping_after_the_ramp_is_unchanged(world: int, dealing: str) -> None:
         real = sum(m.length for g in groups for m in g.samples)
         return real / sum(g.num_padded_tokens for g in groups)
 
-    assert abs(efficiency(ramped, ramp_rounds) - efficiency(full, 0)) < 0.003
+    # Not worse than the full window's (to 0.3 points; the samples a ramp round keeps
+    # are grouped with the next arrivals, which can pad less: +0.36 points at 8 ranks).
+    assert efficiency(ramped, ramp_rounds) > efficiency(full, 0) - 0.003
