@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from odb_lightning.core import window as window_module
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import SettingsMismatchError, check_settings_agree
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
-from odb_lightning.core import window as window_module
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, exchange_round, ramp_targets
 
