@@ -190,15 +190,20 @@ def main() -> None:
     checkout = args.checkout.resolve()
     work = (args.work / args.label).resolve()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
-    trials = []
+    trials: list[dict[str, Any]] = []
     try:
         for index in range(args.trials):
             trials.append(trial(checkout, work, index, args))
             print(json.dumps(trials[-1]), flush=True)
+            write_results(args, checkout, trials)  # after each trial: a cut-short study counts
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+    print(json.dumps(summarize(trials), indent=2))
+
+
+def write_results(args: argparse.Namespace, checkout: Path, trials: list[dict[str, Any]]) -> None:
     out = HERE / "results.json"
     results = json.loads(out.read_text()) if out.exists() else {}
     results[args.label] = {
@@ -207,7 +212,6 @@ def main() -> None:
         "trials": trials,
     }
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results[args.label]["summary"], indent=2))
 
 
 if __name__ == "__main__":

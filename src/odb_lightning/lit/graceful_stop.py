@@ -33,6 +33,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -240,25 +241,40 @@ def _checkpoint_dir(trainer: pl.Trainer) -> Path:
 
 
 def kill_descendants(timeout_s: float) -> list[int]:
-    """SIGKILL every descendant of this process and reap them (within ``timeout_s``); the
-    PIDs still alive afterwards."""
+    """SIGKILL every descendant of this process and wait (within ``timeout_s``) until each
+    has exited; the PIDs still running afterwards."""
     children = psutil.Process().children(recursive=True)
     for child in children:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(children, timeout=timeout_s)
-    return [child.pid for child in alive]
+    return _wait_exited(children, timeout_s)
 
 
 def reap_children(timeout_s: float) -> list[int]:
     """Wait up to ``timeout_s`` for every descendant of this process to exit (the other
     ranks Lightning's launcher started, already ending), reaping this process's own; the
-    PIDs still alive afterwards."""
-    children = psutil.Process().children(recursive=True)
-    _, alive = psutil.wait_procs(children, timeout=timeout_s)
-    return [child.pid for child in alive]
+    PIDs still running afterwards."""
+    return _wait_exited(psutil.Process().children(recursive=True), timeout_s)
+
+
+def _wait_exited(processes: list[psutil.Process], timeout_s: float) -> list[int]:
+    """Wait until each of ``processes`` has exited: this process's children are reaped;
+    a grandchild counts once it is a zombie (its reaper is init, not this process)."""
+    deadline = time.monotonic() + timeout_s
+    running = processes
+    while running and time.monotonic() < deadline:
+        _, running = psutil.wait_procs(running, timeout=0.05)
+        running = [p for p in running if _still_running(p)]
+    return [p.pid for p in running]
+
+
+def _still_running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def requeue_slurm_job() -> int:
