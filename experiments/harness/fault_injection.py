@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -40,6 +41,7 @@ class Fault(StrEnum):
     SIGTERM = "sigterm"  # SIGTERM to its own main process (scheduler stop, `kill <pid>`)
     SIGINT = "sigint"  # SIGINT to the whole process group (Ctrl-C in the terminal)
     SIGUSR1 = "sigusr1"  # SIGUSR1 to its own main process (SLURM's --signal before the limit)
+    SIGTERM_HANG = "sigterm_hang"  # SIGTERM to itself, then a step that never ends
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -140,6 +142,9 @@ class FaultInjectingModule(CausalLMModule):
             os.kill(os.getpid(), signal.SIGTERM)
         elif self.fault is Fault.SIGUSR1:
             os.kill(os.getpid(), signal.SIGUSR1)
+        elif self.fault is Fault.SIGTERM_HANG:
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait()  # no step boundary, ever: the stop's deadline ends it
         else:
             os.killpg(os.getpgid(0), signal.SIGINT)
 

@@ -67,7 +67,11 @@ def train_command(
         "debug=smoke",
         "trainer=ddp_cpu",
         f"hydra.run.dir={run_dir}",
-        "data.val_samples=0",
+        *(
+            []
+            if any(o.startswith("data.val_samples=") for o in overrides)
+            else ["data.val_samples=0"]
+        ),
         f"model._target_={FAULT_MODULE}",
         f"+model.probe_dir={probe_dir}",
         f"+model.fault={fault}",

@@ -262,27 +262,35 @@ def test_malformed_report_on_the_channel_fails_naming_the_rank_and_round() -> No
         assert "the message of rank 1 at epoch 0 round 7 is malformed (num_groups is " in str(error)
 
 
-class _ChokingGloo(dist.ProcessGroupGloo):
-    """What Gloo does when the store holds garbage under its prefix (``std::bad_alloc``
-    sizing a buffer by it): a race between the peers' writes and reads on a real store,
-    so it is simulated here; the garbage reports above go through a real channel."""
-
-    def __init__(self, *args: object) -> None:
-        raise MemoryError("std::bad_alloc")
-
-
-def test_gloo_choking_on_the_store_names_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exchange.dist, "ProcessGroupGloo", _ChokingGloo)
+def test_a_foreign_client_writing_into_the_channel_keys_fails_every_rank_naming_the_key() -> None:
+    """torch's store has no authentication: a local process that reaches MASTER_PORT
+    writes garbage into the keys of the channel's Gloo group (which it can list) before
+    the ranks do. Every rank refuses the key it finds occupied, naming it, at once."""
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
-    store.set("odb/agree/3/rank_1", b"\xff" * 64)  # garbage another job left
-    rendezvous = Rendezvous("127.0.0.1", store.port, 0, 2, "agree")
-    with pytest.raises(
-        MetadataChannelError,
-        match=r"rank 0 could not build the ODB metadata channel \(127\.0\.0\.1:\d+/odb/agree/3, "
-        r"Gloo on local address 127\.0\.0\.1\): the store holds malformed keys under the "
-        r"prefix 'odb/agree/3' .*\(MemoryError: std::bad_alloc\)",
-    ):
-        exchange.open_channel(BatchingConfig.of(token_budget=64), rendezvous, generation=3)
+    foreign = dist.TCPStore("127.0.0.1", store.port, None, is_master=False)
+    for rank in range(2):
+        foreign.set(f"odb/victim/0/0/{rank}", b"\xff" * 64)
+    config = BatchingConfig.of(token_budget=64, alignment_timeout_s=20.0)
+    outcomes: list[object] = [None, None]
+
+    def run(rank: int) -> None:
+        try:
+            rendezvous = Rendezvous("127.0.0.1", store.port, rank, 2, "victim")
+            outcomes[rank] = exchange.open_channel(config, rendezvous, generation=0)
+        except Exception as error:  # asserted on below
+            outcomes[rank] = error
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)  # a bound on a hang, not a timing: each rank fails at its first write
+    assert not any(thread.is_alive() for thread in threads), outcomes
+    for rank, error in enumerate(outcomes):
+        assert isinstance(error, MetadataChannelError), error
+        assert f"the job store's key 'odb/victim/0/0/{rank}' already holds 64 bytes" in str(error)
+        assert "which this rank did not write" in str(error)
+        assert "docs/reliability.md" in str(error)
 
 
 def test_worker_processes_check_the_data_too() -> None:

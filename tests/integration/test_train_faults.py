@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.harness.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 from helpers.train_run import read_audit, train
@@ -144,3 +147,78 @@ def test_sigusr1_under_slurm_stops_saves_and_requeues(tmp_path: Path) -> None:
     assert len(calls.read_text().strip().splitlines()) == 1
     before, after = _stopped_and_resumed(tmp_path, result)
     assert before + after == Counter(EPOCH)
+
+
+MARKS = "+callbacks.stop_marks._target_=experiments.stop_phases.marks.StopMarks"
+
+
+def _check_all_gone(result: TrainFaultResult) -> None:
+    """Every process of the job exited (within the harness's wait; no timing asserted)."""
+    assert len(result.job_pids) == PROCESSES, result.output[-3000:]
+    assert result.leftover_pids == [], result.output[-3000:]
+    assert result.seconds_to_exit is not None
+
+
+def _marks(path: Path) -> list[dict]:
+    return [
+        json.loads(line)
+        for file in sorted(path.parent.glob(path.name + ".rank*"))
+        for line in file.read_text().splitlines()
+    ]
+
+
+def test_ctrl_c_skips_validation_says_it_stopped_and_prints_a_resume_command(tmp_path: Path):
+    """Ctrl-C with a validation split: no validation after the stop (Lightning validates
+    when should_stop is set mid-epoch), a summary that says the run stopped, and a resume
+    command that works as printed."""
+    marks = tmp_path / "marks" / "stop"
+    result = run_train_fault(
+        tmp_path, "sigint", 0, "audit_ids=true", "data.val_samples=8", MARKS,
+        f"+callbacks.stop_marks.path={marks}",
+    )  # fmt: skip
+    _check_all_gone(result)
+    assert result.returncode == 128 + signal.SIGINT, result.output[-3000:]
+    events = _marks(marks)
+    stopped_at = {m["rank"]: m["step"] for m in events if m["event"] == "step_end"}
+    assert stopped_at == {0: 3, 1: 3}, events  # the signal in step 2: agreed at its end
+    assert [m for m in events if m["event"] == "validation_start"] == []
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    stop = summary["stop"]
+    assert stop["stopped_by"] == "SIGINT" and stop["stopped_after_step"] == 3
+    assert Path(stop["stop_checkpoint"]).name == "stop-epoch=0-step=3.ckpt"
+    assert "the run did not finish: stopped by SIGINT after optimizer step 3" in result.output
+    assert stop["resume_command"] in result.output
+    program, script, *overrides = shlex.split(stop["resume_command"])  # as a shell reads it
+    assert (program, script) == ("python", "train.py")
+    second = tmp_path / "resumed"
+    train(second, "trainer=ddp_cpu", "+model.fault=none", "audit_ids=true", *overrides)
+    before = Counter(i for rank in read_audit(tmp_path / "run", 2) for step in rank for i in step)
+    after = Counter(i for rank in read_audit(second, 2) for step in rank for i in step)
+    assert sum((before + after).values()) == len(set(before + after)), "no sample twice"
+    assert "stop" not in json.loads((second / "summary.json").read_text())
+
+
+def test_a_stop_that_reaches_no_step_boundary_exits_at_the_deadline(tmp_path: Path) -> None:
+    """Rank 0 gets SIGTERM, then its step never ends (rank 1 waits in the all-reduce):
+    past stop.deadline_s every process of the job exits, nothing is saved over the newest
+    checkpoint, and the log says how many steps a resume replays."""
+    result = run_train_fault(
+        tmp_path, "sigterm_hang", 0, "stop.deadline_s=3",
+        "callbacks.checkpoint.every_n_train_steps=1", "callbacks.checkpoint.save_top_k=-1",
+    )  # fmt: skip
+    _check_all_gone(result)
+    assert result.returncode == 128 + signal.SIGTERM, result.output[-3000:]
+    found = re.search(
+        r"no step boundary within stop.deadline_s=3s of SIGTERM \(the step after optimizer step "
+        r"(\d+) did not finish\): exiting without a stop checkpoint; the newest checkpoint "
+        r"\(in (.+), last.ckpt\) was saved at optimizer step (\d+) and stays valid; a resume "
+        r"will replay (\d+) optimizer step\(s\)",
+        result.output,
+    )
+    assert found, result.output[-3000:]
+    step, directory, saved, replay = found.groups()
+    assert int(step) - int(saved) == int(replay)
+    checkpoints = Path(directory)
+    assert not list(checkpoints.glob("stop-*")), "nothing saved at the deadline"
+    newest = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
+    assert newest["global_step"] == int(saved)

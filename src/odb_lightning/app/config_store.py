@@ -24,6 +24,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES, Mode
 from odb_lightning.core.nodes import node_of, target_of
 from odb_lightning.data.vision_family import VisionTower
+from odb_lightning.lit.graceful_stop import StopSettings
 from odb_lightning.lit.model_config import Architecture, Finetuning, ModelRuntime, StepPolicy
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.lit.vlm_module import VisionLanguageModule
@@ -66,6 +67,7 @@ def _generated_nodes() -> list[tuple[str, str, dict[str, Any]]]:
         *batching,
         ("model", "causal_lm", model_node(CausalLMModule)),
         ("model", "vision_language", model_node(VisionLanguageModule)),
+        ("stop", "default", node_of(StopSettings)),
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,18 @@ from odb_lightning.app.run_log import (
     record_failure,
     route_library_logs,
 )
-from odb_lightning.app.validation import check_launch_environment, validate_config
-from odb_lightning.lit.graceful_stop import EXIT_CODES, GracefulStop, requeue_slurm_job
+from odb_lightning.app.validation import (
+    check_launch_environment,
+    instantiate_checked,
+    validate_config,
+)
+from odb_lightning.lit.graceful_stop import (
+    EXIT_CODES,
+    GracefulStop,
+    reap_children,
+    requeue_slurm_job,
+)
+from odb_lightning.lit.job_store import bind_job_store
 from odb_lightning.lit.memory import enable_expandable_segments
 from odb_lightning.lit.summary_table import print_summary
 
@@ -68,6 +79,40 @@ def finish_wandb_runs(loggers: list[Any], exit_code: int = 0) -> None:
             logger.experiment.finish(exit_code=exit_code)
 
 
+REAP_TIMEOUT_S = 30.0
+"""How long rank 0 waits, at its end, for the other processes of the job it started."""
+
+
+def reap_job(trainer: pl.Trainer) -> None:
+    """Rank 0 returns only once every process it started (the other ranks of Lightning's
+    launcher, already ending) has exited and been reaped."""
+    if trainer.is_global_zero:
+        left = reap_children(REAP_TIMEOUT_S)
+        if left:
+            log.error("processes %s of the job still run %gs after the fit", left, REAP_TIMEOUT_S)
+
+
+def resume_command(checkpoint: Path) -> str:
+    """A pasteable command that resumes from ``checkpoint`` (quoted for the shell and for
+    Hydra's parser, which rejects a bare ``=`` in a value)."""
+    return "python train.py " + shlex.quote(f'ckpt_path="{checkpoint}"')
+
+
+def report_stop(stop: GracefulStop, summary: dict[str, Any]) -> None:
+    """The stop in the summary (``summary["stop"]``) and on the console (rank 0)."""
+    entries = stop.stop_entries()
+    checkpoint = Path(entries["stop_checkpoint"])
+    last = checkpoint.parent / "last.ckpt"
+    entries["resume_command"] = resume_command(last if last.exists() else checkpoint)
+    summary["stop"] = entries
+    log.warning(
+        "the run did not finish: stopped by %s after optimizer step %d, checkpoint %s "
+        "written (validation skipped). Resume with:\n  %s",
+        entries["stopped_by"], entries["stopped_after_step"], checkpoint,
+        entries["resume_command"],
+    )  # fmt: skip
+
+
 def exit_stopped(stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any]) -> None:
     """Leave as a stopped job: 143 (SIGTERM), 130 (SIGINT); SIGUSR1 requeues the SLURM job
     (rank 0) and exits 0. The checkpoint of the stop is already written on every rank."""
@@ -95,7 +140,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     parts = build_parts(cfg, *launched_world(cfg.trainer))
     wired = build_callbacks(cfg.get("callbacks"), parts)
     # Always on: stop signals are agreed on at step boundaries (lit/graceful_stop.py).
-    stop = GracefulStop()
+    stop = GracefulStop(instantiate_checked(cfg.stop, "stop"))
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     saves_config = RunConfigCheckpoint(cfg, overrides)
     callbacks = [*wired.callbacks, stop, saves_config]
@@ -107,6 +152,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model, datamodule = parts.model, parts.datamodule
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    # Rank 0: the job's store on MASTER_ADDR only; the default group's store reuses it.
+    job_store = bind_job_store(trainer)
     try:
         try:
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -122,9 +169,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except BaseException:
         finish_wandb_runs(loggers, exit_code=1)
         raise
+    del job_store  # the default group's store holds the server from its first build on
     summary = wired.summary.summary
+    if trainer.is_global_zero and stop.stopped_by is not None:
+        report_stop(stop, summary)
     if trainer.is_global_zero and summary:
         write_summary(summary, Path(cfg.paths.output_dir))
+    reap_job(trainer)
     if stop.stopped_by is not None:
         exit_stopped(stop, trainer, loggers)
     finish_wandb_runs(loggers)

@@ -4,6 +4,7 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -320,8 +321,11 @@ class ODBDataModule(pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         loaders, self._loaders, self._train_loader = self._loaders, [], None
         self._channel.close()
-        for loader in loaders:
-            loader.close()
+        # Together: each close waits (bounded) for its children to exit; a stop must not
+        # wait for the loaders one after another.
+        with ThreadPoolExecutor(max_workers=max(1, len(loaders))) as pool:
+            for closed in [pool.submit(loader.close) for loader in loaders]:
+                closed.result()
 
     # -- checkpoints --------------------------------------------------------------------
     @override

@@ -13,21 +13,34 @@ under SLURM (SIGUSR1: ``scontrol requeue``) and exits 0.
 
 A second SIGINT while a stop is pending interrupts at once (``KeyboardInterrupt``), as a
 second Ctrl-C does anywhere.
+
+A stop must fit the scheduler's grace (SLURM: 30 s from SIGTERM to SIGKILL). After the
+step boundary the fit skips validation and ends at once. A step that does not reach its
+boundary within ``stop.deadline_s`` of the signal (a slow step, a rank stuck in a
+collective) is not waited for: the rank that received the signal logs the newest
+checkpoint and how many optimizer steps a resume will replay, kills the job's processes
+it started (the other ranks under Lightning's launcher, its loader processes), reaps them
+and exits with the stop's status. Nothing is saved then: the newest checkpoint stays the
+valid one. The deadline runs in a timer thread the handler starts; it talks to no rank.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
 import subprocess
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
+import psutil
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
@@ -41,27 +54,86 @@ EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.
 """Exit status by stop signal (the shell's convention); SIGUSR1 requeues and exits 0."""
 
 
+REAP_TIMEOUT_S = 5.0
+"""How long a rank that exits at the deadline waits for the processes it killed."""
+
+
+@dataclass(frozen=True)
+class StopSettings:
+    """How a stop signal ends the run (Hydra group ``stop``)."""
+
+    deadline_s: float = 25.0
+    """Seconds from the signal within which the ranks must reach a step boundary; past
+    it, the job exits without a stop checkpoint (the newest checkpoint stays valid). Below
+    the scheduler's grace: SLURM's default is 30 s from SIGTERM to SIGKILL."""
+
+    def __post_init__(self) -> None:
+        value = self.deadline_s
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and value > 0)
+        ):
+            raise ValueError(f"stop.deadline_s must be a positive number of seconds, got {value!r}")
+
+
 class GracefulStop(Callback):
     """Records stop signals and stops every rank after the same step (module docstring).
+
+    Args:
+        settings: The stop's deadline.
 
     Attributes:
         stopped_by: The agreed signal once the fit stopped on it, else ``None``.
         checkpoint: The checkpoint saved at the stop.
+        stopped_at_step: The optimizer step after which the fit stopped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: StopSettings | None = None) -> None:
+        self.settings = settings or StopSettings()
         self._received: int = 0
         self._previous: dict[int, Any] = {}
+        self._deadline: threading.Timer | None = None
+        self._step, self._saved_step, self._saved_dir = 0, None, None
         self.stopped_by: signal.Signals | None = None
         self.checkpoint: Path | None = None
+        self.stopped_at_step: int | None = None
 
     # -- signals -----------------------------------------------------------------------
     def _record(self, signum: int, _: FrameType | None) -> None:
         if signum == signal.SIGINT and self._received:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self._received = max(self._received, signum)
-        # Only a flag and a write: nothing here may block or talk to other ranks.
+        if self._deadline is None:
+            self._deadline = threading.Timer(self.settings.deadline_s, self._exit_at_deadline)
+            self._deadline.daemon = True
+            self._deadline.start()
+        # Only a flag, a timer and a write: nothing here may block or talk to other ranks.
         os.write(2, f"received {signal.Signals(signum).name}: stopping after this step\n".encode())
+
+    def _exit_at_deadline(self) -> None:
+        """No step boundary within the deadline: leave now, every process of this rank's
+        tree with it (see the module docstring). Runs in the timer thread."""
+        name = signal.Signals(self._received).name
+        if self._saved_step is None:
+            kept = "no checkpoint was written in this run yet: a resume starts over"
+            replay = self._step
+        else:
+            kept = (
+                f"the newest checkpoint (in {self._saved_dir}, last.ckpt) was saved at "
+                f"optimizer step {self._saved_step} and stays valid"
+            )
+            replay = self._step - self._saved_step
+        log.error(
+            "no step boundary within stop.deadline_s=%gs of %s (the step after optimizer step "
+            "%d did not finish): exiting without a stop checkpoint; %s; a resume will replay "
+            "%d optimizer step(s)",
+            self.settings.deadline_s, name, self._step, kept, replay,
+        )  # fmt: skip
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        kill_descendants(REAP_TIMEOUT_S)
+        os._exit(EXIT_CODES.get(signal.Signals(self._received), 0))
 
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -90,12 +162,19 @@ class GracefulStop(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        self._step = trainer.global_step
         agreed = self._agree(trainer, pl_module.device)
         if not agreed or trainer.should_stop:
             return
+        # A boundary is reached: from here the stop is bounded by the save and the teardown.
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.stopped_by = signal.Signals(agreed)
+        self.stopped_at_step = trainer.global_step
         self.checkpoint = self._save(trainer)
         trainer.should_stop = True
+        # Lightning validates when should_stop is set mid-epoch: a stop skips it.
+        trainer.limit_val_batches = 0
         log.warning(
             "stopping on %s after optimizer step %d: checkpoint %s",
             self.stopped_by.name,
@@ -104,8 +183,28 @@ class GracefulStop(Callback):
         )
 
     @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Called before the file is written; the resume's newest-valid rule covers a save
+        # cut off by the deadline's kill.
+        self._saved_step, self._saved_dir = trainer.global_step, _checkpoint_dir(trainer)
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._deadline is not None and self.stopped_by is None:
+            self._deadline.cancel()  # the fit ended on its own before a boundary
         self._restore()
+
+    def stop_entries(self) -> dict[str, Any]:
+        """What the run summary says about a stop (empty when the run was not stopped)."""
+        if self.stopped_by is None:
+            return {}
+        return {
+            "stopped_by": self.stopped_by.name,
+            "stopped_after_step": self.stopped_at_step,
+            "stop_checkpoint": str(self.checkpoint) if self.checkpoint else None,
+        }
 
     # -- parts -------------------------------------------------------------------------
     def _agree(self, trainer: pl.Trainer, device: torch.device) -> int:
@@ -139,6 +238,43 @@ def _checkpoint_dir(trainer: pl.Trainer) -> Path:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return Path(callback.dirpath)
     return Path(trainer.default_root_dir) / "checkpoints"
+
+
+def kill_descendants(timeout_s: float) -> list[int]:
+    """SIGKILL every descendant of this process and wait (within ``timeout_s``) until each
+    has exited; the PIDs still running afterwards."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+    return _wait_exited(children, timeout_s)
+
+
+def reap_children(timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` for every descendant of this process to exit (the other
+    ranks Lightning's launcher started, already ending), reaping this process's own; the
+    PIDs still running afterwards."""
+    return _wait_exited(psutil.Process().children(recursive=True), timeout_s)
+
+
+def _wait_exited(processes: list[psutil.Process], timeout_s: float) -> list[int]:
+    """Wait until each of ``processes`` has exited: this process's children are reaped;
+    a grandchild counts once it is a zombie (its reaper is init, not this process)."""
+    deadline = time.monotonic() + timeout_s
+    running = processes
+    while running and time.monotonic() < deadline:
+        _, running = psutil.wait_procs(running, timeout=0.05)
+        running = [p for p in running if _still_running(p)]
+    return [p.pid for p in running]
+
+
+def _still_running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def requeue_slurm_job() -> int:

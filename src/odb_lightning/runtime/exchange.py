@@ -25,6 +25,7 @@ from odb_lightning.core.handshake import (
 from odb_lightning.core.wire import WireFormatError, check_message, report_max_steps
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.store_keys import FramedStore
 
 
 class Channel(Protocol):
@@ -60,25 +61,26 @@ class GlooChannel:
         self._rendezvous = rendezvous
         self._where = f"the ODB metadata channel ({rendezvous.describe(generation)})"
         timeout = timedelta(seconds=timeout_s)
+        framed: FramedStore | None = None
         try:
             store = dist.TCPStore(
                 rendezvous.host, rendezvous.port, None, is_master=False, timeout=timeout
             )
-            prefixed = dist.PrefixStore(rendezvous.channel_prefix(generation), store)
+            prefix = rendezvous.channel_prefix(generation)
+            # Gloo's address records are framed and checked (runtime/store_keys.py).
+            framed = FramedStore(dist.PrefixStore(prefix, store), prefix)
             options = dist.ProcessGroupGloo._Options()
             options._timeout = timeout
             options._devices = rendezvous.binding.devices()
             self._group: dist.ProcessGroupGloo | None = dist.ProcessGroupGloo(
-                prefixed, rendezvous.rank, rendezvous.world_size, options
+                framed, rendezvous.rank, rendezvous.world_size, options
             )
-        except MemoryError as error:  # Gloo read garbage under the prefix as an address
-            raise MetadataChannelError(
-                f"rank {rendezvous.rank} could not build {self._where}: the store holds "
-                f"malformed keys under the prefix {rendezvous.channel_prefix(generation)!r} "
-                f"(written by another job or loader?) ({type(error).__name__}: {error}); "
-                "give every loader and job its own prefix"
-            ) from error
         except (RuntimeError, ValueError) as error:
+            if framed is not None and framed.problem is not None:
+                # A foreign value in the store: its own message, not Gloo's echo of it.
+                raise MetadataChannelError(
+                    f"rank {rendezvous.rank} could not build {self._where}: {framed.problem}"
+                ) from error
             raise MetadataChannelError(
                 f"rank {rendezvous.rank} could not connect to {self._where} within "
                 f"{timeout_s}s (store prefix {rendezvous.channel_prefix(generation)!r}): "

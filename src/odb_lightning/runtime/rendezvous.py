@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from odb_lightning.runtime.errors import MetadataChannelError
+from odb_lightning.runtime.store_keys import get_checked, set_once
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,18 +122,34 @@ class MetadataStore:
         """
         if self._rank == 0:
             return
+        key = f"{prefix}/started"
         try:
-            self._store.wait([f"{prefix}/started"], timedelta(seconds=timeout_s))
+            self._store.wait([key], timedelta(seconds=timeout_s))
         except RuntimeError as error:  # torch's DistStoreError on a timeout
             raise MetadataChannelError(
                 f"rank {self._rank} waited {timeout_s}s for rank 0 to start the loader "
                 f"processes of the ODB metadata channel {prefix}: {error}"
             ) from error
+        check_value(get_checked(self._store, key, key), STARTED, key)
 
     def rank_zero_started(self, prefix: str) -> None:
         """On rank 0: every process of the pipeline of ``prefix`` has been forked."""
         if self._rank == 0:
-            self._store.set(f"{prefix}/started", "1")
+            set_once(self._store, f"{prefix}/started", STARTED, f"{prefix}/started")
+
+
+STARTED = b"started"
+JOINED = b"joined"
+
+
+def check_value(payload: bytes, expected: bytes, key: str) -> None:
+    """A checked payload (:mod:`~odb_lightning.runtime.store_keys`) must be ``expected``."""
+    if payload != expected:
+        raise MetadataChannelError(
+            f"the job store's key {key!r} holds the ODB payload {payload[:40]!r}, expected "
+            f"{expected!r}: something other than this job's ranks wrote into the job's store "
+            "(MASTER_PORT); see 'The job store' in docs/reliability.md"
+        )
 
 
 def numeric_address(host: str, port: int) -> str:
@@ -172,6 +189,46 @@ def job_store_address(environ: dict[str, str] | None = None) -> tuple[str, int]:
             f"MASTER_ADDR {host!r} does not resolve on this node ({error}): set MASTER_ADDR "
             "to an address or name that every node resolves to rank 0's node"
         ) from error
+
+
+def host_job_store(host: str, port: int) -> dist.TCPStore:
+    """The job's store server, listening on ``host`` (numeric) only, not on every interface.
+
+    torch's own server binds ``MASTER_PORT`` on all interfaces. Call this in the process
+    that hosts the job's store (rank 0), before the default process group is built, and
+    keep the result alive until the job ends: ``init_process_group`` (``env://``) builds a
+    multi-tenant ``TCPStore`` on ``MASTER_PORT``, which reuses this server.
+
+    Raises:
+        MetadataChannelError: The address cannot be bound on this node (the message names
+            ``MASTER_ADDR`` and ``MASTER_PORT``).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(socket.SOMAXCONN)
+        # The server listens on this socket; multi_tenant: torch's store on the port reuses it.
+        server = dist.TCPStore(
+            host,
+            port,
+            None,
+            is_master=True,
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=listener.fileno(),
+            use_libuv=True,
+        )
+    except OSError as error:
+        listener.close()
+        raise MetadataChannelError(
+            f"cannot host the job's store on MASTER_ADDR:MASTER_PORT ({host}:{port}) on this "
+            f"node: {error}; set MASTER_ADDR to an address of this node and MASTER_PORT to a "
+            "free port"
+        ) from error
+    listener.detach()  # the server owns the socket now (libuv closes it with the server)
+    return server
 
 
 def _interfaces() -> set[str]:
@@ -320,16 +377,19 @@ class JobRendezvous:
             ) from error
         joined = f"odb/{job_prefix}/joined"
         if rank == 0:
+            keys = [f"{joined}/{r}" for r in range(1, world_size)]
             try:
-                store.wait([f"{joined}/{r}" for r in range(1, world_size)], timeout)
+                store.wait(keys, timeout)
             except RuntimeError as error:
                 raise MetadataChannelError(
                     f"rank 0 waited {timeout_s}s for every rank to "
                     f"connect to the job store at {host}:{port}: {error}"
                 ) from error
+            for key in keys:
+                check_value(get_checked(store, key, key), JOINED, key)
         else:
             # A round trip: the server has accepted (and formatted) this connection after it.
-            store.set(f"{joined}/{rank}", "1")
+            set_once(store, f"{joined}/{rank}", JOINED, f"{joined}/{rank}")
         return cls(host, port, rank, world_size, job_prefix, store, binding)
 
     def for_loader(self, name: str) -> Rendezvous:

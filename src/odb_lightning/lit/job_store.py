@@ -1,0 +1,50 @@
+"""The job's store, bound to ``MASTER_ADDR`` instead of every interface.
+
+The default process group's ``TCPStore`` (on ``MASTER_PORT``, hosted by global rank 0) is
+also where the ODB metadata channel meets. torch's server listens on all interfaces and
+has no authentication (``docs/reliability.md``, "The job store"). Where the trainer's
+rank 0 builds that store itself, i.e. Lightning's own launcher or one process per rank
+started by SLURM, :func:`bind_job_store` hosts it first, listening on the numeric
+address of ``MASTER_ADDR`` only (:func:`~odb_lightning.runtime.rendezvous.host_job_store`);
+torch's store then reuses that server. Under torchrun the agent hosts the store
+(``TORCHELASTIC_USE_AGENT_STORE``) and binds it itself; with a spawning launcher
+(``start_method="spawn"``/``"fork"``) rank 0 is another process. Both are left as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import lightning.pytorch as pl
+import torch.distributed as dist
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+
+from odb_lightning.runtime.rendezvous import host_job_store, numeric_address
+
+log = logging.getLogger(__name__)
+
+
+def bind_job_store(trainer: pl.Trainer) -> dist.TCPStore | None:
+    """Host the job's store on ``MASTER_ADDR`` in this process when it is the store's host
+    (see the module docstring); keep the result alive until the fit returns.
+
+    Raises:
+        MetadataChannelError: ``MASTER_ADDR:MASTER_PORT`` cannot be bound on this node.
+    """
+    strategy = trainer.strategy
+    if not isinstance(strategy, ParallelStrategy) or trainer.world_size == 1:
+        return None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return None  # torchrun's agent hosts it
+    if isinstance(strategy.launcher, _MultiProcessingLauncher):
+        return None  # rank 0 is a spawned process, which builds its own
+    environment = strategy.cluster_environment
+    if environment is None or environment.global_rank() != 0 or trainer.global_rank != 0:
+        return None
+    port = environment.main_port  # chosen once: the launcher gives the same to every rank
+    host = numeric_address(environment.main_address, port)
+    server = host_job_store(host, port)
+    log.info("the job's store listens on %s:%d only (MASTER_ADDR)", host, port)
+    return server
