@@ -13,6 +13,7 @@ torch's store then reuses that server. Under torchrun the agent hosts the store
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 
@@ -45,6 +46,16 @@ def bind_job_store(trainer: pl.Trainer) -> dist.TCPStore | None:
         return None
     port = environment.main_port  # chosen once: the launcher gives the same to every rank
     host = numeric_address(environment.main_address, port)
+    if trainer.num_nodes > 1 and ipaddress.ip_address(host).is_loopback:
+        # A node's own name often resolves to 127.0.1.1 on that node and to its network
+        # address on the others: bound to the loopback, the other nodes could not connect.
+        log.warning(
+            "MASTER_ADDR %s resolves to the loopback address %s on rank 0 of a %d-node job: "
+            "the job's store listens on every interface (set MASTER_ADDR to the node's "
+            "network address to bind it there)",
+            environment.main_address, host, trainer.num_nodes,
+        )  # fmt: skip
+        return None
     server = host_job_store(host, port)
     log.info("the job's store listens on %s:%d only (MASTER_ADDR)", host, port)
     return server
