@@ -119,8 +119,8 @@ def test_last_link_never_dangles_during_saves(
     assert "replace" in watched_filesystem
     # One checkpoint kept, last.ckpt naming it.
     kept = sorted(p.name for p in tmp_path.iterdir() if not p.is_symlink())
-    assert kept == ["epoch=0-step=3.ckpt"]
-    assert os.readlink(tmp_path / "last.ckpt") == "epoch=0-step=3.ckpt"
+    assert kept == ["epoch0-step3.ckpt"]
+    assert os.readlink(tmp_path / "last.ckpt") == "epoch0-step3.ckpt"
 
 
 def test_the_probe_sees_lightnings_dangling_window(
