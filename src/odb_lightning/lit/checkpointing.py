@@ -25,6 +25,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
+from odb_lightning.lit.run_report import NoSupervisedTokensError
+
 CHECKPOINT_FILENAME = "epoch{epoch}-step{step}"
 """Lightning ``ModelCheckpoint`` ``filename`` pattern (with ``auto_insert_metric_name``
 off): ``epoch0-step10.ckpt``."""
@@ -85,6 +87,10 @@ def _remove_path(path: str) -> None:
         shutil.rmtree(path)
 
 
+class UntrainedCheckpointError(NoSupervisedTokensError):
+    """A checkpoint would be saved after 0 optimizer steps: of a model nothing trained."""
+
+
 class AtomicLinkModelCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose ``last.ckpt`` link is replaced atomically, and whose
     outdated checkpoints are deleted only after ``last.ckpt`` points at a newer one.
@@ -105,6 +111,18 @@ class AtomicLinkModelCheckpoint(ModelCheckpoint):
             dirpath, filename, auto_insert_metric_name=auto_insert_metric_name, **kwargs
         )
         self._pending_removals: list[str] = []
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:  # type: ignore[override]
+        # global_step is the same on every rank: all of them refuse here, or none.
+        if trainer.global_step == 0 and trainer.max_steps != 0:
+            raise UntrainedCheckpointError(
+                f"epoch {trainer.current_epoch} ended after 0 optimizer steps: nothing was "
+                f"trained, so no checkpoint is written ({filepath}). The training loader "
+                "gave no batch: check data.path, data.max_samples and data.val_samples "
+                "(the source counts are in train.log) and trainer.limit_train_batches"
+            )
+        super()._save_checkpoint(trainer, filepath)
 
     @override
     def _link_checkpoint(self, trainer: pl.Trainer, filepath: str, linkpath: str) -> None:  # type: ignore[override]
