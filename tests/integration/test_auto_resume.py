@@ -23,8 +23,9 @@ def _attempt(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]
 def test_auto_starts_anew_then_resumes_the_same_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first = _attempt(run_dir, "logger=tensorboard", "trainer.max_steps=3")
-    assert f"ckpt_path=auto: no valid checkpoint in {run_dir / 'checkpoints'}: starting a new run" in (
-        first.stderr
+    assert (
+        f"ckpt_path=auto: no valid checkpoint in {run_dir / 'checkpoints'}: starting a new run"
+        in (first.stderr)
     )
     (events,) = run_dir.glob("tensorboard/version_0/events.out.tfevents.*")
     assert events.stat().st_size > 0

@@ -95,9 +95,7 @@ def _fit_on_nothing(callback: ModelCheckpoint, tmp_path: Path) -> None:
 def test_a_fit_without_an_optimizer_step_writes_no_checkpoint(tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(UntrainedCheckpointError, match="ended after 0 optimizer steps"):
-        _fit_on_nothing(
-            AtomicLinkModelCheckpoint(dirpath=checkpoints, save_last="link"), tmp_path
-        )
+        _fit_on_nothing(AtomicLinkModelCheckpoint(dirpath=checkpoints, save_last="link"), tmp_path)
     assert not checkpoints.exists() or not any(checkpoints.iterdir())
 
 

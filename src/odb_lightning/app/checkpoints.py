@@ -124,7 +124,9 @@ def load_sharded_weights(module: nn.Module, path: Path) -> None:
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
             dcp.load({"state_dict": module}, checkpoint_id=path, no_dist=True)
     except (RuntimeError, dcp.CheckpointException) as error:
-        raise NotACheckpointError(path, f"holds shards that do not fit its model: {error}") from None
+        raise NotACheckpointError(
+            path, f"holds shards that do not fit its model: {error}"
+        ) from None
 
 
 def _is_last(path: Path) -> bool:

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from odb_lightning.app.checkpoints import (
@@ -53,6 +52,7 @@ from odb_lightning.data import HFTokenizer, QwenTokenizer
 from odb_lightning.data.hf_tokenizer import export_hf_tokenizer
 from odb_lightning.lit.model_config import Architecture, FinetuningMethod
 from odb_lightning.lit.module import CausalLMModule
+
 
 class ExportError(Exception):
     """Bad input the user can fix; printed without a traceback."""
@@ -305,9 +305,7 @@ def export_module(
     written_tokenizer = save_tokenizer(tokenizer, out_dir)
     parameters = parameter_count(model, trainable_only=kind == "LoRA adapter")
     files = tuple(sorted(p.name for p in out_dir.iterdir()))
-    return ExportResult(
-        kind, out_dir, files, parameters, base_parameters, base, written_tokenizer
-    )
+    return ExportResult(kind, out_dir, files, parameters, base_parameters, base, written_tokenizer)
 
 
 def build_parser() -> argparse.ArgumentParser:

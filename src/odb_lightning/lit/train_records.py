@@ -96,6 +96,5 @@ def no_records_error(
         found, fix = f"read {read} records and kept none ({dropped})", "check data.max_samples"
     example = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
     return NoTrainingRecordsError(
-        f"{where}: no records to train on: {found}. Each line is one conversation, "
-        f"{example}: {fix}"
+        f"{where}: no records to train on: {found}. Each line is one conversation, {example}: {fix}"
     )

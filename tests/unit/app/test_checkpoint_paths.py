@@ -58,7 +58,9 @@ def test_a_missing_or_truncated_ckpt_path_is_refused_naming_it(tmp_path: Path) -
         resolve_resume_checkpoint(tmp_path / "missing.ckpt")
     torch.save({"global_step": 1}, tmp_path / "whole.ckpt")
     (tmp_path / "cut.ckpt").write_bytes((tmp_path / "whole.ckpt").read_bytes()[:200])
-    with pytest.raises(NotACheckpointError, match=r"cut\.ckpt is cut short \(a zip archive without its end"):
+    with pytest.raises(
+        NotACheckpointError, match=r"cut\.ckpt is cut short \(a zip archive without its end"
+    ):
         resolve_resume_checkpoint(tmp_path / "cut.ckpt")
 
 
