@@ -113,7 +113,7 @@ def test_resume_continues_in_its_directory_with_the_saved_config(tmp_path: Path)
     assert after["train_samples"] == before["train_samples"] == 64
     assert after["emitted_samples"] == 2 * 64  # both epochs, the first from the checkpoint
     assert after["optimizer_steps"] > before["optimizer_steps"]
-    assert ckpt.resolve().name == f"epoch=1-step={after['optimizer_steps']}.ckpt"
+    assert ckpt.resolve().name == f"epoch1-step{after['optimizer_steps']}.ckpt"
     (resume_files,) = run_dir.glob(".hydra_resumed-*")
     assert (
         "model.architecture.hidden_size=48" in (run_dir / ".hydra" / "overrides.yaml").read_text()

@@ -7,6 +7,8 @@ model's own validation step over ``split`` in one process. The loss is
 ``sum(token losses) / sum(supervised tokens)`` over the whole split (shifted
 ``labels != -100``), the figure training logs as ``val/loss``; perplexity is its
 exponential. The result is printed and written to ``eval.json`` in the output directory.
+A checkpoint is a ``.ckpt`` file or an FSDP2 checkpoint directory (its shards are read
+into the one process on CPU); any other path is refused naming what it is.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
-from odb_lightning.app.checkpoints import resolve_resume_checkpoint
+from odb_lightning.app.checkpoints import load_sharded_weights, resolve_resume_checkpoint
 from odb_lightning.app.components import build_parts, launched_accelerator
 from odb_lightning.app.run_config import config_for_resume
 from odb_lightning.app.run_log import full_error_requested, is_user_error, route_library_logs
@@ -84,13 +86,21 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, devices=1, num_nodes=1, strategy="auto", logger=False, callbacks=[counts]
     )
+    sharded = Path(ckpt_path).is_dir()
+    if sharded:
+        # An FSDP2 checkpoint directory: every shard read into the one-process model here
+        # (Lightning's single-device strategy reads single files only).
+        model.configure_model()
+        load_sharded_weights(model, Path(ckpt_path))
     datamodule.setup("validate")
     try:
         try:
             loader = datamodule.evaluation_loader(split)
         except ValueError as error:  # an empty split
             raise ConfigError(f"invalid config 'split': {error}") from None
-        (metrics,) = trainer.validate(model, dataloaders=loader, ckpt_path=ckpt_path, verbose=False)
+        (metrics,) = trainer.validate(
+            model, dataloaders=loader, ckpt_path=None if sharded else ckpt_path, verbose=False
+        )
     finally:
         datamodule.teardown("validate")
     loss = float(metrics["val/loss"])

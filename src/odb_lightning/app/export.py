@@ -12,7 +12,11 @@ A checkpoint is a Lightning ``.ckpt`` file (one process, DDP) or, under FSDP2 wi
 ``save_distributed_checkpoint``, a directory of shards (``.metadata``, ``*.distcp`` and
 Lightning's ``meta.pt``); both are read in this one process, on CPU. ``token_id_fold``
 checkpoints are refused: they are benchmark stand-ins whose vocabulary is the fold, not
-the tokenizer's, so no Hugging Face model reproduces what they were trained on.
+the tokenizer's, so no Hugging Face model reproduces what they were trained on (the fold
+in effect is read from the checkpoint's architecture: a pretrained model has none, so a
+``debug=smoke model=pretrained`` checkpoint exports). The run's tokenizer (its config's
+``tokenizer`` node, saved in the checkpoint) is written beside the model, so the
+directory loads with ``AutoTokenizer.from_pretrained(DIR)`` too.
 
 Usage::
 
@@ -28,25 +32,26 @@ in the checkpoint, so export such a run with ``--merge``.
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
-import warnings
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
+from odb_lightning.app.checkpoints import (
+    DISTRIBUTED_METADATA_FILENAME,
+    NotACheckpointError,
+    load_sharded_weights,
+    read_checkpoint_file,
+)
+from odb_lightning.app.run_config import saved_run_config
 from odb_lightning.core.nodes import target_of
-from odb_lightning.lit.model_config import FinetuningMethod
+from odb_lightning.data import HFTokenizer, QwenTokenizer
+from odb_lightning.data.hf_tokenizer import export_hf_tokenizer
+from odb_lightning.lit.model_config import Architecture, FinetuningMethod
 from odb_lightning.lit.module import CausalLMModule
-
-DISTRIBUTED_METADATA_FILENAME = "meta.pt"
-"""What Lightning's ``ModelParallelStrategy`` saves beside the shards of a distributed
-checkpoint: everything but the model and optimizer states (the hyperparameters too)."""
 
 
 class ExportError(Exception):
@@ -64,6 +69,7 @@ class ExportResult:
         parameters: Parameters written (the adapter's alone for an adapter).
         base_parameters: For an adapter: the parameters of the base it applies to.
         base: For an adapter: where its base comes from.
+        tokenizer: The run's tokenizer written beside the model, or why there is none.
     """
 
     kind: str
@@ -72,6 +78,7 @@ class ExportResult:
     parameters: int
     base_parameters: int | None = None
     base: str | None = None
+    tokenizer: str | None = None
 
     def describe(self) -> str:
         """The one-line summary ``odb-export`` prints."""
@@ -81,34 +88,9 @@ class ExportResult:
         )
         if self.base_parameters is not None:
             line += f"; its base ({self.base_parameters:,} parameters) is {self.base}"
+        if self.tokenizer is not None:
+            line += f"; tokenizer: {self.tokenizer}"
         return line
-
-
-def read_torch_file(path: Path) -> dict[str, Any]:
-    """A ``torch.save`` file of plain types, memory-mapped (``weights_only``: no code is
-    unpickled).
-
-    Raises:
-        ExportError: ``path`` is missing or is not such a file.
-    """
-    if not path.is_file():
-        raise ExportError(f"no checkpoint file at {path}")
-    if not zipfile.is_zipfile(path):
-        raise ExportError(f"{path} is not a torch checkpoint (torch.save writes a zip archive)")
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as error:
-        raise ExportError(f"{path} is not a readable checkpoint: {_reason(error)}") from None
-    if not isinstance(loaded, dict):
-        raise ExportError(f"{path} holds a {type(loaded).__name__}, not a Lightning checkpoint")
-    return loaded
-
-
-def _reason(error: Exception) -> str:
-    """The line of a ``torch.load`` error that says what is wrong."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error")]
-    return (unpickler or lines or [repr(error)])[0]
 
 
 def read_hyperparameters(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,7 +109,9 @@ def read_hyperparameters(path: Path, checkpoint: Mapping[str, Any]) -> dict[str,
     if not isinstance(architecture, dict):
         raise ExportError(f"{path}: its hyperparameters have no 'architecture': not a checkpoint "
                           "of a CausalLMModule run")  # fmt: skip
-    fold = architecture.get("token_id_fold")
+    # The fold in effect, by the architecture's own rule (a pretrained model has none).
+    known = {name: architecture[name] for name in ("pretrained_path", "token_id_fold")}
+    fold = Architecture(**{k: v for k, v in known.items() if v is not None}).fold
     if fold is not None:
         raise ExportError(
             f"{path} is a token_id_fold={fold} benchmark stand-in (token ids were taken "
@@ -198,7 +182,7 @@ def load_module(path: Path) -> CausalLMModule:
     """
     if path.is_dir():
         return _load_distributed(path)
-    checkpoint = read_torch_file(path)
+    checkpoint = read_checkpoint_file(path)
     module = build_module(path, read_hyperparameters(path, checkpoint))
     state_dict = checkpoint.get("state_dict")
     if not isinstance(state_dict, dict):
@@ -212,25 +196,14 @@ def load_module(path: Path) -> CausalLMModule:
 
 def _load_distributed(path: Path) -> CausalLMModule:
     """Read every shard of a distributed checkpoint directory into one module."""
-    import torch.distributed.checkpoint as dcp
-
     meta = path / DISTRIBUTED_METADATA_FILENAME
     if not (path / ".metadata").is_file() or not meta.is_file():
         raise ExportError(
             f"{path} is a directory but no distributed checkpoint (one has .metadata and "
             f"{DISTRIBUTED_METADATA_FILENAME})"
         )
-    module = build_module(path, read_hyperparameters(path, read_torch_file(meta)))
-    # Lightning saves the module's state under "state_dict"; a module is Stateful, so dcp
-    # reads its tensors in place and hands them back through a strict load_state_dict.
-    state = {"state_dict": module}
-    try:
-        with warnings.catch_warnings():
-            # One process reading every shard is the intent here, not a mistake.
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, checkpoint_id=path, no_dist=True)
-    except (RuntimeError, dcp.CheckpointException) as error:
-        raise ExportError(f"{path}: its shards do not fit its model: {error}") from None
+    module = build_module(path, read_hyperparameters(path, read_checkpoint_file(meta)))
+    load_sharded_weights(module, path)
     return module
 
 
@@ -249,7 +222,61 @@ def check_out_dir(out_dir: Path) -> None:
         raise ExportError(f"--out {out_dir} exists and is not an empty directory")
 
 
-def export_module(module: CausalLMModule, out_dir: Path, *, merge: bool) -> ExportResult:
+RunTokenizer = HFTokenizer | QwenTokenizer
+"""The tokenizers a run names (``conf/tokenizer/``) that export as Hugging Face files."""
+
+
+def load_run_tokenizer(path: Path) -> RunTokenizer | None:
+    """The tokenizer of the run that wrote ``path`` (its config's ``tokenizer`` node), or
+    ``None`` for a checkpoint that records no run config.
+
+    Raises:
+        ExportError: The node names another class, or the tokenizer does not load (the
+            message names the key and the fix).
+    """
+    import hydra
+
+    config = saved_run_config(path) or {}
+    node = (config.get("resolved") or {}).get("tokenizer")
+    if not isinstance(node, Mapping):
+        return None
+    key = "odb_run_config.resolved.tokenizer"
+    check_targets(path, node, key)
+    try:
+        tokenizer = hydra.utils.instantiate(node)
+        if isinstance(tokenizer, HFTokenizer):
+            tokenizer.backend  # noqa: B018 - loads it (lazy): a moved directory fails here
+    except Exception as error:  # noqa: BLE001 - a missing or moved tokenizer directory
+        cause = error.__cause__ or error
+        raise ExportError(
+            f"{path}: the run's tokenizer ({key}: {dict(node)}) does not load: {cause}. "
+            "Put its files back where training read them"
+        ) from None
+    if not isinstance(tokenizer, RunTokenizer):
+        raise ExportError(f"{path}: {key} is a {type(tokenizer).__name__}, which has no "
+                          "Hugging Face files to export")  # fmt: skip
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: RunTokenizer | None, out_dir: Path) -> str:
+    """Write ``tokenizer`` into ``out_dir`` for ``AutoTokenizer.from_pretrained(out_dir)``;
+    say what was written (or why nothing was)."""
+    if tokenizer is None:
+        return "none: the checkpoint records no run config, so no tokenizer was written"
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.backend.save_pretrained(out_dir)
+        return f"the run's {tokenizer.name_or_path}"
+    export_hf_tokenizer(out_dir, tokenizer.vocab_file)
+    return "the run's Qwen2 BPE"
+
+
+def export_module(
+    module: CausalLMModule,
+    out_dir: Path,
+    *,
+    merge: bool,
+    tokenizer: RunTokenizer | None = None,
+) -> ExportResult:
     """Write ``module``'s model as a ``save_pretrained`` directory (see the module
     docstring for what each fine-tune writes).
 
@@ -275,9 +302,10 @@ def export_module(module: CausalLMModule, out_dir: Path, *, merge: bool) -> Expo
             "a random init that only the checkpoint holds: --merge writes a standalone model"
         )
     model.save_pretrained(out_dir)
+    written_tokenizer = save_tokenizer(tokenizer, out_dir)
     parameters = parameter_count(model, trainable_only=kind == "LoRA adapter")
     files = tuple(sorted(p.name for p in out_dir.iterdir()))
-    return ExportResult(kind, out_dir, files, parameters, base_parameters, base)
+    return ExportResult(kind, out_dir, files, parameters, base_parameters, base, written_tokenizer)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,8 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_out_dir(args.out)  # before the (long) load
         module = load_module(args.checkpoint)
-        result = export_module(module, args.out, merge=args.merge)
-    except ExportError as error:
+        tokenizer = load_run_tokenizer(args.checkpoint)
+        result = export_module(module, args.out, merge=args.merge, tokenizer=tokenizer)
+    except (ExportError, NotACheckpointError) as error:
         print(f"odb-export: error: {error}", file=sys.stderr)
         return 2
     print(f"odb-export: {result.describe()}")

@@ -30,7 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
-from odb_lightning.app.export import DISTRIBUTED_METADATA_FILENAME
+from odb_lightning.app.checkpoints import DISTRIBUTED_METADATA_FILENAME
 
 log = logging.getLogger(__name__)
 

@@ -155,13 +155,36 @@ def resume_dir(ckpt_path: str | None, new_dir: str) -> str:
     """The run directory of a job: that of the run whose checkpoint it resumes
     (``<run>/checkpoints/<name>.ckpt``, file or sharded directory), so that a resumed run
     continues in its own directory; ``new_dir`` for a new run or a checkpoint from
-    elsewhere."""
+    elsewhere; with ``ckpt_path=auto`` the run directory named as for a new run, but under
+    SLURM one a requeued job finds again (:func:`auto_resume_dir`)."""
     if not ckpt_path:
         return new_dir
+    if ckpt_path == AUTO_RESUME:
+        return auto_resume_dir(new_dir)
     path = Path(ckpt_path)
     if path.parent.name == CHECKPOINT_DIR_NAME and path.parent.parent.is_dir():
         return os.fspath(path.parent.parent.absolute())
     return new_dir
+
+
+AUTO_RESUME = "auto"
+"""``ckpt_path=auto`` (``app/checkpoints.py``: the newest valid checkpoint of the run
+directory, or a new run)."""
+
+
+def auto_resume_dir(new_dir: str, environ: Mapping[str, str] | None = None) -> str:
+    """The run directory of ``ckpt_path=auto``: ``new_dir``, except inside a SLURM job,
+    whose requeued attempt keeps its job id but not its clock: there the leaf is
+    ``slurm-<job>`` (``slurm-<array job>_<task>``; several tasks of one srun step already
+    have ``slurm-<job>.<step>``, the same on every attempt)."""
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID")
+    leaf = Path(new_dir).name
+    if job is None or leaf.startswith("slurm-"):
+        return new_dir
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    name = f"slurm-{array_job}_{task}" if array_job and task else f"slurm-{job}"
+    return os.fspath(Path(new_dir).parent / name)
 
 
 RESUME_TAG_RESOLVER = "odb.resume_tag"
@@ -173,7 +196,11 @@ def resume_tag(ckpt_path: str | None) -> str:
     """``""`` for a new run, else ``_resumed-<this process's clock>``: a resume writes its
     ``.hydra`` files beside the original run's instead of over them (once per process,
     like :func:`_run_name_once`)."""
-    return "" if not ckpt_path else datetime.now().strftime("_resumed-%Y-%m-%d_%H-%M-%S")
+    if not ckpt_path:
+        return ""
+    # auto may start anew: each attempt's files under their own name, none overwritten.
+    kind = "attempt" if ckpt_path == AUTO_RESUME else "resumed"
+    return datetime.now().strftime(f"_{kind}-%Y-%m-%d_%H-%M-%S")
 
 
 RUN_LABEL_RESOLVER = "odb.run_label"

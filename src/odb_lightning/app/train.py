@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from odb_lightning.app.checkpoints import resolve_resume_checkpoint
+from odb_lightning.app.checkpoints import check_strategy_reads, resolve_resume_checkpoint
 from odb_lightning.app.components import build_callbacks, build_parts, check_world, launched_world
 from odb_lightning.app.config_store import prepare_composition
 from odb_lightning.app.run_config import (
@@ -27,6 +27,7 @@ from odb_lightning.app.run_config import (
     saved_run_config,
     shape_conflict,
 )
+from odb_lightning.app.run_dir import CHECKPOINT_DIR_NAME
 from odb_lightning.app.run_log import (
     failed_marker,
     full_error_requested,
@@ -129,8 +130,10 @@ def exit_stopped(stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any]) ->
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Build everything from ``cfg``, fit, and return the run summary. A resume
     (``ckpt_path``) runs with the checkpoint's config, updated by this command line's
-    overrides (:mod:`odb_lightning.app.run_config`)."""
-    ckpt_path = resolve_resume_checkpoint(cfg.get("ckpt_path"))
+    overrides (:mod:`odb_lightning.app.run_config`); ``ckpt_path=auto`` resumes from the
+    newest valid checkpoint of the run directory, or starts anew there."""
+    checkpoint_dir = Path(cfg.paths.output_dir) / CHECKPOINT_DIR_NAME
+    ckpt_path = resolve_resume_checkpoint(cfg.get("ckpt_path"), checkpoint_dir)
     if ckpt_path is not None:
         cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
@@ -149,6 +152,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer, callbacks=callbacks, logger=loggers or False
     )
     check_world(trainer, parts.run)
+    if ckpt_path is not None:
+        check_strategy_reads(ckpt_path, trainer.strategy)
     model, datamodule = parts.model, parts.datamodule
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

@@ -6,17 +6,52 @@ between leaves ``last.ckpt`` pointing at a deleted file (or missing). Here the n
 made under a temporary name in the same directory and renamed onto ``last.ckpt``
 (``os.replace``, atomic on POSIX), and a checkpoint is deleted only once the link points
 at its successor. Checkpoints may be files or directories (FSDP2 sharded checkpoints).
+
+Checkpoint names hold no ``=`` (``epoch0-step10.ckpt``, ``stop-epoch0-step10.ckpt``, not
+Lightning's default ``epoch=0-step=10.ckpt``): Hydra's override parser refuses a second
+``=`` in ``ckpt_path=...``, so a name is passed back on the command line as it is printed.
+Older names still resume (a checkpoint is found by its ``.ckpt`` suffix, never by name);
+:func:`ckpt_path_override` quotes one for the command line.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
+
+from odb_lightning.lit.run_report import NoSupervisedTokensError
+
+CHECKPOINT_FILENAME = "epoch{epoch}-step{step}"
+"""Lightning ``ModelCheckpoint`` ``filename`` pattern (with ``auto_insert_metric_name``
+off): ``epoch0-step10.ckpt``."""
+
+
+def stop_checkpoint_name(epoch: int, step: int) -> str:
+    """The file name of the checkpoint a stop signal saves: ``stop-epoch0-step10.ckpt``."""
+    return f"stop-epoch{epoch}-step{step}.ckpt"
+
+
+def ckpt_path_override(path: str | os.PathLike[str]) -> str:
+    """``ckpt_path=<path>`` as a shell word that Hydra's override parser reads back as
+    ``path``: bare where Hydra takes the path as it is (every name this package writes, in
+    a directory without spaces or Hydra's special characters), else quoted (the older
+    ``epoch=0-step=10.ckpt`` names)."""
+    text = os.fspath(path)
+    bare = all(c.isalnum() or c in "/._-+~@%" for c in text)
+    override = f"ckpt_path={text}" if bare else f"ckpt_path={_hydra_quoted(text)}"
+    return shlex.quote(override)
+
+
+def _hydra_quoted(text: str) -> str:
+    # Hydra's quoted values: backslashes escape only quotes (and backslashes before them).
+    quote = "'" if '"' in text and "'" not in text else '"'
+    return quote + text.replace(quote, "\\" + quote) + quote
 
 
 def replace_link(target: str, linkpath: str) -> None:
@@ -52,13 +87,42 @@ def _remove_path(path: str) -> None:
         shutil.rmtree(path)
 
 
+class UntrainedCheckpointError(NoSupervisedTokensError):
+    """A checkpoint would be saved after 0 optimizer steps: of a model nothing trained."""
+
+
 class AtomicLinkModelCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose ``last.ckpt`` link is replaced atomically, and whose
-    outdated checkpoints are deleted only after ``last.ckpt`` points at a newer one."""
+    outdated checkpoints are deleted only after ``last.ckpt`` points at a newer one.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    Its checkpoints are named without ``=`` (:data:`CHECKPOINT_FILENAME`) unless
+    ``filename`` says otherwise.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        filename: str | None = CHECKPOINT_FILENAME,
+        *,
+        auto_insert_metric_name: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            dirpath, filename, auto_insert_metric_name=auto_insert_metric_name, **kwargs
+        )
         self._pending_removals: list[str] = []
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:  # type: ignore[override]
+        # global_step is the same on every rank: all of them refuse here, or none.
+        if trainer.global_step == 0 and trainer.max_steps != 0:
+            raise UntrainedCheckpointError(
+                f"epoch {trainer.current_epoch} ended after 0 optimizer steps: nothing was "
+                f"trained, so no checkpoint is written ({filepath}). The training loader "
+                "gave no batch: check data.path, data.max_samples and data.val_samples "
+                "(the source counts are in train.log) and trainer.limit_train_batches"
+            )
+        super()._save_checkpoint(trainer, filepath)
 
     @override
     def _link_checkpoint(self, trainer: pl.Trainer, filepath: str, linkpath: str) -> None:  # type: ignore[override]

@@ -34,7 +34,11 @@ from odb_lightning.lit.resume_state import (
 from odb_lightning.lit.run_context import RunContext
 from odb_lightning.lit.run_report import RunReport
 from odb_lightning.lit.streaming import check_streaming
-from odb_lightning.lit.train_records import count_train_records, no_supervision_error
+from odb_lightning.lit.train_records import (
+    count_train_records,
+    no_records_error,
+    no_supervision_error,
+)
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
 
@@ -167,6 +171,8 @@ class ODBDataModule(pl.LightningDataModule):
         directory = convert_jsonl_stream(self.path, self.stream_cache_dir, on_bad_record)
         self.stream = ChatStream(directory)
         self.source_counts = dict(self.stream.counts)
+        if self.stream.num_records == 0:
+            raise no_records_error(self.source, self.path, self.source_counts, on_bad_record)
         self.dataset = StreamedChatDataset(
             self.stream.num_records,
             self.tokenizer,
@@ -187,6 +193,10 @@ class ODBDataModule(pl.LightningDataModule):
             self._open_stream()
             return
         dataset = self._load_dataset()
+        if len(dataset) == 0:
+            raise no_records_error(
+                self.source, self.path, self.source_counts, self.batching.loader.on_bad_sample.value
+            )
         val_indices, self.train_indices = hold_out(
             len(dataset), self.val_samples, self.batching.seed
         )

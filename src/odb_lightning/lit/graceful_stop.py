@@ -7,7 +7,7 @@ signal. At every step boundary (``on_train_batch_end``, which every rank reaches
 every micro-batch, IDLE ones included) the ranks agree on it with one one-element
 all-reduce (the largest signal number wins: SIGTERM over SIGUSR1 over SIGINT), so all of
 them stop after the same step: they save an exact-resume checkpoint
-(``<checkpoint dir>/stop-epoch=E-step=S.ckpt``, with ``last.ckpt`` re-linked to it), end
+(``<checkpoint dir>/stop-epoch<E>-step<S>.ckpt``, with ``last.ckpt`` re-linked to it), end
 the fit, and the application exits 143 (SIGTERM) or 130 (SIGINT), or requeues the job
 under SLURM (SIGUSR1: ``scontrol requeue``) and exits 0.
 
@@ -45,7 +45,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
-from odb_lightning.lit.checkpointing import replace_link
+from odb_lightning.lit.checkpointing import replace_link, stop_checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class GracefulStop(Callback):
         """An exact-resume checkpoint of this step (a collective: every rank saves), with
         ``last.ckpt`` re-linked to it atomically."""
         directory = _checkpoint_dir(trainer)
-        path = directory / f"stop-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
+        path = directory / stop_checkpoint_name(trainer.current_epoch, trainer.global_step)
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:
             replace_link(str(path), str(directory / "last.ckpt"))

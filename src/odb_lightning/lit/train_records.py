@@ -64,3 +64,37 @@ def no_supervision_error(
         "turns only (user and system turns are context): add assistant turns, or "
         "check the role names of the source"
     )
+
+
+class NoTrainingRecordsError(NoSupervisedTokensError):
+    """The source gave no record at all to train on (an empty file, every line rejected)."""
+
+
+def no_records_error(
+    source: str, path: str | None, counts: dict[str, int], on_bad_record: str
+) -> NoTrainingRecordsError:
+    """The refusal of a source that kept no record, naming the data, what was read and
+    dropped (``counts``: the source's ``read``, ``kept`` and ``dropped/<reason>``), and the
+    fix."""
+    where = f"data.source={source!r}" + (f" data.path={path!r}" if path is not None else "")
+    read = counts.get("read", 0)
+    rejected = counts.get("dropped/bad_record", 0)
+    if read == 0:
+        what = "the file has no non-blank line" if source == "jsonl" else "the source is empty"
+        found, fix = f"{what} (0 records read)", "point data.path at your conversations"
+    elif rejected == read:
+        found = (
+            f"read {read} lines and rejected all {read} as bad records "
+            f"(batching.loader.on_bad_sample={on_bad_record} skipped them)"
+        )
+        fix = (
+            "fix the lines: with batching.loader.on_bad_sample=raise the first bad one is "
+            "named with its line number and field"
+        )
+    else:
+        dropped = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if k != "read")
+        found, fix = f"read {read} records and kept none ({dropped})", "check data.max_samples"
+    example = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
+    return NoTrainingRecordsError(
+        f"{where}: no records to train on: {found}. Each line is one conversation, {example}: {fix}"
+    )

@@ -227,7 +227,7 @@ def test_bad_checkpoints_and_outputs_are_named(lora_run, tmp_path, capsys) -> No
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "config.json").write_text("{}")
     cases = [
-        (tmp_path / "missing.ckpt", tmp_path / "a", r"no checkpoint file at .*missing\.ckpt"),
+        (tmp_path / "missing.ckpt", tmp_path / "a", r"missing\.ckpt does not exist"),
         (tmp_path / "notes.txt", tmp_path / "b", r"notes\.txt is not a torch checkpoint"),
         (tmp_path / "bare.ckpt", tmp_path / "c", r"bare\.ckpt has no 'hyper_parameters'"),
         (tmp_path / "empty_dir", tmp_path / "d", r"empty_dir is a directory but no distrib"),

@@ -119,8 +119,8 @@ def test_last_link_never_dangles_during_saves(
     assert "replace" in watched_filesystem
     # One checkpoint kept, last.ckpt naming it.
     kept = sorted(p.name for p in tmp_path.iterdir() if not p.is_symlink())
-    assert kept == ["epoch=0-step=3.ckpt"]
-    assert os.readlink(tmp_path / "last.ckpt") == "epoch=0-step=3.ckpt"
+    assert kept == ["epoch0-step3.ckpt"]
+    assert os.readlink(tmp_path / "last.ckpt") == "epoch0-step3.ckpt"
 
 
 def test_the_probe_sees_lightnings_dangling_window(
@@ -214,16 +214,17 @@ def test_no_valid_checkpoint_names_the_directory_and_what_it_holds(tmp_path: Pat
         resolve_resume_checkpoint(tmp_path / "last.ckpt")
     message = str(raised.value)
     assert f"no other checkpoint in {tmp_path} loads" in message
-    assert "epoch=0-step=2.ckpt (it does not load" in message
+    assert "epoch=0-step=2.ckpt (it is not a torch checkpoint" in message
 
 
 def test_a_valid_last_ckpt_and_other_paths_are_kept(tmp_path: Path) -> None:
     _write_checkpoint(str(tmp_path / "epoch=0-step=3.ckpt"), sharded=False)
     os.symlink("epoch=0-step=3.ckpt", tmp_path / "last.ckpt")
     assert resolve_resume_checkpoint(tmp_path / "last.ckpt") == str(tmp_path / "last.ckpt")
-    missing = str(tmp_path / "other.ckpt")
-    assert resolve_resume_checkpoint(missing) == missing  # Lightning reports it
     assert resolve_resume_checkpoint(None) is None
+    missing = tmp_path / "other.ckpt"  # named here, before Lightning would fail on it
+    with pytest.raises(NoValidCheckpointError, match=r"other\.ckpt does not exist: pass as"):
+        resolve_resume_checkpoint(missing)
 
 
 # -- batching settings of a resume -----------------------------------------------------------
