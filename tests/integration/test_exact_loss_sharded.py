@@ -209,7 +209,7 @@ def step_gradient(
 
 def run_launch(launch: str, out_dir: Path) -> dict[str, list[dict]]:
     """Run one 2-process job (torchrun); the records of its modules, by variant and rank."""
-    run_script_on_ranks(__file__, launch, str(out_dir), ranks=WORLD_SIZE, timeout_s=300)
+    run_script_on_ranks(__file__, launch, str(out_dir), ranks=WORLD_SIZE)
     return {
         variant_name(cls, finetuning): [
             torch.load(out_dir / f"{variant_name(cls, finetuning)}_rank{r}.pt", weights_only=False)

@@ -156,7 +156,7 @@ def test_checkpoint_of_other_data_is_refused(tmp_path: Path) -> None:
         f"hydra.run.dir={tmp_path / 'second'}",
         f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}",
     ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert "the checkpoint was taken on other training data" in done.stderr
     assert "max_samples: 80 -> 72" in done.stderr
