@@ -185,7 +185,7 @@ def run_fault(fault: LoaderFault, work_dir: Path) -> FaultResult:
     """Run ``fault`` once on 2 ranks (``work_dir`` holds the dataset's fault marker)."""
     marker = work_dir / f"{fault.name}.fault_at"
     marker.unlink(missing_ok=True)
-    outcome = run_ranks(fault.build(marker), world_size=2, timeout_s=120)
+    outcome = run_ranks(fault.build(marker), world_size=2)
     fault_at = read_fault_marker(marker) if fault.from_marker else outcome.fault_at
     assert fault_at is not None, f"{fault.name}: the fault was never injected"
     errors = {rank: (name, message) for rank, (name, message, _) in outcome.errors.items()}

@@ -26,7 +26,7 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def run_script_on_ranks(script: str, *args: str, ranks: int = 2, timeout_s: float = 240) -> None:
+def run_script_on_ranks(script: str, *args: str, ranks: int = 2, timeout_s: float = 600) -> None:
     """``torchrun --standalone --nproc_per_node=<ranks> <script> <args>``; fails the test
     with the output's tail when it does not exit 0."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def train(tmp_path: Path, *overrides: str, timeout_s: float = 300) -> dict:
+def train(tmp_path: Path, *overrides: str, timeout_s: float = 600) -> dict:
     """Run train.py with ``overrides``; return its summary.json."""
     command = [sys.executable, "train.py", "debug=smoke", f"hydra.run.dir={tmp_path}", *overrides]
     done = subprocess.run(

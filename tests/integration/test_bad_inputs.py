@@ -357,7 +357,7 @@ def test_out_of_vocabulary_ids_on_both_ranks_fail_both_or_are_skipped_on_both() 
     bad = {i for i in range(len(dataset)) if int(dataset[i]["input_ids"].max()) >= 999}
     loader = {"token_budget": 600, "outstanding_depth": 16, "num_workers": 1,
               "multiprocessing_context": "fork", "vocab_size": 999}  # fmt: skip
-    failed = run_ranks(RankJob(dataset, loader), world_size=2, timeout_s=60)
+    failed = run_ranks(RankJob(dataset, loader), world_size=2)
     assert failed.ok == {} and sorted(failed.errors) == [0, 1]  # no rank finishes alone
     messages = [message for name, message, _ in failed.errors.values()]
     assert any(
@@ -414,6 +414,6 @@ def test_train_py_names_the_bad_line_and_field(tmp_path: Path) -> None:
         sys.executable, "train.py", "debug=smoke", "data=jsonl", f"data.path={path}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1
     assert f"record {path}:3: field '<line>': invalid UTF-8 at byte 23" in done.stderr

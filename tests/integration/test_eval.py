@@ -41,7 +41,7 @@ def write_tiny_llama(out_dir: Path) -> Path:
 def _run(script: str, *overrides: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, script, *overrides], cwd=ROOT, capture_output=True, text=True,
-        timeout=300, check=False,
+        timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done

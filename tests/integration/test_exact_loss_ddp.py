@@ -3,8 +3,8 @@
 SPEC 3.3: an N-rank dynamic run (with accumulation) produces the same gradient as one
 process on the union batch (relative error <= 1e-5 in float64).
 
-How it runs: the test starts this file as a script under ``python -m
-torch.distributed.run --standalone --nproc_per_node 2`` (torchrun; both ranks start, and
+How it runs: ``exact_loss_job.py`` (the session's one exact-loss job) runs under ``python
+-m torch.distributed.run --standalone --nproc_per_node 2`` (torchrun; both ranks start, and
 import, at once: about 10 s less than Lightning's own launcher, which starts rank 1 only
 once rank 0 has imported everything and is in ``fit``; that launcher is covered by the
 ``trainer=ddp_cpu`` runs of ``test_train.py`` and ``test_sweep.py``). Each rank builds a
@@ -21,14 +21,13 @@ the gradient of the global per-token mean loss over the union of both ranks' mic
 of that step, computed in the test process on a full-logits forward at the recorded
 ``params_k``.
 
-The same two processes then fit a control module that returns the usual loss (each
+The same two processes also fit a control module that returns the usual loss (each
 micro-batch's own token mean, no ``1 / N`` scale): its gradient misses the reference by
 far, which shows that the comparison can fail.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,7 +49,6 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch
 
@@ -76,7 +74,6 @@ SAMPLES = [
     ],
 ]
 IDLE = {(1, 1)}
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def rank_batches(rank: int) -> list[ODBBatch]:
@@ -185,13 +182,11 @@ def step_gradient(params: Tensor, step: int) -> tuple[Tensor, float]:
 
 
 @pytest.fixture(scope="module")
-def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    """Run the 2-process job once (torchrun); the records of both modules, by rank."""
-    out_dir = tmp_path_factory.mktemp("exact_loss_ddp")
-    run_script_on_ranks(__file__, str(out_dir), ranks=WORLD_SIZE)
+def ddp_records(exact_loss_records: Path) -> dict[str, list[dict]]:
+    """The records of both modules from the session's 2-rank job, by rank."""
     return {
         cls.__name__: [
-            torch.load(out_dir / f"{cls.__name__}_rank{r}.pt", weights_only=False)
+            torch.load(exact_loss_records / f"{cls.__name__}_rank{r}.pt", weights_only=False)
             for r in range(WORLD_SIZE)
         ]
         for cls in (RecordingModule, PerRankMeanModule)
@@ -237,11 +232,3 @@ def test_control_per_rank_mean_loss_misses_the_union_gradient(
         assert torch.equal(grad, rank1["steps"][step]["grad"])  # DDP still agrees
         expected, _ = step_gradient(rank0["steps"][step]["params"], step)
         assert rel_err(grad, expected) > 1e-2
-
-
-if __name__ == "__main__":
-    # Started by torchrun on both ranks: each fits the two modules one after the other
-    # (the second fit reuses the process group).
-    for module_class in (RecordingModule, PerRankMeanModule):
-        fit_on_both_ranks(module_class, Path(sys.argv[1]))
-    leave_ranks()

@@ -17,21 +17,21 @@ The micro-batches are those of ``test_exact_loss_ddp.py``: local batch sizes dif
 between the ranks at every position, and rank 1's micro-batch 1 is IDLE with supervised
 labels that must count for nothing.
 
-How it runs: one torchrun launch (2 gloo ranks) per strategy, each fitting two modules
-one after the other in the same process group: ``ddp`` fits LoRA (accumulation 2) and the
-loss-scaling module (accumulation 1), ``fsdp2`` fits full fine-tuning and LoRA
-(accumulation 2). Each module trains with ``SGD(lr=1)`` and no clipping and records, at
-every optimizer step, its whole parameters (FSDP2 shards gathered with ``full_tensor``)
-and the whole gradient of its trainable parameters after the mixin's ``1 / N`` scale,
-then its parameters after the last step. A step's gradient is checked as captured and as
-``params_k - params_{k+1}`` (the update the optimizer applied) against the gradient of
-the global per-token mean over the union of that step's micro-batches, computed in the
-test process at the recorded ``params_k`` (so the initial weights need not match anything).
+How it runs: in the session's one exact-loss job (``exact_loss_job.py``: 2 gloo ranks
+under torchrun, every fit one after the other in the same process group), the ``ddp``
+launch fits LoRA (accumulation 2) and the loss-scaling module (accumulation 1), the
+``fsdp2`` launch full fine-tuning and LoRA (accumulation 2). Each module trains with
+``SGD(lr=1)`` and no clipping and records, at every optimizer step, its whole parameters
+(FSDP2 shards gathered with ``full_tensor``) and the whole gradient of its trainable
+parameters after the mixin's ``1 / N`` scale, then its parameters after the last step. A
+step's gradient is checked as captured and as ``params_k - params_{k+1}`` (the update the
+optimizer applied) against the gradient of the global per-token mean over the union of
+that step's micro-batches, computed in the test process at the recorded ``params_k`` (so
+the initial weights need not match anything).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +56,12 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.fsdp2 import FSDP2Strategy
 from odb_lightning.lit.loss import GradientScaling, check_loss_scaling_trainer
 from odb_lightning.lit.module import CausalLMModule
 
 MICRO_BATCHES = len(SAMPLES[0])
 LORA = {"r": 4, "alpha": 8.0}
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class ShardRecordingModule(CausalLMModule):
@@ -157,7 +155,7 @@ def fit_on_both_ranks(
     accumulate: int,
     out_dir: Path,
 ) -> None:
-    """One rank's part of the 2-process job; writes ``{variant}_rank{r}.pt``."""
+    """One rank's part of the 2-process job; writes ``{launch}_{variant}_rank{r}.pt``."""
     # The same initial weights on both ranks (DDP broadcasts rank 0's anyway; under FSDP2
     # each rank fills its own shard). The reference reads them from the records.
     torch.manual_seed(0)
@@ -183,7 +181,7 @@ def fit_on_both_ranks(
             "final_params": module.final_params,
             "train_loss": trainer.callback_metrics.get("train/loss"),
         },
-        out_dir / f"{variant_name(module_class, finetuning)}_rank{trainer.global_rank}.pt",
+        out_dir / f"{launch}_{variant_name(module_class, finetuning)}_rank{trainer.global_rank}.pt",
     )
 
 
@@ -207,12 +205,14 @@ def step_gradient(
     return union_gradient(ShardRecordingModule(finetuning), union, params, trainable_only=True)
 
 
-def run_launch(launch: str, out_dir: Path) -> dict[str, list[dict]]:
-    """Run one 2-process job (torchrun); the records of its modules, by variant and rank."""
-    run_script_on_ranks(__file__, launch, str(out_dir), ranks=WORLD_SIZE, timeout_s=300)
+def launch_records(launch: str, out_dir: Path) -> dict[str, list[dict]]:
+    """The records of one launch's modules in the session's job, by variant and rank."""
     return {
         variant_name(cls, finetuning): [
-            torch.load(out_dir / f"{variant_name(cls, finetuning)}_rank{r}.pt", weights_only=False)
+            torch.load(
+                out_dir / f"{launch}_{variant_name(cls, finetuning)}_rank{r}.pt",
+                weights_only=False,
+            )
             for r in range(WORLD_SIZE)
         ]
         for cls, finetuning, _ in LAUNCHES[launch]
@@ -220,13 +220,13 @@ def run_launch(launch: str, out_dir: Path) -> dict[str, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    return run_launch("ddp", tmp_path_factory.mktemp("exact_loss_lora_ddp"))
+def ddp_records(exact_loss_records: Path) -> dict[str, list[dict]]:
+    return launch_records("ddp", exact_loss_records)
 
 
 @pytest.fixture(scope="module")
-def fsdp2_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    return run_launch("fsdp2", tmp_path_factory.mktemp("exact_loss_fsdp2"))
+def fsdp2_records(exact_loss_records: Path) -> dict[str, list[dict]]:
+    return launch_records("fsdp2", exact_loss_records)
 
 
 def trainable_mask(finetuning: str) -> Tensor:
@@ -336,12 +336,3 @@ def test_loss_scaling_refuses_accumulation() -> None:
     with pytest.raises(ValueError, match=r"model.step.tokens_per_step=null .*\(got 1 and 64\)"):
         check_loss_scaling_trainer(trainer, tokens_per_step=64)
     check_loss_scaling_trainer(trainer, tokens_per_step=None)  # one micro-batch a step: fine
-
-
-if __name__ == "__main__":
-    # Started by torchrun on both ranks: each fits the launch's modules one after the
-    # other (the second fit reuses the process group).
-    launch, out_dir = sys.argv[1], Path(sys.argv[2])
-    for module_class, finetuning, accumulate in LAUNCHES[launch]:
-        fit_on_both_ranks(launch, module_class, finetuning, accumulate, out_dir)
-    leave_ranks()

@@ -8,13 +8,12 @@ forward (full logits, positions from the batch) at the recorded weights: float64
 relative error <= 1e-5. Rank 1 never holds an image, so every one of its steps runs the
 vision tower on the zero-weight dummy image, and its micro-batch 1 is IDLE; without the
 dummy, DDP would wait forever for rank 1's vision-tower gradients (or fail on unused
-parameters). How the ranks start and how gradients are captured: as in
-``test_exact_loss_ddp.py``.
+parameters). How the ranks start (the session's one exact-loss job, ``exact_loss_job.py``)
+and how gradients are captured: as in ``test_exact_loss_ddp.py``.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,6 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from helpers.tiny_lm import flat_grad, flat_params, hand_over, quiet_trainer, rel_err
-from helpers.torchrun import leave_ranks, run_script_on_ranks
 from helpers.vlm import model_sample, tiny_vlm_arguments
 from odb_lightning.lit.vlm_module import VisionLanguageModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_samples, pad_collate
@@ -153,7 +151,7 @@ def fit_on_both_ranks(out_dir: Path) -> None:
             ),
             "num_vision_tensors": len(vision),
         },
-        out_dir / f"rank{trainer.global_rank}.pt",
+        out_dir / f"vlm_rank{trainer.global_rank}.pt",
     )
 
 
@@ -188,10 +186,12 @@ def union_gradient(params: Tensor, step: int) -> Tensor:
 
 
 @pytest.fixture(scope="module")
-def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("exact_loss_vlm_ddp")
-    run_script_on_ranks(__file__, str(out_dir), ranks=WORLD_SIZE)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
+def ddp_records(exact_loss_records: Path) -> list[dict]:
+    """This module's records from the session's 2-rank job (``exact_loss_job.py``)."""
+    return [
+        torch.load(exact_loss_records / f"vlm_rank{r}.pt", weights_only=False)
+        for r in range(WORLD_SIZE)
+    ]
 
 
 def test_vlm_gradient_with_images_on_one_rank_equals_the_union_gradient(
@@ -217,8 +217,3 @@ def test_vlm_gradient_with_images_on_one_rank_equals_the_union_gradient(
         # The vision tower's own gradient: real (rank 0's images) and exact.
         assert float(expected[vision].norm()) > 0
         assert rel_err(grad[vision], expected[vision]) <= 1e-5
-
-
-if __name__ == "__main__":
-    fit_on_both_ranks(Path(sys.argv[1]))
-    leave_ranks()

@@ -9,7 +9,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -18,13 +17,10 @@ import pytest
 from helpers.torchrun import launcher_free_env
 from helpers.train_run import ROOT, read_audit
 from odb_lightning.app.validation import check_launch_environment
-from odb_lightning.core.loader_config import LoaderConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.runtime.errors import MetadataChannelError
 
 UNRESOLVABLE = "trainer-7f9c4d-0.invalid"  # RFC 6761: .invalid names never exist
-# The default batching's alignment_timeout_s: what a rank would otherwise wait out first.
-ALIGNMENT_TIMEOUT_S = LoaderConfig().alignment_timeout_s
 
 
 def free_port() -> int:
@@ -44,7 +40,7 @@ def run_nodes(tmp_path: Path, commands: list[list[str]], envs: list[dict[str, st
             )
     try:
         for process in processes:
-            process.wait(timeout=240)
+            process.wait(timeout=600)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -110,8 +106,8 @@ def test_two_srun_tasks_write_one_run_dir(tmp_path: Path) -> None:
     assert assert_one_run_dir(tmp_path).name == "slurm-4242.0"
 
 
-def run_externally(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    """train.py as rank 0 of a 2-rank job some launcher started (no torchrun): its wall s."""
+def run_externally(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """train.py as rank 0 of a 2-rank job some launcher started (no torchrun)."""
     ranks = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port())}
     command = [
         sys.executable,
@@ -122,23 +118,22 @@ def run_externally(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProc
         "trainer.num_nodes=2",
         f"hydra.run.dir={tmp_path}",
     ]
-    started = time.perf_counter()
-    done = subprocess.run(
+    return subprocess.run(
         command,
         cwd=ROOT,
         env=launcher_free_env(**ranks, **env),
         capture_output=True,
         text=True,
-        timeout=4 * ALIGNMENT_TIMEOUT_S,
+        timeout=600,  # against a hang only: under load the imports alone take minutes
         check=False,
     )
-    return done, time.perf_counter() - started
 
 
 def test_unresolvable_master_addr_fails_before_training(tmp_path: Path) -> None:
-    done, wall_s = run_externally(tmp_path, MASTER_ADDR=UNRESOLVABLE)
+    done = run_externally(tmp_path, MASTER_ADDR=UNRESOLVABLE)
     assert done.returncode != 0
-    assert wall_s < ALIGNMENT_TIMEOUT_S  # startup and the check, not a timeout waited out
+    # The launch check's own message, before the Trainer: not a timeout waited out (that
+    # would end in the metadata channel's error after alignment_timeout_s).
     assert f"MASTER_ADDR {UNRESOLVABLE!r} does not resolve on this node" in done.stderr
     assert "set MASTER_ADDR" in done.stderr
     assert "Initializing distributed" not in done.stdout + done.stderr  # before the Trainer

@@ -29,7 +29,7 @@ def test_small_own_jsonl_counts_bad_lines_truncation_and_audits_record_ids(
         "batching.loader.on_bad_sample=skip",
         "audit_ids=true",
     ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     # debug=smoke holds out a fraction (0.2) of what the file has: 4 of 20, 16 train.

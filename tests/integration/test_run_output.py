@@ -24,7 +24,7 @@ from odb_lightning.app.validation import ConfigError
 BUDGET_ERROR = "data.max_seq_len (1024) must not exceed batching.token_budget (512)"
 
 
-def run_train(cwd: Path, *overrides: str, env: dict[str, str] | None = None, timeout_s=300):
+def run_train(cwd: Path, *overrides: str, env: dict[str, str] | None = None, timeout_s=600):
     command = [sys.executable, str(ROOT / "train.py"), *overrides]
     return subprocess.run(
         command,

@@ -108,7 +108,7 @@ def test_patch_budget_two_ranks_matches_simulation() -> None:
 def test_two_ranks_spawn_align() -> None:
     # The reference package's collate process never joins the group under spawn.
     job = _job(loader={"multiprocessing_context": "spawn", "num_workers": 1}, epochs=1)
-    outcome = run_ranks(job, world_size=2, timeout_s=120)
+    outcome = run_ranks(job, world_size=2)
     assert outcome.errors == {}
     _check_epoch(job, outcome.ok, 0)
     _check_join_coverage(outcome.ok, 0)
@@ -147,7 +147,7 @@ def test_persistent_workers_keep_processes_over_three_epochs() -> None:
 @pytest.mark.parametrize("join", [True, False])
 def test_four_ranks_skewed(join: bool) -> None:
     job = _job(loader={"join": join, "num_workers": 1}, weights=(1, 2, 3, 6))
-    outcome = run_ranks(job, world_size=4, timeout_s=120)
+    outcome = run_ranks(job, world_size=4)
     assert outcome.errors == {}
     for epoch in range(2):
         _check_epoch(job, outcome.ok, epoch)
@@ -160,7 +160,7 @@ def test_window_sized_in_work_matches_simulation(world_size: int) -> None:
     # A window of 5 budgets' worth of work, asked for in several requests a round.
     loader = {"window_budgets": 5, "outstanding_depth": 96, "num_workers": 1}
     job = _job(loader=loader, weights=(1, 2, 3, 6)[:world_size], epochs=1)
-    outcome = run_ranks(job, world_size=world_size, timeout_s=120)
+    outcome = run_ranks(job, world_size=world_size)
     assert outcome.errors == {}
     _check_epoch(job, outcome.ok, 0)
     _check_join_coverage(outcome.ok, 0)
@@ -172,7 +172,7 @@ def test_dealt_by_need_matches_simulation(world_size: int) -> None:
     # round, rounds that only deal, and ranks topped up by need.
     loader = {"window_budgets": 4, "shard_dealing": "by_need", "num_workers": 1}
     job = _job(loader=loader, weights=None, epochs=2)
-    outcome = run_ranks(job, world_size=world_size, timeout_s=120)
+    outcome = run_ranks(job, world_size=world_size)
     assert outcome.errors == {}
     for epoch in range(2):
         runs = [outcome.ok[rank][epoch] for rank in range(world_size)]
@@ -191,7 +191,7 @@ def test_ramped_windows_match_simulation(dealing: str) -> None:
     loader = {"window_budgets": 16, "ramp_budgets": 1, "shard_dealing": dealing}
     weights = (1, 3) if dealing == "fixed" else None
     job = _job(loader={**loader, "max_steps_per_round": 64}, weights=weights, epochs=1)
-    outcome = run_ranks(job, world_size=2, timeout_s=120)
+    outcome = run_ranks(job, world_size=2)
     assert outcome.errors == {}
     if dealing == "fixed":
         _check_epoch(job, outcome.ok, 0)
@@ -210,7 +210,7 @@ def test_four_ranks_spawn_persistent() -> None:
         loader={"multiprocessing_context": "spawn", "num_workers": 1, "persistent_workers": True},
         weights=(3, 1, 2, 1),
     )
-    outcome = run_ranks(job, world_size=4, timeout_s=240)
+    outcome = run_ranks(job, world_size=4)
     assert outcome.errors == {}
     for epoch in range(2):
         _check_epoch(job, outcome.ok, epoch)

@@ -27,7 +27,7 @@ def test_resources_stay_bounded_over_epochs(persistent: bool) -> None:
         epochs=EPOCHS,
         probe_resources=True,
     )
-    outcome = run_ranks(job, world_size=2, timeout_s=120)
+    outcome = run_ranks(job, world_size=2)
     assert outcome.errors == {}
     for rank in range(2):
         samples = [epoch["resources"] for epoch in outcome.ok[rank]]

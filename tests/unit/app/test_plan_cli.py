@@ -180,7 +180,7 @@ def test_module_entry_point_and_console_script():
         capture_output=True,
         text=True,
         check=True,
-        timeout=120,
+        timeout=600,
     )
     report = json.loads(done.stdout)["budgets"][0]["modes"]["oracle"]
     lengths = lognormal_lengths(300, 1000, 0.5, seed=0)

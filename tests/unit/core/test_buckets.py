@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -161,11 +160,11 @@ def test_bucket_table_rows_agree_with_data_and_packer():
     assert overall == pytest.approx(simulate_bucketed(LOGNORMAL, SEED_BOUNDARIES, **SEED_SETTINGS))
 
 
-def test_optimizer_is_fast_on_a_sharegpt_sized_sample():
+def test_optimizer_gives_well_formed_edges_on_a_sharegpt_sized_sample():
+    # Its time on this sample: experiments/grouping/optimizer_time.py (no timed assertion
+    # here: a loaded machine says nothing about the code).
     lengths = lognormal_lengths(17545, 1456, 0.54, seed=0)
-    start = time.perf_counter()
     edges = optimize_boundaries(lengths, 6, num_candidates=128, **SEED_SETTINGS)
-    assert time.perf_counter() - start < 30.0  # ~1 s here; generous for slow CI cores
     _well_formed(edges, lengths, 6)
 
 

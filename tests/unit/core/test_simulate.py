@@ -3,8 +3,6 @@ window and alignment code) over random rank counts, skewed shards, windows and b
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -157,18 +155,17 @@ def test_over_budget_sample_is_its_own_step_and_counted() -> None:
     assert result.over_budget == [1]
 
 
-def test_1024_ranks_finish_fast_and_align() -> None:
+def test_1024_ranks_align_and_cover_every_sample() -> None:
+    # How long the plan takes per round at this scale: experiments/scale (no timed
+    # assertion here: a loaded machine says nothing about the code).
     rng = make_rng(7, "scale")
     rank_lengths = [
         [max(1, min(4096, int(rng.lognormvariate(6.9, 0.5)))) for _ in range(200)]
         for _ in range(1024)
     ]
-    start = time.perf_counter()
     result = simulate_epoch(
         rank_lengths, BatchingConfig.of(token_budget=16384, outstanding_depth=64)
     )
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60
     job = {"rank_lengths": rank_lengths, "token_budget": 16384}
     check_steps_aligned(result, job)
     for rank_steps in result.steps:
