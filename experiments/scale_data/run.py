@@ -58,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 ARMS = ("odb", "standard", "reference")
 CASE_STUDY_BUDGET, CASE_STUDY_MAX_LEN = 49_152, 8192
 MIB = 1 << 20
+RECORDS = Path(".cache", "odb_lightning", "records")  # under paths.root_dir, as conf/data
 
 
 def parse_size(text: str) -> int:
@@ -314,6 +315,8 @@ def plan_row(n: int, path: Path, lock: Path | None, s: Settings) -> dict[str, An
         sys.executable, "-m", "odb_lightning.app.plan", "--source", "jsonl",
         "--path", str(path), "--max-seq-len", str(s.max_seq_len),
         "--budget", str(s.token_budget), "--json",
+        # The training runs' record table (paths.root_dir of the size): read, not converted.
+        "--record-cache-dir", str(s.runs_dir / f"root_{size_label(n)}" / RECORDS),
     ]  # fmt: skip
     job = Job([command], [dict(os.environ)], run_dir, s.timeout_s)
     load = os.getloadavg()

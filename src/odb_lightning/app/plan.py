@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--template", default="auto", help="--source: chat template (data.template)"
     )
     parser.add_argument(
+        "--record-cache-dir", metavar="DIR",
+        help="--source: convert the records once into a memory-mapped table here and read "
+        "them from it (train.py's data.record_cache_dir, default "
+        "<project>/.cache/odb_lightning/records, shares it); default: odb_lightning/records "
+        "in the datasets cache",
+    )  # fmt: skip
+    parser.add_argument(
         "--skip-bad-records", action="store_true",
         help="--source jsonl: skip lines that are not a conversation (counted), as "
         "batching.loader.on_bad_sample=skip does in training",

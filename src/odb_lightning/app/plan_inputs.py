@@ -73,9 +73,13 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
         max_seq_len = args.max_seq_len or 4096
         if args.source in SOURCES_WITH_PATH and args.path is None:
             raise PlanCliError(f"--source {args.source} needs --path (the data to tokenize)")
+        from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
+
+        cache = RecordCache(args.record_cache_dir or default_record_cache_dir())
         try:
             report = measure_source(
                 args.source,
+                record_cache=cache,
                 max_seq_len=max_seq_len,
                 max_samples=args.max_samples,
                 path=args.path,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
@@ -26,6 +27,9 @@ from odb_lightning.data.sources import SourceName, load_source
 from odb_lightning.data.synthetic import LENGTH_PROFILES
 from odb_lightning.data.template import ChatTemplate, build_chat_template
 from odb_lightning.data.tokenizer import ChatTokenizer
+
+if TYPE_CHECKING:
+    from odb_lightning.data.record_table import RecordCache
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_DEFAULT_SAMPLES = 10_000
@@ -154,6 +158,7 @@ def measure_source(
     progress: bool = True,
     template: str = "auto",
     on_bad_record: str = "raise",
+    record_cache: RecordCache | None = None,
 ) -> LengthReport:
     """Token lengths of a source after the chat template, with counts and timing.
 
@@ -170,6 +175,8 @@ def measure_source(
         system_prompt: Default system prompt (none by default, as for the length profiles).
         seed: ShareGPT ``mix`` seed / synthetic seed.
         progress: Show a progress bar on stderr.
+        record_cache: Read the records from a memory-mapped record table there (converted
+            once), not into memory (:func:`~odb_lightning.data.sources.load_source`).
     """
     if name == SYNTHETIC:
         return _synthetic_report(regime, max_seq_len, max_samples, seed)
@@ -180,6 +187,7 @@ def measure_source(
         max_samples=max_samples,
         seed=seed,
         on_bad_record=on_bad_record,
+        record_cache=record_cache,
     )
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)

@@ -31,12 +31,13 @@ def test_help_lists_sources_and_modes_and_speaks_of_samples() -> None:
 def test_jsonl_path_plans_over_the_training_lengths(tmp_path: Path, capsys) -> None:
     data = tmp_path / "mine.jsonl"
     write_own_jsonl(data, num_short=30, num_long=2)
+    cache = ["--record-cache-dir", str(tmp_path / "records")]
     # The broken line: refused without a traceback, naming the file and the line.
-    assert main(["--source", "jsonl", "--path", str(data)]) == 2
+    assert main(["--source", "jsonl", "--path", str(data), *cache]) == 2
     assert f"--source jsonl: record {data}:3" in capsys.readouterr().err
     good = tmp_path / "good.jsonl"
     good.write_text("".join(line for line in data.open() if "broken" not in line))
-    argv = ["--source", "jsonl", "--max-seq-len", "64", "--json"]
+    argv = ["--source", "jsonl", "--max-seq-len", "64", "--json", *cache]
     assert main([*argv, "--path", str(data), "--skip-bad-records"]) == 0
     skipped = json.loads(capsys.readouterr().out)["lengths"]
     assert skipped["origin"].endswith(", 1 bad records skipped")
@@ -52,6 +53,8 @@ def test_jsonl_path_plans_over_the_training_lengths(tmp_path: Path, capsys) -> N
     assert described["n"] == len(expected) == 32
     assert described["mean"] == pytest.approx(statistics.fmean(expected))
     assert described["max"] == max(expected) == 64
+    # Read from record tables, one per file and reader arguments, as train.py does.
+    assert len(list((tmp_path / "records").glob("jsonl-*/records.arrow"))) == 2
 
 
 def test_source_that_needs_a_path_says_so(capsys) -> None:
