@@ -90,6 +90,36 @@ def test_bad_jsonl_line_names_file_line_and_field(
     assert f"record {path}:3: field {field!r}: {problem}" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (b'{"id": "s", "messages": "abc', "invalid JSON: Invalid control character at character 28"),
+        (b'{"id": "t", "messages": "a\tb"}', "invalid JSON: Invalid control character at character 26"),
+    ],
+)
+def test_json_errors_say_at_once_and_the_skip_key(tmp_path: Path, line: bytes, problem: str) -> None:
+    path = write_jsonl(tmp_path / "chats.jsonl", [chat("a"), line])
+    with pytest.raises(BadRecordError) as info:
+        load_source("jsonl", path=path)
+    message = str(info.value)
+    assert f"record {path}:2: field '<line>': {problem} (" in message
+    assert "at at" not in message
+    assert "batching.loader.on_bad_sample=skip" in message
+
+
+def test_skipped_lines_are_named_in_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines = [chat("a"), *(b'{"id": %d' % i for i in range(7)), chat("b")]
+    path = write_jsonl(tmp_path / "chats.jsonl", lines)
+    with caplog.at_level("WARNING"):
+        source = load_source("jsonl", path=path, on_bad_record="skip")
+    named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped ")]
+    assert named == [f"skipped {m}" for m in source.rejected[:5]]
+    assert [f"{path}:{n}" in m for n, m in zip(range(2, 7), named, strict=True)] == [True] * 5
+    assert source.counts["dropped/bad_record"] == len(source.rejected) == 7
+
+
 def test_bad_jsonl_lines_skipped_and_counted(tmp_path: Path, tokenizer: QwenTokenizer) -> None:
     good = [chat(f"g{i}") for i in range(6)]
     lines = [good[0], *(line for line, _, _ in JSONL_BAD_LINES), *good[1:]]

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
 import pytest
 import torch
 
@@ -47,6 +48,7 @@ class RecordingBar(ODBProgressBar):
         super().__init__(refresh_rate=1, train_samples=run.train_samples)
         self.seen: list[tuple[int, int | None, str]] = []
         self.samples: list[int] = []
+        self.rounds: list[int] = []
         self.rate_clock_steps: list[int | None] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -54,11 +56,18 @@ class RecordingBar(ODBProgressBar):
         bar = self.train_progress_bar
         self.seen.append((bar.n, bar.total, bar.postfix or ""))
         self.samples.append(0 if batch.meta.is_idle else batch.meta.local_samples)
+        self.rounds.append(batch.meta.round_index)
         assert isinstance(bar, SteadyRateTqdm)
         self.rate_clock_steps.append(bar.rate_clock_steps)
 
 
-def fit(tmp_path: Path, mode: str, **limits: Any) -> tuple[RecordingBar, ODBDataModule]:
+def fit(
+    tmp_path: Path, mode: str, ckpt_path: Path | None = None, **limits: Any
+) -> tuple[RecordingBar, ODBDataModule]:
+    """A fit of ``NUM_TRAIN`` samples; with ``checkpoint_every`` in ``limits``, a checkpoint
+    ``step=S.ckpt`` in ``tmp_path`` every that many steps; resumed from ``ckpt_path``."""
+    every = limits.pop("checkpoint_every", None)
+    saving = [] if every is None else [checkpoint_every(tmp_path, every)]
     batching = BatchingConfig.of(
         mode=mode,
         batch_size=BATCH_SIZE,
@@ -83,14 +92,20 @@ def fit(tmp_path: Path, mode: str, **limits: Any) -> tuple[RecordingBar, ODBData
         accelerator="cpu",
         devices=1,
         # As the app orders them: the counters count, the metrics log, then the bar draws.
-        callbacks=[counters, StepMetricsCallback(counters=counters), bar],
+        callbacks=[counters, StepMetricsCallback(counters=counters), bar, *saving],
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(saving),
         enable_model_summary=False,
         **limits,
     )
-    trainer.fit(OneWeight(), datamodule=datamodule)
+    trainer.fit(OneWeight(), datamodule=datamodule, ckpt_path=ckpt_path)
     return bar, datamodule
+
+
+def checkpoint_every(directory: Path, steps: int) -> ModelCheckpoint:
+    return ModelCheckpoint(
+        dirpath=directory, filename="{step}", every_n_train_steps=steps, save_top_k=-1
+    )
 
 
 def test_planned_epoch_has_its_total_and_rates_from_the_first_step(tmp_path: Path) -> None:
@@ -107,17 +122,45 @@ def test_planned_total_is_capped_by_max_steps(tmp_path: Path) -> None:
     assert [(n, total) for n, total, _ in bar.seen] == [(1, 3), (2, 3), (3, 3)]
 
 
-def test_odb_total_is_an_estimate_from_samples_that_ends_on_the_real_count(
+def test_odb_total_is_refined_between_rounds_and_ends_on_the_real_count(
     tmp_path: Path,
 ) -> None:
+    """The estimate changes only when a round has ended, from whole rounds: the steps of
+    the ended rounds for the samples they emitted, scaled to the rank's 32."""
     bar, _ = fit(tmp_path, "odb", max_epochs=1)
     steps = len(bar.seen)
     assert steps > 1 and sum(bar.samples) == NUM_TRAIN
-    # After k steps: k steps for the samples emitted so far, scaled to the rank's 32.
+    assert len(set(bar.rounds)) >= 2, "the case needs several rounds"
+    expected: int | None = None
     for k, (n, total, _) in enumerate(bar.seen, start=1):
-        assert total == max(n, math.ceil(k * NUM_TRAIN / sum(bar.samples[:k])))
+        if k > 1 and bar.rounds[k - 1] != bar.rounds[k - 2]:  # step k opens a round
+            expected = max(n, math.ceil((k - 1) * NUM_TRAIN / sum(bar.samples[: k - 1])))
+        if expected is not None and n > expected:
+            expected = n
+        assert total == expected, f"step {k}"
+    assert bar.seen[0][1] is None, "unknown until the first round has ended"
+    changes = sum(a[1] != b[1] for a, b in zip(bar.seen, bar.seen[1:], strict=False))
+    assert changes < len(set(bar.rounds)), "at most one change per round"
     assert bar.train_progress_bar.total == steps == bar.train_progress_bar.n
     assert "tok/s=" in bar.seen[0][2]
+
+
+@pytest.mark.parametrize("mode", ["standard", "odb"])
+def test_a_resumed_epoch_keeps_its_total(mode: str, tmp_path: Path) -> None:
+    """Lightning skips ``on_train_epoch_start`` on a resume inside an epoch; the bar still
+    has a total from the first resumed step: the steps done plus the resumed plan's, or
+    the online estimate the checkpoint saved."""
+    first, _ = fit(tmp_path, mode, max_epochs=1, max_steps=7, checkpoint_every=5)
+    resumed, _ = fit(tmp_path / "resumed", mode, tmp_path / "step=5.ckpt", max_epochs=1)
+    assert [n for n, _, _ in resumed.seen] == list(range(6, 6 + len(resumed.seen)))
+    assert all(total is not None for _, total, _ in resumed.seen), resumed.seen
+    total_at_save = first.seen[4][1]
+    if mode == "standard":
+        assert resumed.seen[0][1] == NUM_TRAIN // BATCH_SIZE  # 5 done + the 3 planned left
+    else:
+        assert resumed.seen[0][1] == max(6, total_at_save)
+    assert resumed.train_progress_bar.total == resumed.seen[-1][0] == resumed.train_progress_bar.n
+    assert resumed.train_progress_bar.desc.startswith("Epoch 0")
 
 
 @pytest.mark.parametrize("mode", ["standard", "odb"])

@@ -115,6 +115,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "eval.json").write_text(json.dumps(result, indent=2))
     print_result(result)
+    print(f"eval.json: {output_dir / 'eval.json'}")
     return result
 
 

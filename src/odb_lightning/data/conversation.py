@@ -49,12 +49,14 @@ class BadRecordError(ValueError):
     Attributes:
         record: Where the record is: its id, or ``"<file>:<line>"`` for line-based files.
         field: The offending field, e.g. ``"messages[2].role"``.
+        problem: What is wrong with it.
     """
 
     def __init__(self, record: str | int, field: str, problem: str) -> None:
         super().__init__(f"record {record}: field {field!r}: {problem}")
         self.record = record
         self.field = field
+        self.problem = problem
 
 
 def normalize_role(raw: Any, record: str | int, field: str) -> str:

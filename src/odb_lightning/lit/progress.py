@@ -4,8 +4,17 @@ Our train and validation loaders are plain iterables without ``__len__`` (an ODB
 step count is known only at its end), so Lightning's bar shows ``0/?``. The planned modes
 (``standard``, ``sorted``, ``bucketed``, ``oracle``) do know it: their loader has the
 epoch's plan, and its ``len()`` is the bar's total, with tqdm's ETA. For the online
-modes the total is an estimate refined every step: steps so far times this
-rank's share of the epoch's training samples over the samples it has emitted so far.
+modes the total is an estimate refined each time an alignment round has ended: the steps
+of the ended rounds times this rank's share of the epoch's training samples over the
+samples those rounds emitted. A round's steps run longest samples first (its window is
+sorted before it is cut), so an estimate taken inside a round swings high and then low;
+one taken between rounds counts whole windows. Until the first round has ended the total
+is unknown (``?``; with the window's ramp, a few steps).
+
+On a resume inside an epoch Lightning does not start the epoch again
+(``on_train_epoch_start`` is skipped), so the bar sets itself up at the first resumed step:
+a planned epoch's total is the steps done plus those its resumed plan has left, and an
+online one continues the estimate from the counts the bar saved in the checkpoint.
 
 The training bar's rate, and so its ETA, counts from the end of each epoch's first step
 (:class:`SteadyRateTqdm`): the first step waits for the loaders to start and the window to
@@ -116,9 +125,12 @@ class ODBProgressBar(TQDMProgressBar):
     ) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self.train_samples = train_samples
+        self._epoch: int | None = None  # the epoch the bar was set up for
         self._epoch_samples = 0
         self._epoch_steps = 0
         self._estimated = False
+        self._round: int | None = None  # the round of the last step
+        self._restored: dict[str, Any] | None = None
 
     @override
     def init_train_tqdm(self) -> Tqdm:
@@ -168,13 +180,52 @@ class ODBProgressBar(TQDMProgressBar):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         super().on_train_epoch_start(trainer, *args)
+        self._begin_epoch(trainer)
+
+    def _begin_epoch(self, trainer: pl.Trainer) -> None:
+        self._epoch = trainer.current_epoch
         self._epoch_samples = self._epoch_steps = 0
+        self._round = None
         self._estimated = self.train_progress_bar.total is None
+
+    def _resume_epoch(self, trainer: pl.Trainer, steps_done: int) -> None:
+        """Set the bar up for an epoch resumed after ``steps_done`` steps (Lightning skips
+        ``on_train_epoch_start`` then)."""
+        bar = self.train_progress_bar
+        bar.reset()
+        bar.set_description(f"Epoch {trainer.current_epoch}")
+        left = self.total_train_batches  # the resumed plan's steps (it is iterating now)
+        bar.total = None if math.isinf(left) else steps_done + int(left)
+        self._begin_epoch(trainer)
+        saved, self._restored = self._restored, None
+        if self._estimated and saved is not None and saved["epoch"] == trainer.current_epoch:
+            # The resumed loader numbers its rounds afresh and its first one holds the
+            # rest of the interrupted window: the next refinement is at that round's end.
+            self._epoch_steps, self._epoch_samples = saved["steps"], saved["samples"]
+            bar.total = saved["total"]
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if self._epoch != trainer.current_epoch:
+            self._resume_epoch(trainer, steps_done=batch_idx)
 
     def _rank_share(self, trainer: pl.Trainer) -> float | None:
         """This rank's part of the epoch's training samples (``None`` when unknown)."""
         samples = self.train_samples.get() if self.train_samples is not None else None
         return samples / trainer.world_size if samples else None
+
+    def _refine_estimate(self, trainer: pl.Trainer, n: int) -> None:
+        """The total from the rounds ended so far (called before the step's counts are
+        added, when the step opens a new round)."""
+        share = self._rank_share(trainer)
+        if not (share and self._epoch_samples):
+            return
+        estimate = math.ceil(self._epoch_steps * share / self._epoch_samples)
+        # n - 1 - epoch_steps: steps before what the bar counted (a resume without its counts)
+        self.train_progress_bar.total = max(n, n - 1 - self._epoch_steps + estimate)
 
     @override
     def on_train_batch_end(
@@ -188,15 +239,15 @@ class ODBProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         n = batch_idx + 1
         meta = getattr(batch, "meta", None)
+        if self._estimated and meta is not None:
+            if self._round is not None and meta.round_index != self._round:
+                self._refine_estimate(trainer, n)
+            self._round = meta.round_index
         self._epoch_steps += 1
         if meta is not None and not meta.is_idle:
             self._epoch_samples += meta.local_samples
-        share = self._rank_share(trainer)
-        if self._estimated and share and self._epoch_samples:
-            estimate = math.ceil(self._epoch_steps * share / self._epoch_samples)
-            bar.total = max(n, n - self._epoch_steps + estimate)
-        elif bar.total is not None and n > bar.total:
-            bar.total = n  # a resumed epoch whose plan counts only what is left
+        if bar.total is not None and n > bar.total:
+            bar.total = n  # an estimate or a resumed plan that counted short
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self._epoch_steps == 1 and isinstance(bar, SteadyRateTqdm):
             bar.start_rate_clock(n)
@@ -204,10 +255,26 @@ class ODBProgressBar(TQDMProgressBar):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         bar = self.train_progress_bar
-        if self._estimated and bar.total is not None:
+        if self._estimated:
             bar.total = bar.n  # the epoch's real step count
             bar.refresh()
         super().on_train_epoch_end(trainer, pl_module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The online estimate's counts, so that a resumed epoch continues it."""
+        bar = self._train_progress_bar
+        total = None if bar is None or not self._estimated else bar.total
+        return {
+            "epoch": self._epoch,
+            "steps": self._epoch_steps,
+            "samples": self._epoch_samples,
+            "total": total,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
 
     @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:

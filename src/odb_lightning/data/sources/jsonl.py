@@ -76,7 +76,8 @@ def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         # A character offset: the line's own newline would make colno refer to "line 2".
-        problem = f"invalid JSON: {error.msg} at character {error.pos}"
+        # Some of json's messages end in "at" ("Unterminated string starting at").
+        problem = f"invalid JSON: {error.msg.removesuffix(' at')} at character {error.pos}"
         raise BadRecordError(where, "<line>", problem) from error
     if not isinstance(value, dict):
         raise BadRecordError(where, "<line>", f"must be a JSON object, got {type(value).__name__}")
@@ -132,6 +133,13 @@ def jsonl_records(
     return jsonl_source(path, max_samples=max_samples, on_bad_record=on_bad_record).collect()
 
 
+SKIP_HINT = "to skip bad lines and train on the rest: batching.loader.on_bad_sample=skip"
+"""Said in the error of a bad line under ``raise``."""
+LOGGED_SKIPS = 5
+"""Skipped lines named in the log, each with its file, line and reason (all of them are
+in the source's ``rejected`` list)."""
+
+
 def iter_jsonl_lines(
     path: str | Path,
     parse: Callable[[bytes, str, int], Any],
@@ -176,9 +184,12 @@ def _parsed_lines(
                 record = parse(raw, f"{path}:{line_number}", line_number)
             except BadRecordError as error:
                 if not skip:
-                    raise
+                    problem = f"{error.problem} ({SKIP_HINT})"
+                    raise BadRecordError(error.record, error.field, problem) from error
                 result.counts["dropped/bad_record"] += 1
                 result.rejected.append(str(error))
+                if result.counts["dropped/bad_record"] <= LOGGED_SKIPS:
+                    logger.warning("skipped %s", error)
                 continue
             if keep is not None:
                 keep(record, line_number, result)
