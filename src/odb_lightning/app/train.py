@@ -41,6 +41,7 @@ from odb_lightning.app.validation import (
     instantiate_checked,
     validate_config,
 )
+from odb_lightning.app.wandb_run import with_wandb_run_id
 from odb_lightning.lit.graceful_stop import (
     EXIT_CODES,
     GracefulStop,
@@ -147,7 +148,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     saves_config = RunConfigCheckpoint(cfg, overrides)
     callbacks = [*wired.callbacks, stop, saves_config]
-    loggers = instantiate_group(cfg.get("logger"))
+    output_dir, resuming = Path(cfg.paths.output_dir), ckpt_path is not None
+    loggers = instantiate_group(with_wandb_run_id(cfg.get("logger"), output_dir, resuming))
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False
     )
