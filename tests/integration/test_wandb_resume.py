@@ -12,7 +12,7 @@ from helpers.train_run import ROOT
 
 def _attempt(run_dir: Path, *overrides: str) -> None:
     command = [sys.executable, "train.py", "debug=smoke", f"hydra.run.dir={run_dir}",
-               "ckpt_path=auto", *overrides]  # fmt: skip
+               "ckpt_path=auto", "logger=wandb", *overrides]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 

@@ -41,7 +41,7 @@ from odb_lightning.app.validation import (
     instantiate_checked,
     validate_config,
 )
-from odb_lightning.app.wandb_run import with_wandb_run_id
+from odb_lightning.app.wandb_run import wandb_run_ids
 from odb_lightning.lit.graceful_stop import (
     EXIT_CODES,
     GracefulStop,
@@ -62,11 +62,19 @@ SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 log = logging.getLogger(__name__)
 
 
-def instantiate_group(cfg: DictConfig | None) -> list[Any]:
-    """Instantiate every ``_target_`` entry of a dict-of-configs group (callbacks, logger)."""
+def instantiate_group(
+    cfg: DictConfig | None, arguments: dict[str, dict[str, Any]] | None = None
+) -> list[Any]:
+    """Instantiate every ``_target_`` entry of a dict-of-configs group (callbacks, logger),
+    with ``arguments[name]`` added to entry ``name``'s."""
     if not cfg:
         return []
-    return [hydra.utils.instantiate(entry) for entry in cfg.values() if "_target_" in entry]
+    arguments = arguments or {}
+    return [
+        hydra.utils.instantiate(entry, **arguments.get(name, {}))
+        for name, entry in cfg.items()
+        if "_target_" in entry
+    ]
 
 
 def finish_wandb_runs(loggers: list[Any], exit_code: int = 0) -> None:
@@ -149,7 +157,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     saves_config = RunConfigCheckpoint(cfg, overrides)
     callbacks = [*wired.callbacks, stop, saves_config]
     output_dir, resuming = Path(cfg.paths.output_dir), ckpt_path is not None
-    loggers = instantiate_group(with_wandb_run_id(cfg.get("logger"), output_dir, resuming))
+    logger_cfg = cfg.get("logger")
+    loggers = instantiate_group(logger_cfg, wandb_run_ids(logger_cfg, output_dir, resuming))
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False
     )

@@ -16,7 +16,7 @@ import string
 from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,13 @@ def run_id(output_dir: Path, resuming: bool) -> str:
     return new
 
 
-def with_wandb_run_id(
+def wandb_run_ids(
     loggers: DictConfig | None, output_dir: Path, resuming: bool
-) -> DictConfig | None:
-    """``loggers`` with the run directory's W&B id (and ``resume="allow"``) on each
-    ``WandbLogger`` entry that sets no ``id`` of its own."""
+) -> dict[str, dict[str, str]]:
+    """Per ``WandbLogger`` entry of ``loggers`` that sets no ``id`` of its own, the
+    arguments that give it the run directory's W&B run: ``id`` and ``resume="allow"``."""
     if not loggers:
-        return loggers
+        return {}
     entries = [
         name
         for name, entry in loggers.items()
@@ -58,13 +58,8 @@ def with_wandb_run_id(
         and entry.get("id") is None
     ]
     if not entries:
-        return loggers
+        return {}
     identifier = run_id(output_dir, resuming)
     if resuming:
         log.info("W&B: resuming run %s (%s)", identifier, output_dir / WANDB_ID_FILE)
-    updated = OmegaConf.create(OmegaConf.to_container(loggers, resolve=False))
-    with open_dict(updated):
-        for name in entries:
-            updated[name]["id"] = identifier
-            updated[name]["resume"] = "allow"
-    return updated
+    return {name: {"id": identifier, "resume": "allow"} for name in entries}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from odb_lightning.app.wandb_run import WANDB_ID_FILE, with_wandb_run_id
+from odb_lightning.app.wandb_run import WANDB_ID_FILE, wandb_run_ids
 
 LOGGERS = {
     "wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": "p"},
@@ -16,22 +16,22 @@ LOGGERS = {
 
 
 def test_a_resume_logs_into_the_run_the_first_job_started(tmp_path: Path) -> None:
-    first = with_wandb_run_id(OmegaConf.create(LOGGERS), tmp_path, resuming=False)
-    identifier = first.wandb.id
+    first = wandb_run_ids(OmegaConf.create(LOGGERS), tmp_path, resuming=False)
+    identifier = first["wandb"]["id"]
     assert (tmp_path / WANDB_ID_FILE).read_text().strip() == identifier
-    assert first.wandb.resume == "allow" and "id" not in first.csv
-    resumed = with_wandb_run_id(OmegaConf.create(LOGGERS), tmp_path, resuming=True)
-    assert resumed.wandb.id == identifier
+    assert first == {"wandb": {"id": identifier, "resume": "allow"}}  # not the CSV logger
+    resumed = wandb_run_ids(OmegaConf.create(LOGGERS), tmp_path, resuming=True)
+    assert resumed["wandb"]["id"] == identifier
     # A new job in the same directory (no resume) is a new run.
-    again = with_wandb_run_id(OmegaConf.create(LOGGERS), tmp_path, resuming=False)
-    assert again.wandb.id != identifier
+    again = wandb_run_ids(OmegaConf.create(LOGGERS), tmp_path, resuming=False)
+    assert again["wandb"]["id"] != identifier
 
 
 def test_a_resume_without_a_stored_id_and_a_users_own_id(tmp_path: Path) -> None:
-    resumed = with_wandb_run_id(OmegaConf.create(LOGGERS), tmp_path, resuming=True)
-    assert resumed.wandb.id == (tmp_path / WANDB_ID_FILE).read_text().strip()
+    resumed = wandb_run_ids(OmegaConf.create(LOGGERS), tmp_path, resuming=True)
+    assert resumed["wandb"]["id"] == (tmp_path / WANDB_ID_FILE).read_text().strip()
     own = OmegaConf.create(LOGGERS)
-    own.wandb.id = "mine"
-    assert with_wandb_run_id(own, tmp_path / "other", resuming=True).wandb.id == "mine"
+    own.wandb.id = "mine"  # the user's own id is passed by the config itself
+    assert wandb_run_ids(own, tmp_path / "other", resuming=True) == {}
     assert not (tmp_path / "other").exists()
-    assert with_wandb_run_id(None, tmp_path, resuming=True) is None
+    assert wandb_run_ids(None, tmp_path, resuming=True) == {}
