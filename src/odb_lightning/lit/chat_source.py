@@ -53,9 +53,10 @@ class ChatSource:
 
     def read(
         self, on_bad_record: str, record_cache: RecordCache
-    ) -> tuple[Sequence[Any], dict[str, int]]:
+    ) -> tuple[Sequence[Any], dict[str, int], list[str]]:
         """The records kept, read from their record table in ``record_cache`` (UltraChat:
-        from its parquet table), and the counts of what was read, kept and dropped."""
+        from its parquet table), the counts of what was read, kept and dropped, and the
+        source's message of each line it rejected (``on_bad_record=skip``)."""
         arguments = self.arguments()
         records = load_source(
             arguments.pop("name"),
@@ -63,7 +64,8 @@ class ChatSource:
             on_bad_record=on_bad_record,
             record_cache=record_cache,
         )
-        return keep_records(records.records, records.counts, self.max_samples)
+        kept, counts = keep_records(records.records, records.counts, self.max_samples)
+        return kept, counts, list(records.rejected)
 
     def exact_lengths(
         self,
