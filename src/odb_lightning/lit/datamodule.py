@@ -278,7 +278,8 @@ class ODBDataModule(pl.LightningDataModule):
             )
 
     def _length_cache_barrier(self) -> None:
-        self.trainer.strategy.barrier("odb-length-cache")
+        if self.trainer is not None:  # without one (odb-preview) this is the only process
+            self.trainer.strategy.barrier("odb-length-cache")
 
     @property
     def num_train_samples(self) -> int | None:

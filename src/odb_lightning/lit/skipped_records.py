@@ -66,7 +66,7 @@ def report_skipped_records(
     path. Returns the path written, if any."""
     if not entries or rank_zero_only.rank != 0:
         return None
-    what = ", ".join(f"{count:,} {name}" for name, count in counts.items() if count)
+    what = ", ".join(f"{name}: {count:,}" for name, count in counts.items() if count)
     if output_dir is None:
         log.warning("%s (not written: no run directory)", what)
         return None
@@ -75,5 +75,5 @@ def report_skipped_records(
     with path.open("w", encoding="utf-8") as out:
         for entry in entries:
             out.write(json.dumps(entry, default=str) + "\n")
-    log.warning("%s: each one named in %s", what, path)
+    log.warning("%s; each one named in %s", what, path)
     return path

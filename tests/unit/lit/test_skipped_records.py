@@ -62,8 +62,8 @@ def test_skipped_lines_and_unsupervised_records_are_named_in_the_run_dir(
     assert report["skipped_bad_records"] == 2 and report["unsupervised_samples"] == 2
     logged = [r.getMessage() for r in caplog.records if SKIPPED_RECORDS_FILE in r.getMessage()]
     assert logged == [
-        "2 source lines skipped as bad records, 2 training records without a supervised "
-        f"token: each one named in {run_dir / SKIPPED_RECORDS_FILE}"
+        "source lines skipped as bad records: 2, training records without a supervised "
+        f"token: 2; each one named in {run_dir / SKIPPED_RECORDS_FILE}"
     ]
 
 
