@@ -18,8 +18,9 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,50 @@ def _runs(labels: Sequence[int]) -> Iterator[tuple[int, int, bool]]:
             start = position
 
 
+def text_of(tokenizer: Any) -> Callable[[list[int]], str]:
+    """``ids -> text`` with ``tokenizer``: an image's placeholder tokens (which a text
+    tokenizer may not decode) by name, a run of one as ``<|image_pad|>×N``; an id the
+    tokenizer cannot decode as ``<id N>``."""
+    from odb_lightning.data.tokenizer import IMAGE_PAD, VISION_END, VISION_START, SpecialTokens
+
+    names: dict[int, str] = {}
+    if isinstance(tokenizer, SpecialTokens):
+        for token in (VISION_START, IMAGE_PAD, VISION_END):
+            try:
+                names[tokenizer.special_token_id(token)] = token
+            except ValueError:
+                continue
+
+    def decode(ids: list[int]) -> str:
+        try:
+            return tokenizer.decode(ids)
+        except (KeyError, ValueError):
+            return "".join(tokenizer_text(i) for i in ids)
+
+    def tokenizer_text(token: int) -> str:
+        try:
+            return tokenizer.decode([token])
+        except (KeyError, ValueError):
+            return f"<id {token}>"
+
+    def text(ids: list[int]) -> str:
+        parts, plain = [], []
+        for token, run in groupby(ids):
+            count = len(list(run))
+            if token not in names:
+                plain += [token] * count
+                continue
+            if plain:
+                parts.append(decode(plain))
+                plain = []
+            parts.append(names[token] + (f"×{count}" if count > 1 else ""))
+        if plain:
+            parts.append(decode(plain))
+        return "".join(parts)
+
+    return text
+
+
 def preview_sample(datamodule: Any, index: int, split: str) -> PreviewSample:
     """The sample at dataset ``index`` of ``datamodule`` (after its ``setup``)."""
     from odb_lightning.sample import TRUNCATED_FROM, count_loss_tokens
@@ -118,7 +163,7 @@ def preview_sample(datamodule: Any, index: int, split: str) -> PreviewSample:
     sample = datamodule.dataset[index]
     input_ids = sample["input_ids"].tolist()
     labels = sample["labels"].tolist()
-    decode = datamodule.tokenizer.decode
+    decode = text_of(datamodule.tokenizer)
     spans = [(decode(input_ids[a:b]), supervised) for a, b, supervised in _runs(labels)]
     truncated = sample.get(TRUNCATED_FROM)
     return PreviewSample(

@@ -183,3 +183,24 @@ def test_bad_input_is_named_without_a_traceback(
 def test_the_console_script_is_declared() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'odb-preview = "odb_lightning.app.preview:main"' in text
+
+
+def test_image_chats_show_their_image_tokens_as_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compose_cfg: ComposeConfig
+) -> None:
+    """A vision-language set: the tokenizer decodes no image placeholder, so each image
+    is named with its token count; the supervised spans are still the assistant turns."""
+    monkeypatch.chdir(tmp_path)
+    overrides = ["experiment=llava_odb", "debug=smoke"]
+    samples = preview(overrides, num=2)
+    datamodule = build_data(compose_cfg(overrides), world_size=1, device="cpu").datamodule
+    datamodule.setup("fit")
+    for sample in samples:
+        item = datamodule.dataset[sample.index]
+        text = plain_text(sample)
+        runs = [int(n) for n in re.findall(r"<\|vision_start\|><\|image_pad\|>×(\d+)", text)]
+        image_tokens = int((item["input_ids"] == datamodule.family.tokens.image_pad_id).sum())
+        assert runs and sum(runs) == image_tokens
+        assert sample.length == len(item["input_ids"])
+        messages = datamodule.dataset.records[sample.index]["messages"]
+        assert re.findall(r"\[\[(.*?)\]\]", text, flags=re.DOTALL) == assistant_spans(messages)
