@@ -27,6 +27,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 log = logging.getLogger(__name__)
 
 SKIPPED_RECORDS_FILE = "skipped_records.jsonl"
+LOGGED_ENTRIES = 5
+"""Records named in the log when there is no run directory to write the file into."""
 
 # A source's rejection message: "record <where>: field '<name>': <problem>"
 # (odb_lightning.data.conversation.BadRecordError).
@@ -67,8 +69,14 @@ def report_skipped_records(
     if not entries or rank_zero_only.rank != 0:
         return None
     what = ", ".join(f"{name}: {count:,}" for name, count in counts.items() if count)
-    if output_dir is None:
-        log.warning("%s (not written: no run directory)", what)
+    if output_dir is None:  # no run (odb-preview): the first few are named here
+        named = "; ".join(f"{e['record']}: {e['reason']}" for e in entries[:LOGGED_ENTRIES])
+        more = (
+            f" (and {len(entries) - LOGGED_ENTRIES:,} more)"
+            if len(entries) > LOGGED_ENTRIES
+            else ""
+        )
+        log.warning("%s: %s%s", what, named, more)
         return None
     path = Path(output_dir) / SKIPPED_RECORDS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

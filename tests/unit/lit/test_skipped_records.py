@@ -116,3 +116,20 @@ def test_a_file_read_whole_under_debug_smoke_says_nothing(
         data = build_data(cfg, world_size=1, device="cpu").datamodule
         data.setup("fit")
     assert len(data.dataset) == 30 and partial_read_warnings(caplog) == []
+
+
+def test_without_a_run_directory_the_first_records_are_named_in_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines = [chat("a"), *(chat(f"q{k}", answer=False) for k in range(7))]
+    path = write_lines(tmp_path / "chats.jsonl", lines)
+    data = ODBDataModule(
+        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path), val_samples=0,
+        record_cache_dir=str(tmp_path / "records"),
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        data.setup("fit")
+    (logged,) = [r.getMessage() for r in caplog.records if "without a supervised" in r.getMessage()]
+    named = "; ".join(f"q{k}: {NO_ASSISTANT_TURN}" for k in range(5))
+    assert logged == f"training records without a supervised token: 7: {named} (and 2 more)"
+    assert list(tmp_path.rglob(SKIPPED_RECORDS_FILE)) == []
