@@ -208,17 +208,23 @@ class ODBDataModule(pl.LightningDataModule):
         limit = records_to_read(self.max_samples)
         if self.path is None or limit is None or num_kept < limit:
             return
+        if rank_zero_only.rank != 0:
+            return
         if self.max_samples_from is None:
             origin = f"data.max_samples={limit}"
             fix = "data.max_samples=null reads every record"
         else:
             origin = self.max_samples_from
             fix = f"drop {origin} to read every record"
-        if rank_zero_only.rank == 0:
-            log.warning(
-                "%s: read the first %d records of %s; the rest is not checked (%s)",
-                origin, limit, self.path, fix,
-            )  # fmt: skip
+        # Known without reading the file where a run read it whole before.
+        whole = self._chat_source().whole_count(
+            self.batching.loader.on_bad_sample.value, self.record_cache
+        )
+        of = f" of {whole:,}" if whole is not None else ""
+        log.warning(
+            "%s: read the first %d%s records of %s; the rest is not checked (%s)",
+            origin, limit, of, self.path, fix,
+        )  # fmt: skip
 
     def _report_skipped(self, dataset: Dataset, unsupervised: list[int]) -> None:
         """Name every source line skipped and every training record without a supervised

@@ -133,3 +133,19 @@ def test_without_a_run_directory_the_first_records_are_named_in_the_log(
     named = "; ".join(f"q{k}: {NO_ASSISTANT_TURN}" for k in range(5))
     assert logged == f"training records without a supervised token: 7: {named} (and 2 more)"
     assert list(tmp_path.rglob(SKIPPED_RECORDS_FILE)) == []
+
+
+def test_the_whole_files_count_is_given_where_a_run_read_it_before(
+    tmp_path: Path, compose_cfg: ComposeConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that read every record left the file's table: debug=smoke then says of how
+    many records it read 80, without reading the rest."""
+    path = write_lines(tmp_path / "mine.jsonl", [chat(k) for k in range(120)])
+    build_data(compose_cfg(["data=jsonl", f"data.path={path}"]), 1, "cpu").datamodule.setup("fit")
+    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={path}"])
+    with caplog.at_level(logging.WARNING):
+        build_data(cfg, world_size=1, device="cpu").datamodule.setup("fit")
+    assert partial_read_warnings(caplog) == [
+        f"debug=smoke: read the first 80 of 120 records of {path}; the rest is not checked "
+        "(drop debug=smoke to read every record)"
+    ]
