@@ -226,7 +226,7 @@ class ODBDataModule(pl.LightningDataModule):
             origin, limit, of, self.path, fix,
         )  # fmt: skip
 
-    def _report_skipped(self, dataset: Dataset, unsupervised: list[int]) -> None:
+    def _report_skipped(self, unsupervised: list[int]) -> None:
         """Name every source line skipped and every training record without a supervised
         token in the run directory's ``skipped_records.jsonl`` (rank 0), and log the
         counts with its path."""
@@ -271,7 +271,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.train_record_counts, unsupervised = count_train_records(
             dataset, self.train_indices, self.train_lengths, self.loss_tokens, self.max_seq_len
         )
-        self._report_skipped(dataset, unsupervised)
+        self._report_skipped(unsupervised)
         if self.train_indices and len(unsupervised) == len(self.train_indices):
             read = self.source_counts.get("read", len(dataset))
             raise no_supervision_error(
