@@ -48,3 +48,18 @@ def test_small_own_jsonl_counts_bad_lines_truncation_and_audits_record_ids(
     # Every over-long record that trained was cut to max_seq_len and counted.
     assert summary["truncated_samples"] == sum(i.startswith("long-") for i in emitted) > 0
     assert f"truncated records │ {summary['truncated_samples']} │" in " ".join(done.stdout.split())
+    # The skipped line is named in the run directory, and the log says where.
+    listed = [json.loads(line) for line in (run_dir / "skipped_records.jsonl").open()]
+    assert listed == [
+        {
+            "source": "jsonl",
+            "record": f"{data}:3",
+            "reason": listed[0]["reason"],
+        }
+    ]
+    assert listed[0]["reason"].startswith("field '<line>': invalid JSON")
+    log = " ".join(done.stderr.split())
+    assert f"each one named in {run_dir / 'skipped_records.jsonl'}" in log
+    # debug=smoke read the whole file (21 lines, fewer than its 80): it says nothing of a
+    # partial read.
+    assert "the rest is not checked" not in log

@@ -15,6 +15,7 @@ from typing import Any
 
 import hydra
 import lightning.pytorch as pl
+from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from omegaconf import DictConfig
@@ -76,10 +77,37 @@ def launched_world(trainer: DictConfig) -> tuple[int, str]:
     return count * int(trainer.get("num_nodes", 1)), name
 
 
-def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
-    """The tokenizer, batching config, model, run context and data module of a validated
-    ``cfg``, each built by :func:`instantiate_checked` (errors name their group), after
-    seeding. ``world_size`` and ``device`` are the job's (:func:`launched_world`)."""
+def max_samples_from(cfg: DictConfig) -> str | None:
+    """``debug=smoke`` when that preset chose ``data.max_samples`` (the command line does
+    not set it), so the data module's warning of a file read in part names the preset;
+    else ``None``."""
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.runtime.choices.get("debug") != "smoke":
+        return None
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
+    return None if "data.max_samples" in keys else "debug=smoke"
+
+
+@dataclass(frozen=True)
+class DataParts:
+    """What the training data is built from (:func:`build_data`)."""
+
+    tokenizer: Any
+    batching: BatchingConfig
+    run: RunContext
+    datamodule: Any
+    architecture: Any  # the model's architecture config (no weights)
+
+
+def build_data(
+    cfg: DictConfig, world_size: int, device: str, output_dir: str | None = None
+) -> DataParts:
+    """The tokenizer, batching config, run context and data module of a validated ``cfg``
+    (no model), each built by :func:`instantiate_checked`, after seeding. The run context
+    takes its vocabulary from the model's architecture config; ``output_dir`` is where
+    the data module writes its files (``None``: nowhere)."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")
@@ -91,10 +119,24 @@ def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
         vocab_size=architecture.checked_vocab_size(),
         world_size=world_size,
         device=device,
+        output_dir=output_dir,
     )
-    datamodule = instantiate_checked(
-        cfg.data, "data", objects={"tokenizer": tokenizer, "batching": batching, "run": run}
-    )
+    objects: dict[str, Any] = {"tokenizer": tokenizer, "batching": batching, "run": run}
+    origin = max_samples_from(cfg)
+    if origin is not None:
+        objects["max_samples_from"] = origin
+    datamodule = instantiate_checked(cfg.data, "data", objects=objects)
+    return DataParts(tokenizer, batching, run, datamodule, architecture)
+
+
+def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
+    """The tokenizer, batching config, model, run context and data module of a validated
+    ``cfg`` (:func:`build_data`, writing into ``paths.output_dir``, and the model), each
+    built by :func:`instantiate_checked` (errors name their group). ``world_size`` and
+    ``device`` are the job's (:func:`launched_world`)."""
+    data = build_data(cfg, world_size, device, output_dir=str(cfg.paths.output_dir))
+    tokenizer, batching, run, datamodule = data.tokenizer, data.batching, data.run, data.datamodule
+    architecture = data.architecture
     model_objects: dict[str, Any] = {"run": run}
     if issubclass(hydra.utils.get_class(cfg.model._target_), VisionLanguageModule):
         model_objects["family"] = Qwen2VLFamily.of_tokenizer(tokenizer)  # the tokenizer's ids

@@ -20,6 +20,23 @@ class PlanCliError(Exception):
     """Bad input the user can fix; printed without a traceback."""
 
 
+_TRAIN_KEYS = (
+    ("set data.template to", "set --template to"),
+    ("(data.template=auto picks it)", "(--template auto picks it)"),
+    ("(tokenizer=hf)", "(--tokenizer <a Hugging Face directory>)"),
+)
+"""What the data layer's messages tell a ``train.py`` user to set, and the same said in
+this command's flags."""
+
+
+def in_flags(message: str) -> str:
+    """``message`` with the ``train.py`` keys it names (``data.template``) said as the
+    flags of ``odb-plan`` (``--template``)."""
+    for key, flag in _TRAIN_KEYS:
+        message = message.replace(key, flag)
+    return message
+
+
 def read_lengths_file(path: Path) -> list[int]:
     """Lengths from a length cache a training run wrote (``lengths-*.arrow``, its
     ``length`` column), a ``.npy`` array (integer dtype) or whitespace-separated
@@ -89,7 +106,7 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
                 on_bad_record="skip" if args.skip_bad_records else "raise",
             )
         except (OSError, ValueError) as error:  # a missing file, a bad record or template
-            raise PlanCliError(f"--source {args.source}: {error}") from None
+            raise PlanCliError(f"--source {args.source}: {in_flags(str(error))}") from None
         lengths = list(report.lengths)
         origin = f"source {args.source} (max_seq_len={max_seq_len})"
         if report.counts.get("dropped/bad_record"):

@@ -113,6 +113,19 @@ class RecordCache:
         fingerprint = table_fingerprint(table_parts(source))
         return self.cache_dir / f"{source.name}-{fingerprint[:16]}"
 
+    def converted_count(self, source: SourceReader, key: str = "read") -> int | None:
+        """The count ``key`` of ``source``'s table if it was converted already (its
+        ``source.json``; nothing is read or converted), else ``None``."""
+        meta_file = self.entry_for(source) / SOURCE_FILE
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if meta.get("fingerprint") != table_fingerprint(table_parts(source)):
+            return None
+        count = meta.get("counts", {}).get(key)
+        return count if isinstance(count, int) else None
+
     def records(self, source: SourceReader) -> SourceRecords:
         """``source``'s records, read from its table (converted first if there is none).
 

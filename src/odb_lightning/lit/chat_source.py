@@ -13,6 +13,7 @@ from odb_lightning.data import load_source
 from odb_lightning.data.length_pass import ExactLengths, exact_lengths
 from odb_lightning.data.record_table import RecordCache
 from odb_lightning.data.sizes import kept_records, records_to_read
+from odb_lightning.data.sources import SourceName, source_reader
 
 RecordT = TypeVar("RecordT")
 
@@ -53,9 +54,10 @@ class ChatSource:
 
     def read(
         self, on_bad_record: str, record_cache: RecordCache
-    ) -> tuple[Sequence[Any], dict[str, int]]:
+    ) -> tuple[Sequence[Any], dict[str, int], list[str]]:
         """The records kept, read from their record table in ``record_cache`` (UltraChat:
-        from its parquet table), and the counts of what was read, kept and dropped."""
+        from its parquet table), the counts of what was read, kept and dropped, and the
+        source's message of each line it rejected (``on_bad_record=skip``)."""
         arguments = self.arguments()
         records = load_source(
             arguments.pop("name"),
@@ -63,7 +65,20 @@ class ChatSource:
             on_bad_record=on_bad_record,
             record_cache=record_cache,
         )
-        return keep_records(records.records, records.counts, self.max_samples)
+        kept, counts = keep_records(records.records, records.counts, self.max_samples)
+        return kept, counts, list(records.rejected)
+
+    def whole_count(self, on_bad_record: str, record_cache: RecordCache) -> int | None:
+        """The records of the whole source (every line of a file, ``max_samples``
+        aside), where a table of it was converted already (a run without
+        ``max_samples``); ``None`` where that is not known without reading it."""
+        if self.name not in set(SourceName) or SourceName(self.name) is SourceName.ULTRACHAT:
+            return None  # a table already, or a source this reader does not read (images)
+        whole = source_reader(
+            self.name, path=self.path, regime=self.regime, max_samples=None, seed=self.seed,
+            on_bad_record=on_bad_record,
+        )  # fmt: skip
+        return record_cache.converted_count(whole, "kept")
 
     def exact_lengths(
         self,

@@ -3,6 +3,7 @@ data module that builds one loader per rank with explicit per-rank sharding."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -11,6 +12,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
@@ -33,6 +35,11 @@ from odb_lightning.lit.resume_state import (
 )
 from odb_lightning.lit.run_context import RunContext
 from odb_lightning.lit.run_report import RunReport
+from odb_lightning.lit.skipped_records import (
+    rejected_entries,
+    report_skipped_records,
+    unsupervised_entries,
+)
 from odb_lightning.lit.streaming import check_streaming
 from odb_lightning.lit.train_records import (
     count_train_records,
@@ -41,6 +48,8 @@ from odb_lightning.lit.train_records import (
 )
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
+
+log = logging.getLogger(__name__)
 
 
 class ODBDataModule(pl.LightningDataModule):
@@ -83,8 +92,13 @@ class ODBDataModule(pl.LightningDataModule):
         stream_cache_dir: Where streamed files are written as chunks, keyed by a
             fingerprint of the file.
         run: The run's context (from the app): the vocabulary the loaders check token ids
-            against, and the training sample count this module fills at ``setup``.
-            ``None``: no vocabulary check, and a count of its own.
+            against, the training sample count this module fills at ``setup``, and the run
+            directory, where ``skipped_records.jsonl`` names the records read but not
+            trained on (:mod:`odb_lightning.lit.skipped_records`). ``None``: no vocabulary
+            check, a count of its own, and no file.
+        max_samples_from: What set ``max_samples``, named (with how to read every record)
+            in the warning that a file was read only in part: ``debug=smoke`` when the app
+            knows that preset set it; ``None``: ``data.max_samples`` itself.
     """
 
     def __init__(
@@ -106,6 +120,7 @@ class ODBDataModule(pl.LightningDataModule):
         streaming: bool = False,
         stream_cache_dir: str | None = None,
         run: RunContext | None = None,
+        max_samples_from: str | None = None,
     ) -> None:
         super().__init__()
         if run is not None and run.max_seq_len != max_seq_len:
@@ -119,6 +134,7 @@ class ODBDataModule(pl.LightningDataModule):
         self.source, self.tokenizer, self.batching = source, tokenizer, batching
         self.path, self.regime, self.max_seq_len = path, regime, max_seq_len
         self.max_samples, self.val_samples = max_samples, val_samples
+        self.max_samples_from = max_samples_from
         self.system_prompt = system_prompt
         self.augmentation, self.length_cache_dir = augmentation, length_cache_dir
         self.record_cache = RecordCache(record_cache_dir or default_record_cache_dir())
@@ -138,6 +154,7 @@ class ODBDataModule(pl.LightningDataModule):
         self._resume_state: dict[str, Any] | None = None  # a loaded train-loader state
         self._channel = JobChannel()
         self.source_counts: dict[str, int] = {}  # records read, kept, dropped (by reason)
+        self.source_rejected: list[str] = []  # the source's message of each line it skipped
         # Training records without supervised tokens / truncated (see setup).
         self.train_record_counts: dict[str, int] = {}
 
@@ -153,9 +170,10 @@ class ODBDataModule(pl.LightningDataModule):
                 max_seq_len=self.max_seq_len,
                 seed=self.batching.seed,
             )
-        kept, self.source_counts = self._chat_source().read(
+        kept, self.source_counts, self.source_rejected = self._chat_source().read(
             self.batching.loader.on_bad_sample.value, self.record_cache
         )
+        self._note_partial_read(len(kept))
         return ChatDataset(
             kept,
             self.tokenizer,
@@ -183,6 +201,44 @@ class ODBDataModule(pl.LightningDataModule):
         )
         self.train_indices = range(self.stream.num_records)  # type: ignore[assignment]
         self.run.train_samples.set(self.stream.num_records)
+
+    def _note_partial_read(self, num_kept: int) -> None:
+        """Warn (rank 0) that a file was read only up to ``max_samples`` records, so its
+        other records are neither trained on nor checked, naming how to read them all."""
+        limit = records_to_read(self.max_samples)
+        if self.path is None or limit is None or num_kept < limit:
+            return
+        if rank_zero_only.rank != 0:
+            return
+        if self.max_samples_from is None:
+            origin = f"data.max_samples={limit}"
+            fix = "data.max_samples=null reads every record"
+        else:
+            origin = self.max_samples_from
+            fix = f"drop {origin} to read every record"
+        # Known without reading the file where a run read it whole before.
+        whole = self._chat_source().whole_count(
+            self.batching.loader.on_bad_sample.value, self.record_cache
+        )
+        of = f" of {whole:,}" if whole is not None else ""
+        log.warning(
+            "%s: read the first %d%s records of %s; the rest is not checked (%s)",
+            origin, limit, of, self.path, fix,
+        )  # fmt: skip
+
+    def _report_skipped(self, unsupervised: list[int]) -> None:
+        """Name every source line skipped and every training record without a supervised
+        token in the run directory's ``skipped_records.jsonl`` (rank 0), and log the
+        counts with its path."""
+        entries = rejected_entries(self.source, self.source_rejected)
+        record_ids = self.record_ids(unsupervised)
+        exact = self.loss_tokens is not None
+        entries += unsupervised_entries(self.source, record_ids, exact=exact)
+        counts = {
+            "source lines skipped as bad records": self.source_counts.get("dropped/bad_record", 0),
+            "training records without a supervised token": len(unsupervised),
+        }
+        report_skipped_records(entries, counts, self.run.output_dir)
 
     @override
     def setup(self, stage: str) -> None:
@@ -215,7 +271,8 @@ class ODBDataModule(pl.LightningDataModule):
         self.train_record_counts, unsupervised = count_train_records(
             dataset, self.train_indices, self.train_lengths, self.loss_tokens, self.max_seq_len
         )
-        if unsupervised:
+        self._report_skipped(unsupervised)
+        if self.train_indices and len(unsupervised) == len(self.train_indices):
             read = self.source_counts.get("read", len(dataset))
             raise no_supervision_error(
                 self.source,
@@ -227,7 +284,8 @@ class ODBDataModule(pl.LightningDataModule):
             )
 
     def _length_cache_barrier(self) -> None:
-        self.trainer.strategy.barrier("odb-length-cache")
+        if self.trainer is not None:  # without one (odb-preview) this is the only process
+            self.trainer.strategy.barrier("odb-length-cache")
 
     @property
     def num_train_samples(self) -> int | None:

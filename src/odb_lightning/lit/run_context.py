@@ -45,6 +45,8 @@ class RunContext:
         world_size: Processes of the job (``devices x num_nodes``).
         device: The accelerator the trainer runs on (``cpu``, ``cuda``, ...).
         train_samples: Training samples per epoch, known after the data module's setup.
+        output_dir: The run directory (``paths.output_dir``), where components write the
+            run's files (the data module's ``skipped_records.jsonl``); ``None``: none.
     """
 
     max_seq_len: int
@@ -52,3 +54,4 @@ class RunContext:
     world_size: int = 1
     device: str = "cpu"
     train_samples: TrainSampleCount = field(default_factory=TrainSampleCount)
+    output_dir: str | None = None

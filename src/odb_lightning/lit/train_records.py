@@ -19,9 +19,9 @@ def count_train_records(
     lengths: Sequence[int],
     loss_tokens: Sequence[int] | None,
     max_seq_len: int,
-) -> tuple[dict[str, int], bool]:
+) -> tuple[dict[str, int], list[int]]:
     """The counts of the training records at ``indices`` (``lengths`` theirs, in order),
-    and whether none of them is supervised.
+    and the dataset indices of those without a supervised token (in ``indices``' order).
 
     Length-pass modes know every sample's supervised tokens and length: the counts are
     exact (a record of exactly ``max_seq_len`` tokens counts as truncated). Online modes
@@ -31,17 +31,17 @@ def count_train_records(
     """
     if loss_tokens is not None:
         chosen = np.asarray(indices, dtype=np.int64)
-        unsupervised = int(np.count_nonzero(np.asarray(loss_tokens)[chosen] == 0))
+        unsupervised = chosen[np.asarray(loss_tokens)[chosen] == 0].tolist()
         counts = {
-            "unsupervised_samples": unsupervised,
+            "unsupervised_samples": len(unsupervised),
             "truncated_samples": int(np.count_nonzero(np.asarray(lengths) >= max_seq_len)),
         }
     elif isinstance(dataset, ChatDataset):
-        unsupervised = len(dataset.unsupervised_indices(indices))
-        counts = {"unsupervised_samples": unsupervised}
+        unsupervised = dataset.unsupervised_indices(indices)
+        counts = {"unsupervised_samples": len(unsupervised)}
     else:
-        return {}, False
-    return counts, bool(indices) and unsupervised == len(indices)
+        return {}, []
+    return counts, unsupervised
 
 
 def no_supervision_error(

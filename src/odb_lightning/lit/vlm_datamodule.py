@@ -105,6 +105,8 @@ class VisionDataModule(ODBDataModule):
         )
         records = self.record_cache.records(source)
         kept, self.source_counts = keep_records(records.records, records.counts, self.max_samples)
+        self.source_rejected = list(records.rejected)
+        self._note_partial_read(len(kept))
         return VisionChatDataset(
             kept,
             self.tokenizer,

@@ -11,7 +11,7 @@ import pytest
 
 from helpers.own_data import write_own_jsonl
 from odb_lightning.app.plan import SOURCES, build_parser, main
-from odb_lightning.data import QwenTokenizer, SourceName, jsonl_records
+from odb_lightning.data import HFTokenizer, QwenTokenizer, SourceName, jsonl_records
 from odb_lightning.data.lengths import SYNTHETIC
 from odb_lightning.data.template import build_chat_template
 
@@ -60,3 +60,28 @@ def test_jsonl_path_plans_over_the_training_lengths(tmp_path: Path, capsys) -> N
 def test_source_that_needs_a_path_says_so(capsys) -> None:
     assert main(["--source", "jsonl"]) == 2
     assert "--source jsonl needs --path" in capsys.readouterr().err
+
+
+def test_a_template_error_names_the_flag_not_the_training_key(tmp_path: Path, capsys) -> None:
+    """A tokenizer whose layout no template recognizes: ``odb-plan`` says ``--template``
+    (its own flag); train.py's wording (``data.template``) stays in the data layer."""
+    from helpers.chat_tokenizers import write_deepseek_tokenizer
+
+    tokenizer = write_deepseek_tokenizer(tmp_path / "tok", chat_template=None)
+    data = tmp_path / "mine.jsonl"
+    write_own_jsonl(data, num_short=3, num_long=0)
+    argv = [
+        "--source",
+        "jsonl",
+        "--path",
+        str(data),
+        "--tokenizer",
+        str(tokenizer),
+        "--skip-bad-records",
+    ]
+    assert main([*argv, "--record-cache-dir", str(tmp_path / "records")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "matches none of the shipped layouts" in err
+    assert "set --template to one of them" in err and "data.template" not in err
+    with pytest.raises(ValueError, match="set data.template to one of them"):
+        build_chat_template(HFTokenizer(str(tokenizer)))
