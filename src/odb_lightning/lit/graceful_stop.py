@@ -142,6 +142,10 @@ class GracefulStop(Callback):
             self._previous[signum] = signal.signal(signum, self._record)
 
     def _restore(self) -> None:
+        # The fit is over (or these handlers never ran one): no deadline may outlive it, or
+        # its timer would end whatever the process does next.
+        if self._deadline is not None:
+            self._deadline.cancel()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
@@ -192,9 +196,7 @@ class GracefulStop(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._deadline is not None and self.stopped_by is None:
-            self._deadline.cancel()  # the fit ended on its own before a boundary
-        self._restore()
+        self._restore()  # cancels the deadline: the fit ended before a boundary, or at one
 
     def stop_entries(self) -> dict[str, Any]:
         """What the run summary says about a stop (empty when the run was not stopped)."""

@@ -24,6 +24,11 @@ def test_a_handler_only_records_and_the_strongest_signal_wins() -> None:
     finally:
         stop._restore()
     assert signal.getsignal(signal.SIGTERM) is not stop._record
+    # The deadline the signals started ends with the handlers: it would otherwise exit this
+    # process stop.deadline_s later.
+    assert stop._deadline is not None and stop._deadline.finished.is_set()
+    stop._deadline.join(timeout=5)
+    assert not stop._deadline.is_alive()
 
 
 def test_requeue_needs_a_slurm_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
