@@ -185,13 +185,21 @@ def test_ctrl_c_skips_validation_says_it_stopped_and_prints_a_resume_command(tmp
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     stop = summary["stop"]
     assert stop["stopped_by"] == "SIGINT" and stop["stopped_after_step"] == 3
-    assert Path(stop["stop_checkpoint"]).name == "stop-epoch=0-step=3.ckpt"
+    assert Path(stop["stop_checkpoint"]).name == "stop-epoch0-step3.ckpt"
     assert "the run did not finish: stopped by SIGINT after optimizer step 3" in result.output
     assert stop["resume_command"] in result.output
     program, script, *overrides = shlex.split(stop["resume_command"])  # as a shell reads it
     assert (program, script) == ("python", "train.py")
     second = tmp_path / "resumed"
-    train(second, "trainer=ddp_cpu", "+model.fault=none", "audit_ids=true", *overrides)
+    # The helper runs debug=smoke, whose val_samples would override the checkpoint's.
+    train(
+        second,
+        "trainer=ddp_cpu",
+        "+model.fault=none",
+        "audit_ids=true",
+        "data.val_samples=8",
+        *overrides,
+    )
     before = Counter(i for rank in read_audit(tmp_path / "run", 2) for step in rank for i in step)
     after = Counter(i for rank in read_audit(second, 2) for step in rank for i in step)
     assert sum((before + after).values()) == len(set(before + after)), "no sample twice"
