@@ -62,7 +62,6 @@ class OnlinePolicy(Policy):
         check_positive_int(f"{key}.outstanding_depth", self.outstanding_depth)
         check_positive_int(f"{key}.window_budgets", self.window_budgets, optional=True)
         check_positive_int(f"{key}.ramp_budgets", self.ramp_budgets, optional=True)
-        check_positive_int(f"{key}.ramp_budgets", self.ramp_budgets, optional=True)
         check_positive(f"{key}.window_max_mib", self.window_max_mib, "MiB", optional=True)
         dealing = enum_member(ShardDealing, f"{key}.shard_dealing", self.shard_dealing)
         object.__setattr__(self, "shard_dealing", dealing)

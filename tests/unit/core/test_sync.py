@@ -60,8 +60,11 @@ def test_summary_figures_equal_the_simulators() -> None:
 
 def test_grouped_counts_the_planners_work() -> None:
     lengths = [[(i * 37) % 500 + 20 for i in range(300)]]
-    # A round that may emit every group of the window groups each sample once.
-    drained = simulate_epoch(lengths, BatchingConfig.of(token_budget=2000, max_steps_per_round=512))
+    # Without the ramp (whose rounds emit a few steps each), a round that may emit every
+    # group of the window groups each sample once.
+    drained = simulate_epoch(
+        lengths, BatchingConfig.of(token_budget=2000, max_steps_per_round=512, ramp_budgets=None)
+    )
     assert drained.grouped == [300]
     # Two steps a round regroup what the window kept: each sample is grouped many times.
     kept = simulate_epoch(
