@@ -89,6 +89,10 @@ def test_eval_of_the_checkpoint_matches_the_runs_val_loss(
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     assert result["loss_tokens"] > 0
     assert "odb_lightning evaluation" in done.stdout
+    assert f"eval.json: {tmp_path / 'eval.json'}" in done.stdout
+    # It evaluates with the checkpoint's config; it does not say it resumes anything.
+    log = done.stdout + done.stderr
+    assert "evaluating with the config saved in" in log and "resuming" not in log
 
 
 @pytest.mark.slow

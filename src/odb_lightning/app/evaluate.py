@@ -77,7 +77,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"invalid config 'split': {error}") from None
     ckpt_path = resolve_resume_checkpoint(cfg.ckpt_path)
     output_dir = Path(cfg.paths.output_dir)
-    cfg = config_for_resume(cfg, ckpt_path)
+    cfg = config_for_resume(cfg, ckpt_path, purpose="evaluating")
     validate_config(cfg)
     # One process: the split is small next to training, and no launcher is needed.
     parts = build_parts(cfg, world_size=1, device=launched_accelerator(cfg.trainer))

@@ -242,14 +242,15 @@ def _composed_without_overrides() -> dict[str, Any]:
     return leaves(OmegaConf.to_container(compose(config_name=config_name), resolve=False))
 
 
-def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
+def config_for_resume(cfg: DictConfig, ckpt_path: str, purpose: str = "resuming") -> DictConfig:
     """The config a resume from ``ckpt_path`` runs with (see the module docstring);
-    ``cfg`` itself when the checkpoint holds no config (a logged warning)."""
+    ``cfg`` itself when the checkpoint holds no config (a logged warning). ``purpose`` names
+    what the config is for in the log ("resuming", or "evaluating" for ``eval.py``)."""
     entries = _checkpoint_entries(ckpt_path)
     saved = entries.get(RUN_CONFIG_KEY)
     if saved is None:
         log.warning(
-            "%s holds no run config: resuming with this command line's config only", ckpt_path
+            "%s holds no run config: %s with this command line's config only", ckpt_path, purpose
         )
         return cfg
     overrides: list[str] = []
@@ -262,7 +263,8 @@ def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
     replaced = replaced_groups(overrides, groups, current)
     merged, changed = merge_resume_config(saved["config"], current, set_keys, deleted, replaced)
     log.info(
-        "resuming with the config saved in %s (its overrides: %s); this command line changes %s",
+        "%s with the config saved in %s (its overrides: %s); this command line changes %s",
+        purpose,
         ckpt_path,
         " ".join(saved["overrides"]) or "none",
         ", ".join(k for k in changed if k != "ckpt_path") or "nothing else",
@@ -270,7 +272,7 @@ def config_for_resume(cfg: DictConfig, ckpt_path: str) -> DictConfig:
     resumed = OmegaConf.create(merged)
     max_steps = OmegaConf.select(resumed, "trainer.max_steps", default=None)
     step = entries.get("global_step", 0)
-    if isinstance(max_steps, int) and 0 < max_steps <= step:
+    if purpose == "resuming" and isinstance(max_steps, int) and 0 < max_steps <= step:
         log.warning(
             "the checkpoint is at step %d and trainer.max_steps=%d (the run's own): nothing "
             "is left to train; set trainer.max_steps (-1: no limit) or trainer.max_epochs on "

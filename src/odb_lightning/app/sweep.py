@@ -42,8 +42,22 @@ FIGURES = (
 )
 """``summary.json`` keys compared, in this order (those no point has are left out)."""
 
-PLOTTED = (("real_tokens_per_s", "real tokens/s"), ("val_loss", "val loss (token-weighted)"))
-"""The comparison plot's panels: one bar per point each."""
+PLOTTED = (
+    ("real_tokens_per_s", "real tokens/s", True),
+    ("padding_efficiency", "padding efficiency (real / padded tokens)", True),
+    ("val_loss", "val loss (token-weighted)", False),
+)
+"""The comparison plot's panels: key, title, and whether the axis starts at zero (a rate or
+a share: bars from zero; a loss: points on an axis fitted to the values, so 8.312 and 8.316
+can be told apart)."""
+
+
+def fitted_limits(values: Sequence[float]) -> tuple[float, float]:
+    """The y range of a panel not drawn from zero: the values' span and a fifth of it on
+    each side (a thousandth of the value, or 1, when every value is the same)."""
+    low, high = min(values), max(values)
+    margin = (high - low) / 5 or abs(high) / 1000 or 1.0
+    return low - margin, high + margin
 
 TABLE_NAME, CSV_NAME, PLOT_NAME = "summary_table.md", "summary_table.csv", "summary_plot.png"
 
@@ -162,14 +176,24 @@ def write_plot(sweep_dir: Path, points: Sequence[SweepPoint]) -> Path | None:
 
     keys = varying_keys(points)
     labels = [" ".join(f"{k}={p.overrides.get(k)}" for k in keys) or p.job for p in done]
-    panels = [(k, name) for k, name in PLOTTED if any(p.figures[k] is not None for p in done)]
+    panels = [panel for panel in PLOTTED if any(p.figures[panel[0]] is not None for p in done)]
     figure, axes = plt.subplots(
         1, len(panels), figsize=(max(6.0, 1.2 * len(done)) * len(panels), 4.5), squeeze=False
     )
-    for axis, (key, name) in zip(axes[0], panels, strict=True):
-        values = [p.figures[key] if p.figures[key] is not None else 0.0 for p in done]
-        bars = axis.bar(range(len(done)), values, color="tab:blue")
-        axis.bar_label(bars, fmt="%.4g", fontsize=8)
+    for axis, (key, name, from_zero) in zip(axes[0], panels, strict=True):
+        if from_zero:
+            values = [p.figures[key] if p.figures[key] is not None else 0.0 for p in done]
+            bars = axis.bar(range(len(done)), values, color="tab:blue")
+            axis.bar_label(bars, fmt="%.4g", fontsize=8)
+        else:  # a point per job that has the figure, on an axis fitted to the values
+            shown = [(i, p.figures[key]) for i, p in enumerate(done) if p.figures[key] is not None]
+            xs, ys = [i for i, _ in shown], [float(v) for _, v in shown]
+            axis.plot(xs, ys, "o", color="tab:blue")
+            for x, y in shown:
+                axis.annotate(f"{y:.4f}", (x, y), textcoords="offset points", xytext=(0, 6),
+                              ha="center", fontsize=8)  # fmt: skip
+            axis.set_ylim(*fitted_limits(ys))
+            axis.set_xlim(-0.5, len(done) - 0.5)
         axis.set_xticks(range(len(done)), labels, rotation=30, ha="right", fontsize=8)
         axis.set_title(name)
         axis.grid(axis="y", alpha=0.3)

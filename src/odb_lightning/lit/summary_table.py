@@ -28,6 +28,8 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("real_tokens_per_s", "real tokens/s", "{:,.0f}"),
     ("padded_tokens_per_s", "padded tokens/s", "{:,.0f}"),
     ("padding_efficiency", "padding efficiency", "{:.3f}"),
+    ("image_patches", "image patches (ViT, emitted)", "{:,}"),
+    ("patch_fill", "patch fill (patches per rank step / max_patches)", "{:.3f}"),
     ("budget_fill", "budget fill", "{:.3f}"),
     ("loss_tokens", "supervised tokens", "{:,}"),
     ("idle_steps", "IDLE steps", "{}"),
@@ -64,6 +66,10 @@ FIXED_SIZE_LABELS = {"budget_fill": "padded tokens/step / token_budget (no budge
 limit (and ``over_budget_samples`` is null)."""
 
 
+IMAGE_ROWS = frozenset({"image_patches"})
+"""Rows shown only for image-text runs (those with ``patch_fill``): a text run's count is 0."""
+
+
 def is_fixed_size(summary: dict[str, Any]) -> bool:
     """The run's mode cuts batches of ``batch_size`` samples: no token budget to fill."""
     mode = MODES.get(summary.get("mode"))  # type: ignore[arg-type]
@@ -78,6 +84,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     fixed_size = is_fixed_size(summary)
     for key, label, fmt in SUMMARY_ROWS:
         value = summary.get(key)
+        if key in IMAGE_ROWS and summary.get("patch_fill") is None:
+            continue
         if fixed_size:
             label = FIXED_SIZE_LABELS.get(key, label)
         if value is not None:

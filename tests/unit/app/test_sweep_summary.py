@@ -16,6 +16,7 @@ from odb_lightning.app.sweep import (
     PLOT_NAME,
     TABLE_NAME,
     SweepSummary,
+    fitted_limits,
     read_points,
     write_sweep_summary,
 )
@@ -98,3 +99,24 @@ def test_callback_writes_only_in_a_multirun(sweep: Path) -> None:
     assert not (sweep / TABLE_NAME).exists()
     SweepSummary().on_job_end(config("MULTIRUN"), None)  # type: ignore[arg-type]
     assert (sweep / TABLE_NAME).exists()
+
+
+def test_loss_axis_is_fitted_so_close_losses_differ() -> None:
+    low, high = fitted_limits([8.312, 8.316])
+    # The 0.004 between the two is five sevenths of the axis, not 0.05 % of a zero-based one.
+    assert (8.316 - 8.312) / (high - low) == pytest.approx(5 / 7)
+    assert low < 8.312 and high > 8.316
+    low, high = fitted_limits([2.0, 2.0])
+    assert low < 2.0 < high
+
+
+def test_plot_has_the_padding_efficiency_panel(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    make_job(tmp_path, 0, ["seed=1"], summary_of(2048, 3, 10.0, 8.312))
+    make_job(tmp_path, 1, ["seed=2"], summary_of(2048, 3, 11.0, 8.316))
+    paths = write_sweep_summary(tmp_path)
+    assert paths[-1].name == PLOT_NAME
+    height, width, _ = matplotlib.image.imread(paths[-1]).shape
+    # Three panels (tokens/s, padding efficiency, loss), each at least 6 inches wide.
+    assert width >= 3 * 6 * 110 * 0.95

@@ -32,3 +32,12 @@ def test_fixed_size_modes_show_the_ratio_without_calling_it_a_fill(mode: str) ->
 def test_budget_modes_show_fill_and_over_budget_samples(mode: str) -> None:
     rows = table_rows({"mode": mode, "budget_fill": 0.915, "over_budget_samples": 2})
     assert rows["budget fill"] == "0.915" and rows["over-budget samples"] == "2"
+
+
+def test_image_text_runs_show_their_image_figures() -> None:
+    rows = table_rows({"mode": "odb", "image_patches": 12_288, "patch_fill": 0.812})
+    assert rows["image patches (ViT, emitted)"] == "12,288"
+    assert rows["patch fill (patches per rank step / max_patches)"] == "0.812"
+    # A text run (no patch fill) does not show a count of 0 patches.
+    rows = table_rows({"mode": "odb", "image_patches": 0, "patch_fill": None})
+    assert not any(label.startswith(("image patches", "patch fill")) for label in rows)
