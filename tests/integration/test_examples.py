@@ -28,6 +28,7 @@ def _run_example(*args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.slow
 def test_plain_loop_in_one_process(tmp_path: Path) -> None:
     done = _run_example("examples/plain_loop.py", "--out", str(tmp_path))
     record = json.loads((tmp_path / "steps_rank0.json").read_text())
@@ -46,7 +47,9 @@ def test_plain_loop_under_torchrun_with_ddp(tmp_path: Path) -> None:
     assert sorted(emitted) == list(range(NUM_TOY_RECORDS))  # each record on one rank, once
 
 
-@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "devices", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
+)
 def test_lightning_module_example(devices: int, tmp_path: Path) -> None:
     out = tmp_path / "metrics.json"
     _run_example("examples/lightning_module.py", "--devices", str(devices), "--out", str(out))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -14,6 +15,7 @@ from odb_lightning.app.export import main
 from odb_lightning.data import HFTokenizer, export_hf_tokenizer
 
 
+@pytest.mark.slow
 def test_a_smoke_run_of_a_pretrained_model_exports_with_its_tokenizer(tmp_path: Path) -> None:
     model_dir = export_hf_tokenizer(tmp_path / "tiny-qwen2")
     config = Qwen2Config(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers.train_run import train
 
 
+@pytest.mark.slow
 def test_a_random_init_llama_trains_in_debug_smoke_by_config_alone(tmp_path: Path) -> None:
     summary = train(tmp_path, "model=tiny_llama")
     assert summary["emitted_samples"] == 64 == summary["train_samples"]

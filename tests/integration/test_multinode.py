@@ -77,6 +77,7 @@ TRAIN = [str(ROOT / "train.py"), "debug=smoke", "logger=csv", "audit_ids=true"]
 TWO_NODES = ["trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"]
 
 
+@pytest.mark.slow
 def test_two_torchrun_nodes_write_one_run_dir(tmp_path: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
     address = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]

@@ -182,6 +182,7 @@ def _sharded_weights(checkpoint_dir: Path, out: Path) -> dict[str, torch.Tensor]
     return torch.load(out, weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow
 def test_fsdp2_resume_emits_the_epoch_exactly_once(tmp_path: Path) -> None:
     """FSDP2 checkpoints are directories of shards; the data module's state rides along."""
     overrides = (*_mode_overrides("odb", tmp_path), "trainer=fsdp_cpu")

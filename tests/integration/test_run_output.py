@@ -37,6 +37,7 @@ def run_train(cwd: Path, *overrides: str, env: dict[str, str] | None = None, tim
     )
 
 
+@pytest.mark.slow
 def test_config_error_is_its_message_on_the_console_and_its_trace_in_the_log(
     tmp_path: Path,
 ) -> None:

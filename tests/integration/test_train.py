@@ -19,7 +19,9 @@ from odb_lightning.core.order import epoch_permutation, shard_indices
 from odb_lightning.lit.id_audit import IdAudit
 
 
-@pytest.mark.parametrize("experiment", ["sharegpt_odb", "sharegpt_standard"])
+@pytest.mark.parametrize(
+    "experiment", ["sharegpt_odb", pytest.param("sharegpt_standard", marks=pytest.mark.slow)]
+)
 def test_single_process_run_writes_an_exact_summary(experiment: str, tmp_path: Path) -> None:
     summary = train(tmp_path, f"experiment={experiment}", "audit_ids=true")
     (steps,) = read_audit(tmp_path, 1)
@@ -126,6 +128,7 @@ def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_user_only_records_are_refused_at_startup(tmp_path: Path) -> None:
     data = tmp_path / "user_only.jsonl"
     turns = [("system", "be brief"), ("user", "hello")]
@@ -142,7 +145,7 @@ def test_user_only_records_are_refused_at_startup(tmp_path: Path) -> None:
 LONG = " ".join(f"word{k}" for k in range(300))  # far more than max_seq_len=64 tokens
 
 
-@pytest.mark.parametrize("batching", ["odb", "sorted"])
+@pytest.mark.parametrize("batching", ["odb", pytest.param("sorted", marks=pytest.mark.slow)])
 def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_path: Path) -> None:
     records = [[("user", f"question {i}?"), ("assistant", f"answer {i}")] for i in range(20)]
     records += [[("user", f"no answer {i}")] for i in range(5)]  # unsupervised
@@ -165,6 +168,7 @@ def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_pa
     assert summary["train_loss"] > 0
 
 
+@pytest.mark.slow
 def test_limit_train_batches_reports_the_samples_not_trained(tmp_path: Path) -> None:
     done = _run(tmp_path, "+trainer.limit_train_batches=2", "batching=standard")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -196,6 +200,7 @@ def test_audit_file_is_flushed_after_every_step(tmp_path: Path) -> None:
         assert len(lines) == step + 1
 
 
+@pytest.mark.slow
 def test_assistant_turns_cut_off_are_refused_after_the_first_epoch(tmp_path: Path) -> None:
     """Online modes cannot see truncation at startup: every assistant turn lies beyond
     max_seq_len, so the run stops after the first epoch instead of finishing silently."""

@@ -167,6 +167,7 @@ def _marks(path: Path) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_ctrl_c_skips_validation_says_it_stopped_and_prints_a_resume_command(tmp_path: Path):
     """Ctrl-C with a validation split: no validation after the stop (Lightning validates
     when should_stop is set mid-epoch), a summary that says the run stopped, and a resume

@@ -13,6 +13,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from experiments.harness.processes import listening_sockets
 from experiments.harness.train_faults import run_train_fault
 from helpers.train_run import ROOT
@@ -71,6 +73,7 @@ def _check_sockets(probe: dict, rank_pids: set[int]) -> None:
     assert len(all_ports) == 1 + 4
 
 
+@pytest.mark.slow
 def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -> None:
     data = tmp_path / "chats.jsonl"
     write_chats(data)

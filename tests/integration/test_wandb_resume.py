@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.train_run import ROOT
 
 
@@ -17,6 +19,7 @@ def _attempt(run_dir: Path, *overrides: str) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_a_resume_continues_the_first_jobs_wandb_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     _attempt(run_dir, "trainer.max_steps=3")

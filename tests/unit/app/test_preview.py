@@ -63,6 +63,7 @@ def check_against_the_data_module(samples: list[dict], datamodule) -> None:
         assert sample["id"] == str(datamodule.record_ids([sample["index"]])[0])
 
 
+@pytest.mark.slow
 def test_the_default_data_as_python_m(tmp_path: Path, compose_cfg: ComposeConfig) -> None:
     """``python -m odb_lightning.app.preview`` with no overrides: train.py's default data
     (ShareGPT, whole conversations), three samples, plain off a terminal."""

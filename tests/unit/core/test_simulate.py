@@ -127,6 +127,7 @@ def test_non_join_accounts_for_every_sample(job: dict) -> None:
         assert all(not rank_steps for rank_steps in result.steps)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(jobs())
 def test_same_seed_same_plan(job: dict) -> None:
@@ -155,6 +156,7 @@ def test_over_budget_sample_is_its_own_step_and_counted() -> None:
     assert result.over_budget == [1]
 
 
+@pytest.mark.slow
 def test_1024_ranks_align_and_cover_every_sample() -> None:
     # How long the plan takes per round at this scale: experiments/scale (no timed
     # assertion here: a loaded machine says nothing about the code).
