@@ -130,6 +130,7 @@ def run_externally(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow  # tests/unit/app/test_run_dir names MASTER_ADDR's store in the default tier
 def test_unresolvable_master_addr_fails_before_training(tmp_path: Path) -> None:
     done = run_externally(tmp_path, MASTER_ADDR=UNRESOLVABLE)
     assert done.returncode != 0

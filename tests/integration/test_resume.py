@@ -106,8 +106,11 @@ def test_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(
     "mode",
+    # Slow: exact resume of the ODB window and queue is proven in-process in
+    # tests/unit/runtime/test_runtime_resume.py and under Lightning's loop in
+    # test_resume_lightning.
     [
-        "odb",
+        pytest.param("odb", marks=pytest.mark.slow),
         pytest.param("standard", marks=pytest.mark.slow),
         pytest.param("bucketed", marks=pytest.mark.slow),
     ],

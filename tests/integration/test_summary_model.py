@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
 
@@ -42,6 +43,7 @@ def lora_parameter_count(model: dict, r: int) -> int:
     return model["num_hidden_layers"] * per_layer
 
 
+@pytest.mark.slow  # LoRA's trainable count is checked in-process in tests/unit/lit/test_model_setup
 def test_lora_run_summary_counts_only_the_adapters_as_trainable(tmp_path: Path) -> None:
     lora = ("model.finetuning.method=lora", f"model.finetuning.lora.r={LORA_R}")
     summary = train(tmp_path, *lora, "data.max_samples=24", "data.val_samples=0")

@@ -65,8 +65,10 @@ def write_skewed_jsonl(path: Path, num_records: int, seed: int) -> None:
 
 @pytest.mark.parametrize(
     "trainer",
-    # FSDP2's default-tier runs: its resume and its IDLE validation batch.
-    ["ddp_cpu", pytest.param("fsdp_cpu", marks=pytest.mark.slow)],
+    # Slow: every sample once with equal steps over skewed shards is proven on real
+    # processes in test_runtime_alignment (fork/join, four skewed ranks); the default
+    # tier's 2-rank train.py runs are the SIGTERM test and test_sharded_checkpoints.
+    [pytest.param(t, marks=pytest.mark.slow) for t in ("ddp_cpu", "fsdp_cpu")],
 )
 def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path) -> None:
     # fsdp_cpu: the same data path under FSDP2 (sharded module, IDLE steps through it).
@@ -106,6 +108,7 @@ def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path)
         assert checkpoint.is_file()
 
 
+@pytest.mark.slow  # FSDP2's default-tier runs: test_sharded_checkpoints, test_exact_loss_sharded
 def test_fsdp2_validation_with_an_idle_batch_runs_every_forward(tmp_path: Path) -> None:
     """24 validation samples in batches of 8 over 2 ranks: rank 1's second batch is IDLE.
     Its forward still runs (the all-gathers of the sharded forward are collectives), and
@@ -145,7 +148,10 @@ def test_user_only_records_are_refused_at_startup(tmp_path: Path) -> None:
 LONG = " ".join(f"word{k}" for k in range(300))  # far more than max_seq_len=64 tokens
 
 
-@pytest.mark.parametrize("batching", ["odb", pytest.param("sorted", marks=pytest.mark.slow)])
+# Slow: test_own_data's run counts truncation and bad lines in the default tier.
+@pytest.mark.parametrize(
+    "batching", [pytest.param(b, marks=pytest.mark.slow) for b in ("odb", "sorted")]
+)
 def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_path: Path) -> None:
     records = [[("user", f"question {i}?"), ("assistant", f"answer {i}")] for i in range(20)]
     records += [[("user", f"no answer {i}")] for i in range(5)]  # unsupervised

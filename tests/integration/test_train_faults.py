@@ -43,6 +43,7 @@ def _check_rank0_failed(result: TrainFaultResult, error: str) -> None:
         assert error in result.output
 
 
+@pytest.mark.slow  # one rank's failure failing every rank: test_runtime_faults' matrix
 def test_exception_in_training_step_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
     result = run_train_fault(tmp_path, "raise", 1)
     _check_exit(result)
@@ -207,6 +208,7 @@ def test_ctrl_c_skips_validation_says_it_stopped_and_prints_a_resume_command(tmp
     assert "stop" not in json.loads((second / "summary.json").read_text())
 
 
+@pytest.mark.slow  # the stop protocol's default-tier run is the SIGTERM test above
 def test_a_stop_that_reaches_no_step_boundary_exits_at_the_deadline(tmp_path: Path) -> None:
     """Rank 0 gets SIGTERM, then its step never ends (rank 1 waits in the all-reduce):
     past stop.deadline_s every process of the job exits, nothing is saved over the newest

@@ -189,6 +189,7 @@ def fsdp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     return run_dir / "checkpoints" / "last.ckpt", summary
 
 
+@pytest.mark.slow  # 2 FSDP2 ranks to make the checkpoint; test_sharded_checkpoints reads one
 def test_fsdp2_checkpoint_directory_exports_the_weights_of_its_shards(
     fsdp_checkpoint, tmp_path, capsys
 ) -> None:
