@@ -1,15 +1,19 @@
-"""The stop protocol's pieces: handlers that only record, the strongest signal, and the
-SLURM requeue command (the atomic ``last.ckpt`` link: test_checkpoints.py)."""
+"""The stop protocol's pieces: handlers that only record, the strongest signal, the SLURM
+requeue command and the wait for the job's processes at the end (the atomic ``last.ckpt``
+link: test_checkpoints.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from odb_lightning.lit.graceful_stop import GracefulStop, requeue_slurm_job
+from odb_lightning.lit.graceful_stop import GracefulStop, reap_children, requeue_slurm_job
 
 
 def test_a_handler_only_records_and_the_strongest_signal_wins() -> None:
@@ -45,3 +49,35 @@ def test_requeue_needs_a_slurm_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     assert requeue_slurm_job() == 0
     assert calls.read_text().strip() == "requeue 77_3"
+
+
+def test_reaping_returns_once_every_descendant_exited_and_names_those_that_did_not() -> None:
+    """Rank 0's end (``reap_job``): a child and a grandchild that run until their stdin
+    closes are named while they run; once it closes, the wait returns with both gone and
+    the child reaped (no zombie left behind)."""
+    grandchild_code = "import sys; sys.stdin.read()"
+    child_code = (
+        "import subprocess, sys\n"
+        f"grandchild = subprocess.Popen([sys.executable, '-c', {grandchild_code!r}])\n"
+        "print(grandchild.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+        "grandchild.wait()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", child_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        grandchild = int(child.stdout.readline())  # the event: both processes exist
+        running = reap_children(0.2)
+        assert {child.pid, grandchild} <= set(running)
+        child.stdin.close()  # both read the same pipe: both exit
+        left = reap_children(30.0)
+        assert child.pid not in left and grandchild not in left
+        with pytest.raises(psutil.NoSuchProcess):  # reaped, not a zombie
+            psutil.Process(child.pid).status()
+        assert not psutil.pid_exists(grandchild) or (
+            psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+        )
+    finally:
+        child.kill()
