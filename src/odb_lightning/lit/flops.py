@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
-# Dense bf16 tensor-core peak (no sparsity), FLOP/s, by a substring of the CUDA device
-# name; the first entry that matches wins, so the more specific names come first.
-# (Lightning's ``get_available_flops`` does not recognise the plain "NVIDIA H200" name and
-# lists its H200 figures with sparsity.)
+# Dense bf16 tensor-core peak (no sparsity), FLOP/s, by a model name in the CUDA device
+# name, matched as a whole word (``H20`` is not ``H200``, ``B200`` is not ``GB200``); the
+# first entry that matches wins, so a variant comes before its family's plain name.
+# Sources: NVIDIA's data sheets, which give bf16 "with sparsity", halved here. On
+# Blackwell, bf16 dense is an eighth of the FP4-with-sparsity figure (B200: 18 PFLOPS
+# FP4 sparse, 2.25 PFLOPS bf16 dense), which gives the RTX PRO figures from their
+# "AI TOPS". (Lightning's ``get_available_flops`` does not recognise the plain
+# "NVIDIA H200" name and lists its H200 figures with sparsity.)
 PEAK_BF16_FLOPS: dict[str, float] = {
+    # Blackwell: HGX B200 data sheet (1,000 W), 4.5 PFLOPS bf16 sparse.
+    "B200": 2250.0e12,
+    # GB200 NVL72 data sheet: 360 PFLOPS bf16 sparse over 72 GPUs (1,200 W).
+    "GB200": 2500.0e12,
+    # HGX B100 (700 W): 3.5 PFLOPS bf16 sparse.
+    "B100": 1750.0e12,
+    # RTX PRO 6000 Blackwell data sheets: Max-Q Workstation Edition (300 W) 3,511 AI
+    # TOPS; Workstation Edition (600 W) and Server Edition 4,000 AI TOPS (FP4 sparse).
+    "RTX PRO 6000 Blackwell Max-Q": 438.9e12,
+    "RTX PRO 6000 Blackwell": 500.0e12,
+    # Hopper: H100/H200 data sheets, SXM 1,979, NVL 1,671 and PCIe 1,513 TFLOPS bf16
+    # sparse; the H800 is the H100 with less NVLink; H20: 148 TFLOPS dense (its sheet).
     "H200": 989.4e12,
-    "H100 SXM": 989.4e12,
-    "H100 80GB HBM3": 989.4e12,
+    "GH200": 989.4e12,
+    "H100 NVL": 835.5e12,
     "H100 PCIe": 756.0e12,
     "H100": 989.4e12,
+    "H800 PCIe": 756.0e12,
+    "H800": 989.4e12,
+    "H20": 148.0e12,
+    # Ampere: A100 data sheet, 624 TFLOPS bf16 sparse; the A800 is the A100 with less
+    # NVLink.
     "A100": 312.0e12,
+    "A800": 312.0e12,
+    # Ada: L40S 733 and L20 239 TFLOPS bf16 sparse (their data sheets).
     "L40S": 362.05e12,
+    "L20": 119.5e12,
 }
 
 
@@ -26,7 +51,7 @@ def peak_bf16_flops(device_name: str) -> float | None:
     """The dense bf16 peak of one device named ``device_name`` (``None``: not in
     :data:`PEAK_BF16_FLOPS`, a CPU for one)."""
     for name, flops in PEAK_BF16_FLOPS.items():
-        if name.lower() in device_name.lower():
+        if re.search(rf"(?<![0-9a-z]){re.escape(name)}(?![0-9a-z])", device_name, re.IGNORECASE):
             return flops
     return None
 

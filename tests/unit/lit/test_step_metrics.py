@@ -36,11 +36,35 @@ def test_step_flops_against_a_hand_count() -> None:
     assert flops.step([8], 4) - flops.step([3, 5], 4) == 288 * (36 - 21)
 
 
-def test_peak_table_by_device_name() -> None:
-    assert peak_bf16_flops("NVIDIA H200") == 989.4e12
-    assert peak_bf16_flops("NVIDIA H100 PCIe") == 756.0e12  # not the SXM part's
-    assert peak_bf16_flops("NVIDIA A100-SXM4-80GB") == 312.0e12
-    assert peak_bf16_flops("x86_64") is None
+@pytest.mark.parametrize(
+    ("device_name", "peak"),
+    [
+        # Names as torch.cuda.get_device_name reports them.
+        ("NVIDIA H200", 989.4e12),
+        ("NVIDIA H100 80GB HBM3", 989.4e12),
+        ("NVIDIA H100 PCIe", 756.0e12),  # not the SXM part's
+        ("NVIDIA H100 NVL", 835.5e12),
+        ("NVIDIA GH200 480GB", 989.4e12),
+        ("NVIDIA H800", 989.4e12),
+        ("NVIDIA H800 PCIe", 756.0e12),
+        ("NVIDIA H20", 148.0e12),  # a whole word: not the H200's
+        ("NVIDIA A100-SXM4-80GB", 312.0e12),
+        ("NVIDIA A800-SXM4-80GB", 312.0e12),
+        ("NVIDIA B200", 2250.0e12),
+        ("NVIDIA GB200", 2500.0e12),  # not the B200's
+        ("NVIDIA B100", 1750.0e12),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 500.0e12),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 500.0e12),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 438.9e12),
+        ("NVIDIA L40S", 362.05e12),
+        ("NVIDIA L20", 119.5e12),
+        ("NVIDIA L4", None),  # not listed: no MFU rather than a wrong one
+        ("NVIDIA H2000", None),  # no prefix of a listed name matches
+        ("x86_64", None),
+    ],
+)
+def test_peak_table_by_device_name(device_name: str, peak: float | None) -> None:
+    assert peak_bf16_flops(device_name) == peak
 
 
 def test_reduce_windows_sums_ranks_and_takes_step_time_max_and_mean() -> None:
