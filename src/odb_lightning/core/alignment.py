@@ -35,6 +35,7 @@ Max-based, bidirectional alignment:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from odb_lightning.core.wire import RankReport
@@ -81,19 +82,23 @@ class RoundPlan:
 
 def peel_order(sizes: list[int], num_peels: int) -> list[int]:
     """Which group each successive peel takes a sample from: the largest group with more
-    than one sample, the earliest on ties (new singletons are never peeled).
+    than one sample, the earliest on ties (new singletons are never peeled). A heap keyed
+    by (size, index): each peel costs ``log(groups)``, so a round that peels most of its
+    window stays linear in it.
 
     Raises:
         AlignmentError: If fewer than ``num_peels`` samples can be peeled.
     """
-    remaining = list(sizes)
+    peelable = [(-size, index) for index, size in enumerate(sizes) if size > 1]
+    heapq.heapify(peelable)
     order: list[int] = []
     for _ in range(num_peels):
-        largest = max(range(len(remaining)), key=lambda i: (remaining[i], -i), default=None)
-        if largest is None or remaining[largest] < 2:
+        if not peelable:
             raise AlignmentError(f"cannot split groups of sizes {sizes} {num_peels} times")
-        remaining[largest] -= 1
-        order.append(largest)
+        negative_size, index = heapq.heappop(peelable)
+        order.append(index)
+        if -negative_size > 2:  # still more than one sample once this one is peeled
+            heapq.heappush(peelable, (negative_size + 1, index))
     return order
 
 

@@ -10,9 +10,10 @@ cores and compiled kernels like round shapes), so the cost is taken of the round
 ``ceil(L / m) * m``: rounding after grouping would push ``g x L`` over the budget.
 
 A row layout whose rows cost something else subclasses :class:`Budget` beside its own
-definition (:mod:`~odb_lightning.core.rows`) and overrides :meth:`Budget.group_cost` and
-:meth:`Budget.fits_group`; the grouping, the window, the sync figures and the plan
-statistics ask the budget they are given, never which layout it is.
+definition (:mod:`~odb_lightning.core.rows`) and overrides :meth:`Budget.group_cost`,
+:meth:`Budget.aggregate_cost` and :meth:`Budget.fits_group`; the grouping, the window, the
+sync figures and the plan statistics ask the budget they are given, never which layout it
+is.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ class Budget:
     def group_cost(self, lengths: Sequence[int]) -> float:
         """Cost of one group of samples of these lengths: ``g`` rows of the longest."""
         return self.cost(len(lengths), max(lengths))
+
+    def aggregate_cost(self, size: int, longest: int, total: int, sum_of_squares: int) -> float:
+        """:meth:`group_cost` of a group of ``size`` samples, the longest ``longest``
+        tokens, ``total`` in all, their squares summing to ``sum_of_squares``."""
+        return self.cost(size, longest)
 
     def fits_group(self, size: int, longest: int, total: int, sum_of_squares: int) -> bool:
         """A group of ``size`` samples (the longest ``longest`` tokens, ``total`` in all,

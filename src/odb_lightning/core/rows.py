@@ -64,6 +64,9 @@ class PackedBudget(Budget):
     def group_cost(self, lengths: Sequence[int]) -> float:
         return self.packed_cost(sum(lengths), sum(n * n for n in lengths))
 
+    def aggregate_cost(self, size: int, longest: int, total: int, sum_of_squares: int) -> float:
+        return self.packed_cost(total, sum_of_squares)
+
     def fits_group(self, size: int, longest: int, total: int, sum_of_squares: int) -> bool:
         return self.packed_cost(total, sum_of_squares) <= self.token_budget
 

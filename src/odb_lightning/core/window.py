@@ -108,16 +108,41 @@ class RoundOutcome:
 def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
     """Per peel of :func:`split_groups`, in order: the peeled sample's supervised tokens,
     the cost of its singleton and how much the cost of the group it leaves falls (costs
-    rounded up to integers, so the falls add up to the rounded cost of what is left)."""
-    members = [list(g.samples) for g in groups]
+    rounded up to integers, so the falls add up to the rounded cost of what is left).
+
+    A peel takes a group's last (shortest) sample, so what is left is always a prefix of
+    the group: each peeled group's prefix figures are summed once, and a peel costs the
+    same whatever the group's size."""
+    left = [g.size for g in groups]
+    prefixes: dict[int, list[int]] = {}
     figures = []
-    for index in peel_order([len(m) for m in members], num_peels):
-        before = _step_cost(Group(tuple(members[index])), budget)
-        peeled = members[index].pop()
-        after = _step_cost(Group(tuple(members[index])), budget)
-        single = _step_cost(Group((peeled,)), budget)
-        figures.append((peeled.num_loss_tokens, single, before - after))
+    for index in peel_order(list(left), num_peels):
+        if index not in prefixes:
+            prefixes[index] = _prefix_costs(groups[index], budget)
+        size = left[index]
+        left[index] = size - 1
+        peeled = groups[index].samples[size - 1]
+        costs = prefixes[index]
+        figures.append(
+            (peeled.num_loss_tokens, _single_cost(peeled, budget), costs[size] - costs[size - 1])
+        )
     return figures
+
+
+def _prefix_costs(group: Group, budget: Budget) -> list[int]:
+    """Rounded cost of the group's first ``k`` samples, for ``k`` in ``0..size``."""
+    costs, longest, total, squares = [0], 0, 0, 0
+    for count, sample in enumerate(group.samples, start=1):
+        longest = max(longest, sample.length)
+        total += sample.length
+        squares += sample.length * sample.length
+        costs.append(math.ceil(budget.aggregate_cost(count, longest, total, squares)))
+    return costs
+
+
+def _single_cost(sample: SampleInfo, budget: Budget) -> int:
+    length = sample.length
+    return math.ceil(budget.aggregate_cost(1, length, length, length * length))
 
 
 def _step_cost(group: Group, budget: Budget) -> int:
