@@ -229,3 +229,41 @@ def test_casestudy_presets_carry_its_budget_edges_and_profile(compose_cfg: Compo
     assert instantiate_checked(optimized.batching, "batching").policy.boundaries == ()
     own_file = compose_cfg(["experiment=casestudy_odb", "data=jsonl", "data.path=cs.jsonl"])
     assert (own_file.data.source, own_file.data.path) == ("jsonl", "cs.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("override", "named", "instead"),
+    [
+        ("trainer.strategy=deepspeed", "DeepSpeed", "trainer=gpu8_fsdp"),
+        ("trainer.strategy=deepspeed_stage_2_offload", "DeepSpeed", "trainer=gpu8_fsdp"),
+        (
+            "trainer.strategy._target_=lightning.pytorch.strategies.DeepSpeedStrategy",
+            "DeepSpeed",
+            "trainer=gpu8 \\(DDP\\)",
+        ),
+        ("trainer.strategy=fsdp", "FSDP1", "trainer=fsdp_cpu on CPU"),
+        (
+            "trainer.strategy._target_=lightning.pytorch.strategies.FSDPStrategy",
+            "FSDP1",
+            "trainer=gpu8_fsdp on GPUs",
+        ),
+    ],
+)
+def test_an_unvalidated_strategy_is_refused_naming_the_tested_ones(
+    override: str, named: str, instead: str, compose_cfg: ComposeConfig
+) -> None:
+    # A string from Lightning's registry on the default trainer; a class in gpu8_fsdp's
+    # strategy node.
+    target = "_target_" in override
+    cfg = compose_cfg(["trainer=gpu8_fsdp", override] if target else [f"++{override}"])
+    with pytest.raises(ConfigError, match=rf"trainer.strategy=\S+: {named} .* is not validated"):
+        validate_config(cfg)
+    with pytest.raises(ConfigError, match=instead):
+        validate_config(cfg)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_the_trainer_presets_pass_the_strategy_check(
+    trainer: str, compose_cfg: ComposeConfig
+) -> None:
+    validate_config(compose_cfg([f"trainer={trainer}"]))

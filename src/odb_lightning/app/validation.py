@@ -90,6 +90,45 @@ def validate_config(cfg: DictConfig) -> None:
             f"({budget}): a sample of max_seq_len tokens must fit one step"
         )
     _validate_row_attention(cfg)
+    _validate_strategy(cfg.get("trainer"))
+
+
+UNVALIDATED_STRATEGIES = {
+    "deepspeed": (
+        "DeepSpeed (Lightning's DeepSpeedStrategy)",
+        "trainer=gpu8 (DDP) or trainer=gpu8_fsdp (FSDP2, which shards parameters, "
+        "gradients and optimizer state as ZeRO-3 does)",
+    ),
+    "fsdp": (
+        "FSDP1 (Lightning's FSDPStrategy)",
+        "FSDP2, which ODB is tested with: trainer=gpu8_fsdp on GPUs, trainer=fsdp_cpu on CPU",
+    ),
+}
+"""Strategies that Lightning offers and no ODB test has run, by their registry prefix."""
+
+_STRATEGY_CLASSES = {"DeepSpeedStrategy": "deepspeed", "FSDPStrategy": "fsdp"}
+
+
+def _validate_strategy(trainer: DictConfig | None) -> None:
+    """Refuse a strategy no test of ODB has run (by Lightning's registry name,
+    ``deepspeed_stage_2``, or by ``_target_``): its exact loss and IDLE steps are
+    unproven there, so it is not trusted silently."""
+    strategy = (trainer or {}).get("strategy")
+    if isinstance(strategy, str):
+        family = next((f for f in UNVALIDATED_STRATEGIES if strategy.startswith(f)), None)
+        spelled = strategy
+    elif isinstance(strategy, Mapping) and isinstance(strategy.get("_target_"), str):
+        family = _STRATEGY_CLASSES.get(strategy["_target_"].rsplit(".", 1)[-1])
+        spelled = strategy["_target_"]
+    else:
+        return
+    if family is not None:
+        name, instead = UNVALIDATED_STRATEGIES[family]
+        raise ConfigError(
+            f"trainer.strategy={spelled}: {name} is not validated with ODB (no test or run "
+            f"of this project has executed it, so its token-weighted loss and IDLE steps "
+            f"are unproven there) and is refused; use {instead}"
+        )
 
 
 def _validate_row_attention(cfg: DictConfig) -> None:
