@@ -1,5 +1,6 @@
 """``odb-export``: LoRA adapters and merged models reproduce the trained module's logits,
-an FSDP2 checkpoint directory exports the weights its shards hold, bad input is named."""
+an FSDP2 checkpoint directory exports the weights its shards hold, the run's tokenizer is
+written beside the model, bad input is named."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Qwen2Config
 
 from helpers.tiny_lm import (
     VOCAB,
@@ -24,7 +25,14 @@ from helpers.tiny_lm import (
     tiny_module,
 )
 from helpers.train_run import ROOT, train
-from odb_lightning.app.export import main
+from odb_lightning.app.export import (
+    ExportError,
+    load_run_tokenizer,
+    main,
+    read_hyperparameters,
+    save_tokenizer,
+)
+from odb_lightning.data import HFTokenizer, QwenTokenizer, export_hf_tokenizer
 from odb_lightning.lit.module import CausalLMModule
 
 LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0}  # every attention and MLP projection
@@ -256,3 +264,41 @@ def test_a_checkpoint_naming_a_foreign_target_is_not_built(lora_run, tmp_path, c
 def test_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["odb-export"] == "odb_lightning.app.export:main"
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "hf"])
+def test_the_runs_tokenizer_is_written_beside_the_model(kind: str, tmp_path: Path) -> None:
+    """What the checkpoint's run config names (``tokenizer=qwen2``, ``tokenizer=hf``) is
+    read back and written so that ``AutoTokenizer`` encodes as training did."""
+    node: dict[str, Any] = {"_target_": "odb_lightning.data.QwenTokenizer"}
+    if kind == "hf":
+        hf_dir = export_hf_tokenizer(tmp_path / "hf-tokenizer")
+        node = {"_target_": "odb_lightning.data.HFTokenizer", "name_or_path": str(hf_dir)}
+    checkpoint = tmp_path / "run.ckpt"
+    torch.save({"odb_run_config": {"resolved": {"tokenizer": node}}}, checkpoint)
+    tokenizer = load_run_tokenizer(checkpoint)
+    assert isinstance(tokenizer, HFTokenizer if kind == "hf" else QwenTokenizer)
+    out = tmp_path / "exported"
+    out.mkdir()
+    said = save_tokenizer(tokenizer, out)
+    assert said == (f"the run's {hf_dir}" if kind == "hf" else "the run's Qwen2 BPE")
+    exported = AutoTokenizer.from_pretrained(out)
+    text = "hello there, how are you? Überall 東京"
+    assert exported.encode(text, add_special_tokens=False) == tokenizer.encode_text(text)
+    assert exported.convert_tokens_to_ids("<|im_end|>") == tokenizer.im_end_id
+
+
+def test_a_pretrained_checkpoint_is_no_fold_stand_in_whatever_its_preset_said(
+    tmp_path: Path,
+) -> None:
+    """``debug=smoke`` sets ``token_id_fold``; a pretrained model does not use it, so the
+    export reads past it (and on to the pretrained directory, here absent)."""
+    architecture = {"pretrained_path": str(tmp_path / "base"), "token_id_fold": 4096}
+    checkpoint = {"hyper_parameters": {"architecture": architecture}}
+    with pytest.raises(ExportError) as error:
+        read_hyperparameters(tmp_path / "smoke.ckpt", checkpoint)
+    assert "stand-in" not in str(error.value)
+    assert "model.architecture.pretrained_path=" in str(error.value)
+    architecture["pretrained_path"] = None
+    with pytest.raises(ExportError, match="token_id_fold=4096 benchmark stand-in"):
+        read_hyperparameters(tmp_path / "smoke.ckpt", checkpoint)
