@@ -88,6 +88,9 @@ def test_sigterm_during_an_epoch_stops_every_rank(tmp_path: Path) -> None:
     assert STOP_LINE in result.output
     assert "Traceback" not in result.output
     assert result.returncode == 128 + signal.SIGTERM
+    # Rank 1 exits 0: a 143 of Lightning's child makes its launcher SIGKILL rank 0 (-9).
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "Forcefully terminating" not in result.output + log
     audit = read_audit(tmp_path / "run", 2)
     assert len(audit[0]) == len(audit[1]) == 3  # fault at step 2: agreed at its end
     before, after = _stopped_and_resumed(tmp_path, result)

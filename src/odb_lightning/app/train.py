@@ -125,15 +125,15 @@ def report_stop(stop: GracefulStop, summary: dict[str, Any]) -> None:
 
 def exit_stopped(stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any]) -> None:
     """Leave as a stopped job: 143 (SIGTERM), 130 (SIGINT); SIGUSR1 requeues the SLURM job
-    (rank 0) and exits 0. The checkpoint of the stop is already written on every rank."""
+    (rank 0) and exits 0. The checkpoint of the stop is already written on every rank. The
+    other ranks of Lightning's launcher exit 0 (:meth:`GracefulStop.exit_code`)."""
     signum = stop.stopped_by
     if signum is signal.SIGUSR1:
         finish_wandb_runs(loggers, exit_code=0)
         status = requeue_slurm_job() if trainer.is_global_zero else 0
         raise SystemExit(0 if status == 0 else 1)
-    code = EXIT_CODES[signum]
-    finish_wandb_runs(loggers, exit_code=code)
-    raise SystemExit(code)
+    finish_wandb_runs(loggers, exit_code=EXIT_CODES[signum])
+    raise SystemExit(stop.exit_code(signum))
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

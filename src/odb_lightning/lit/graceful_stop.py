@@ -22,6 +22,11 @@ checkpoint and how many optimizer steps a resume will replay, kills the job's pr
 it started (the other ranks under Lightning's launcher, its loader processes), reaps them
 and exits with the stop's status. Nothing is saved then: the newest checkpoint stays the
 valid one. The deadline runs in a timer thread the handler starts; it talks to no rank.
+
+The job's status is its first process's. The other ranks that Lightning's launcher
+started on a node exit 0 on a stop: the launcher's observer in the node's first process
+SIGKILLs it as soon as one of them has exited with another status, so their 143 would
+turn the job's 143 into a kill (-9) while it reaps them.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import Any
 import lightning.pytorch as pl
 import psutil
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
@@ -98,6 +104,7 @@ class GracefulStop(Callback):
         self.stopped_by: signal.Signals | None = None
         self.checkpoint: Path | None = None
         self.stopped_at_step: int | None = None
+        self._launched_child = False
 
     # -- signals -----------------------------------------------------------------------
     def _record(self, signum: int, _: FrameType | None) -> None:
@@ -133,7 +140,12 @@ class GracefulStop(Callback):
         for handler in logging.getLogger().handlers:
             handler.flush()
         kill_descendants(REAP_TIMEOUT_S)
-        os._exit(EXIT_CODES.get(signal.Signals(self._received), 0))
+        os._exit(self.exit_code(signal.Signals(self._received)))
+
+    def exit_code(self, signum: signal.Signals) -> int:
+        """This process's status for a stop on ``signum``: :data:`EXIT_CODES`, or 0 in a
+        rank that Lightning's launcher started (see the module docstring)."""
+        return 0 if self._launched_child else EXIT_CODES.get(signum, 0)
 
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -156,6 +168,7 @@ class GracefulStop(Callback):
         # After Lightning has registered its own handlers (in fit, before the loops run):
         # these replace them for the whole fit.
         self._install()
+        self._launched_child = launched_child(trainer)
 
     @override
     def on_train_batch_end(
@@ -240,6 +253,13 @@ def _checkpoint_dir(trainer: pl.Trainer) -> Path:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return Path(callback.dirpath)
     return Path(trainer.default_root_dir) / "checkpoints"
+
+
+def launched_child(trainer: pl.Trainer) -> bool:
+    """This rank is one that Lightning's launcher started beside the node's first process
+    (``LOCAL_RANK`` set, not by torchrun or SLURM)."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return isinstance(environment, LightningEnvironment) and trainer.local_rank > 0
 
 
 def kill_descendants(timeout_s: float) -> list[int]:

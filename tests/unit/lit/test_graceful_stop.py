@@ -9,11 +9,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
+from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 
-from odb_lightning.lit.graceful_stop import GracefulStop, reap_children, requeue_slurm_job
+from odb_lightning.lit.graceful_stop import (
+    GracefulStop,
+    launched_child,
+    reap_children,
+    requeue_slurm_job,
+)
 
 
 def test_a_handler_only_records_and_the_strongest_signal_wins() -> None:
@@ -81,3 +88,26 @@ def test_reaping_returns_once_every_descendant_exited_and_names_those_that_did_n
         )
     finally:
         child.kill()
+
+
+@pytest.mark.parametrize(
+    ("environment", "local_rank", "code"),
+    [
+        (LightningEnvironment, 0, 143),  # the node's first process: the job's status
+        (LightningEnvironment, 1, 0),  # a child of Lightning's launcher, which watches it
+        (TorchElasticEnvironment, 1, 143),  # torchrun's agent reads every rank's status
+    ],
+)
+def test_a_stopped_rank_of_lightnings_launcher_exits_0(
+    environment: type, local_rank: int, code: int
+) -> None:
+    """Lightning's observer SIGKILLs the node's first process once a child it started has
+    exited with a status other than 0: such a child leaves a stop with 0, so the job's own
+    status stays 143."""
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(cluster_environment=environment()), local_rank=local_rank
+    )
+    stop = GracefulStop()
+    stop._launched_child = launched_child(trainer)  # what on_train_start records
+    assert stop.exit_code(signal.SIGTERM) == code
+    assert stop.exit_code(signal.SIGINT) == (0 if code == 0 else 130)
