@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -77,6 +78,7 @@ def wait_for_step(marks_path: Path, step: int, process: subprocess.Popen, timeou
 
 def trial(checkout: Path, work: Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = work / f"trial{index}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier study's marks would start it early
     marks_path = run_dir / "marks" / "stop"
     command = [
         sys.executable,
