@@ -94,10 +94,12 @@ REAP_TIMEOUT_S = 30.0
 
 
 def reap_job(trainer: pl.Trainer) -> None:
-    """Rank 0 returns only once every process it started (the other ranks of Lightning's
-    launcher, already ending) has exited and been reaped."""
+    """Rank 0 returns only once every process of the job it started (the other ranks of
+    Lightning's launcher, already ending, and its loader processes) has exited and been
+    reaped."""
     if trainer.is_global_zero:
-        left = reap_children(REAP_TIMEOUT_S)
+        launched = getattr(trainer.strategy, "launcher", None)
+        left = reap_children(REAP_TIMEOUT_S, [p.pid for p in getattr(launched, "procs", [])])
         if left:
             log.error("processes %s of the job still run %gs after the fit", left, REAP_TIMEOUT_S)
 

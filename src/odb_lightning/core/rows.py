@@ -145,6 +145,15 @@ class RowLayout:
         shapes.append(StepShape("the largest group of the shortest samples", rows, shortest))
         return shapes
 
+    def fixed_size_shapes(
+        self, budget: Budget, max_seq_len: int, batch_size: int
+    ) -> list[StepShape]:
+        """The largest step of a fixed-size mode (``standard``, ``sorted``), which ignores
+        the budget: ``batch_size`` rows of ``max_seq_len`` tokens."""
+        longest = budget.padded_length(max_seq_len)
+        name = f"batch_size={batch_size} samples of max_seq_len={max_seq_len}"
+        return [StepShape(name, batch_size, longest)]
+
     @property
     def patch_budget(self) -> PatchBudget | None:
         """The vision-tower bound of a group, or ``None`` without ``max_patches``."""

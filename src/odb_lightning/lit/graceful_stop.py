@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -274,11 +276,21 @@ def kill_descendants(timeout_s: float) -> list[int]:
     return _wait_exited(children, timeout_s)
 
 
-def reap_children(timeout_s: float) -> list[int]:
-    """Wait up to ``timeout_s`` for every descendant of this process to exit (the other
-    ranks Lightning's launcher started, already ending), reaping this process's own; the
-    PIDs still running afterwards."""
-    return _wait_exited(psutil.Process().children(recursive=True), timeout_s)
+def reap_children(timeout_s: float, ranks: Sequence[int] = ()) -> list[int]:
+    """Wait up to ``timeout_s`` for the job's processes that this process started to exit:
+    the ``ranks`` (PIDs of the other ranks Lightning's launcher started, already ending)
+    and this process's ``multiprocessing`` children (loader workers, collate processes),
+    each with its descendants, reaping this process's own; the PIDs still running
+    afterwards. A helper that lives as long as the process (W&B's service) is not one of
+    them: waiting for it would take the whole timeout."""
+    roots = []
+    for pid in [*ranks, *(child.pid for child in multiprocessing.active_children())]:
+        try:
+            root = psutil.Process(pid)
+            roots += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return _wait_exited(roots, timeout_s)
 
 
 def _wait_exited(processes: list[psutil.Process], timeout_s: float) -> list[int]:

@@ -36,8 +36,14 @@ GIB = 1024**3
 
 
 def worst_case_shapes(config: BatchingConfig, max_seq_len: int) -> list[StepShape]:
-    """The largest steps ``config`` can emit: its row layout's (see the module docstring)."""
-    return config.rows.worst_case_shapes(config.budget, max_seq_len, config.policy.batch_cap)
+    """The largest steps ``config`` can emit: its row layout's under the budget (see the
+    module docstring), or, in a fixed-size mode, ``batch_size`` samples of
+    ``max_seq_len`` tokens whatever the budget."""
+    policy = config.policy
+    if policy.fixed_size:
+        batch_size = policy.batch_size  # type: ignore[attr-defined]
+        return config.rows.fixed_size_shapes(config.budget, max_seq_len, batch_size)
+    return config.rows.worst_case_shapes(config.budget, max_seq_len, policy.batch_cap)
 
 
 def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:

@@ -58,10 +58,11 @@ def test_requeue_needs_a_slurm_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert calls.read_text().strip() == "requeue 77_3"
 
 
-def test_reaping_returns_once_every_descendant_exited_and_names_those_that_did_not() -> None:
-    """Rank 0's end (``reap_job``): a child and a grandchild that run until their stdin
-    closes are named while they run; once it closes, the wait returns with both gone and
-    the child reaped (no zombie left behind)."""
+def test_reaping_waits_for_the_ranks_and_their_descendants_not_for_a_service() -> None:
+    """Rank 0's end (``reap_job``): a rank and its child that run until their stdin closes
+    are named while they run; once it closes, the wait returns with both gone and the rank
+    reaped (no zombie left behind). A helper process that lives as long as rank 0 (W&B's
+    service) is not waited for: it would hold every run's end for the whole timeout."""
     grandchild_code = "import sys; sys.stdin.read()"
     child_code = (
         "import subprocess, sys\n"
@@ -73,21 +74,26 @@ def test_reaping_returns_once_every_descendant_exited_and_names_those_that_did_n
     child = subprocess.Popen(
         [sys.executable, "-c", child_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
+    service = subprocess.Popen([sys.executable, "-c", grandchild_code], stdin=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdin is not None
         grandchild = int(child.stdout.readline())  # the event: both processes exist
-        running = reap_children(0.2)
+        running = reap_children(0.2, [child.pid])
         assert {child.pid, grandchild} <= set(running)
+        assert service.pid not in running
         child.stdin.close()  # both read the same pipe: both exit
-        left = reap_children(30.0)
+        left = reap_children(30.0, [child.pid])
         assert child.pid not in left and grandchild not in left
         with pytest.raises(psutil.NoSuchProcess):  # reaped, not a zombie
             psutil.Process(child.pid).status()
         assert not psutil.pid_exists(grandchild) or (
             psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
         )
+        assert service.poll() is None  # still running, and not waited for
     finally:
         child.kill()
+        service.kill()
+        service.wait()
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,16 @@ def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
     assert (row.rows, row.tokens, row.one_row) == (1, 1024, True)
 
 
+def test_fixed_size_modes_check_a_whole_batch_of_max_seq_len_samples() -> None:
+    """``standard`` and ``sorted`` ignore the budget: their worst step is ``batch_size``
+    samples of ``max_seq_len`` (8 x 2,048 = 16,384 tokens under ``sharegpt_standard``,
+    not the budget's 4,096)."""
+    for mode in ("standard", "sorted"):
+        config = BatchingConfig.of(mode=mode, batch_size=8, token_budget=4096)
+        (shape,) = worst_case_shapes(config, 2048)
+        assert (shape.rows, shape.tokens, shape.one_row) == (8, 2048, False)
+
+
 def fake_trainer(module: torch.nn.Module) -> SimpleNamespace:
     """What the callback reads from a trainer: the strategy and the optimizers."""
     strategy = SimpleNamespace(model=module, reduce=lambda tensor, reduce_op: tensor)
