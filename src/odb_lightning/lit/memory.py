@@ -122,7 +122,7 @@ def suggestion(report: WarmupReport) -> str:
         )
     return (
         f"batching.token_budget={fitting} would fit (or "
-        "model.runtime.activation_checkpointing=true, or batching.token_budget=auto)."
+        "model.runtime.activation_checkpointing=true, or batching.token_budget=auto on CUDA)."
     )
 
 
@@ -151,6 +151,24 @@ def fitting_budget(report: WarmupReport) -> int | None:
     return budget if budget >= BUDGET_QUANTUM else None
 
 
+def auto_refusal(device: torch.device, enabled: bool | str) -> str:
+    """Why ``batching.token_budget=auto`` cannot be resolved on ``device``."""
+    if device.type == "cuda":
+        return (
+            f"batching.token_budget=auto measures the GPU's memory at fit start, which "
+            f"callbacks.memory_warmup.enabled={enabled} turns off: set it to auto or true, "
+            "or set an integer batching.token_budget"
+        )
+    return (
+        f"batching.token_budget=auto is refused on {device.type}: it extrapolates the "
+        "largest budget from measured step peaks, and only a CUDA allocator reports one. The "
+        "CPU check (callbacks.memory_warmup.capacity_gib) counts weights, gradients and the "
+        "tensors autograd saves, a lower bound that leaves out the step's temporaries, so a "
+        "budget resolved from it need not fit. Set an integer batching.token_budget (odb-plan "
+        "--budget compares budgets on your data)"
+    )
+
+
 class MemoryWarmup(pl.Callback):
     """Runs the worst-case shapes at fit start (every rank alike) and fails at step 0 when
     they do not fit; resolves ``batching.token_budget=auto`` and hands the budget to
@@ -158,7 +176,8 @@ class MemoryWarmup(pl.Callback):
 
     Args:
         enabled: ``auto``: on CUDA only (on CPU nothing is measured unless
-            ``capacity_gib`` is given); ``true``; ``false``.
+            ``capacity_gib`` is given); ``true``; ``false``. ``token_budget=auto`` is
+            resolved on CUDA only and refused elsewhere (:func:`auto_refusal`).
         margin: Fraction of the device's memory kept free (fragmentation, the allocator's
             rounding, memory the measured step does not show).
         capacity_gib: The memory to fit into, instead of the device's total (a smaller
@@ -208,12 +227,9 @@ class MemoryWarmup(pl.Callback):
         config, max_seq_len = self.batching, self.max_seq_len
         auto = config.token_budget == TOKEN_BUDGET_AUTO
         probe = self._probe(pl_module)
+        if auto and (probe is None or not probe.measures_peak):
+            raise MemoryBudgetError(auto_refusal(pl_module.device, self.enabled))
         if probe is None:
-            if auto:
-                raise MemoryBudgetError(
-                    "batching.token_budget=auto measures the device's memory: it needs a "
-                    "CUDA device (or callbacks.memory_warmup.capacity_gib); set an integer"
-                )
             return
         vocab = self._vocab(pl_module)
         # The wrapper's own no_sync (DDP, FSDP): the warm-up backward reduces nothing.
@@ -289,7 +305,7 @@ class MemoryWarmup(pl.Callback):
                     f"batching.token_budget={config.token_budget} does not fit: "
                     f"{shape.name} ({shape.rows} x {shape.tokens} tokens) ran out of memory "
                     f"at the warm-up step ({error}). Lower batching.token_budget (or use "
-                    "batching.token_budget=auto), set "
+                    "batching.token_budget=auto on CUDA), set "
                     "model.runtime.activation_checkpointing=true, or shard the model "
                     "(trainer=gpu8_fsdp)"
                 ) from error

@@ -57,7 +57,12 @@ def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dic
 
 
 class MemoryProbe(Protocol):
-    """Reads a step's peak memory and the memory there is."""
+    """Reads a step's peak memory and the memory there is.
+
+    ``measures_peak``: whether the reading is the step's true peak (an allocator's), which
+    ``token_budget=auto`` needs to extrapolate from, or a lower bound (the CPU estimate)."""
+
+    measures_peak: bool
 
     def capacity_bytes(self) -> int: ...
 
@@ -68,6 +73,8 @@ class MemoryProbe(Protocol):
 
 class CudaMemoryProbe:
     """The CUDA caching allocator's peak against the device's total memory."""
+
+    measures_peak = True
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -87,7 +94,11 @@ class CudaMemoryProbe:
 
 class SavedTensorsProbe:
     """CPU: parameters and gradients plus the tensors autograd saves for backward during
-    the step's forward (each storage counted once), against ``capacity_bytes``."""
+    the step's forward (each storage counted once), against ``capacity_bytes``: a lower
+    bound (the step's temporaries, the allocator's caching and the process itself are not
+    counted), so it checks a budget but resolves none."""
+
+    measures_peak = False
 
     def __init__(self, module: nn.Module, capacity_bytes: int) -> None:
         self.module, self._capacity = module, capacity_bytes
@@ -153,6 +164,8 @@ def run_shape(
 
 class CappedProbe:
     """A CUDA probe measured against a stated capacity instead of the device's total."""
+
+    measures_peak = True
 
     def __init__(self, inner: CudaMemoryProbe, capacity: int) -> None:
         self.inner, self._capacity = inner, capacity

@@ -104,12 +104,22 @@ def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() ->
     assert all(p.grad is None for p in module.parameters())  # training starts unchanged
 
 
-def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
+class PeakStandIn(SavedTensorsProbe):
+    """The CPU reading standing in for an allocator's peak: ``auto``'s search, which on a
+    real run needs CUDA, driven on the CPU with the reading it is compared against."""
+
+    measures_peak = True
+
+
+def test_token_budget_auto_finds_the_largest_budget_that_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     module = tiny_module(model_dtype="float32")
     capacity = peak_gib(module, BatchingConfig.of(token_budget=1024)) / 0.9
     auto = BatchingConfig.of(token_budget="auto", num_workers=0)
     applied: list[int] = []
     warmup = warmup_of(module, auto, applied, margin=0.1, capacity_gib=capacity)
+    monkeypatch.setattr(warmup, "_probe", lambda m: PeakStandIn(m, int(capacity * GIB)))
     warmup.on_fit_start(fake_trainer(module), module)
     (resolved,) = applied  # the budget the data module is given
     assert isinstance(resolved, int) and resolved % 256 == 0
@@ -120,11 +130,18 @@ def test_token_budget_auto_finds_the_largest_budget_that_fits() -> None:
     assert warmup.report.resolved_auto and warmup.report.token_budget == resolved
 
 
-def test_auto_without_a_gpu_or_capacity_is_refused() -> None:
+def test_auto_on_a_cpu_is_refused_with_or_without_a_capacity() -> None:
+    """The CPU reading is a lower bound: a budget resolved from it need not fit (a
+    2 GiB capacity once resolved 743,168 tokens whose first step grew past 10 GB), so
+    ``auto`` is refused there, a capacity given or not, and nothing is applied."""
     module = tiny_module(model_dtype="float32")
     auto = BatchingConfig.of(token_budget="auto", num_workers=0)
-    with pytest.raises(MemoryBudgetError, match="needs a CUDA device"):
-        warmup_of(module, auto, []).on_fit_start(fake_trainer(module), module)
+    for kwargs in ({}, {"capacity_gib": 2.0}, {"capacity_gib": 2.0, "enabled": True}):
+        applied: list[int] = []
+        with pytest.raises(MemoryBudgetError, match="auto is refused on cpu") as raised:
+            warmup_of(module, auto, applied, **kwargs).on_fit_start(fake_trainer(module), module)
+        assert "Set an integer batching.token_budget" in str(raised.value)
+        assert applied == []
     with pytest.raises(ValueError, match="resolved at fit start"):
         _ = BatchingConfig.of(token_budget="auto").budget
     with pytest.raises(ValueError, match="positive integer or auto"):
