@@ -106,12 +106,12 @@ def per_rank_floor(lengths: list[int], world: int, config: BatchingConfig) -> in
 
 def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     everything = ordered
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if config.policy.by_need:
         result = simulate_dealt_epoch(ordered, world, config)
     else:
         result = simulate_epoch(shards_of(ordered, world), config)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     oracle = len(plan_epoch(everything, mode="oracle", token_budget=config.token_budget)) / world
     steps = len(result.steps[0])
     groups = [s.group for rank in result.steps for s in rank if s.group is not None]
@@ -133,6 +133,7 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
         "groupings_per_sample": sum(result.grouped) / len(everything),
         "simulation_s": elapsed,
         "simulation_ms_per_step": 1e3 * elapsed / max(1, steps),
+        "planning_cpu_s": cpu_s,
     }
 
 

@@ -235,10 +235,23 @@ class MemoryWarmup(pl.Callback):
         # The wrapper's own no_sync (DDP, FSDP): the warm-up backward reduces nothing.
         wrapped = trainer.strategy.model
         no_sync = getattr(wrapped, "no_sync", nullcontext)
+        # Backward as training runs it: through the strategy's precision plugin (a mixed
+        # precision loss scaler, an engine's own backward), not the callbacks' hooks.
+        precision = trainer.strategy.precision_plugin
+
+        def backward(loss: torch.Tensor) -> None:
+            precision.backward(loss, pl_module, None)
+
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         extra = optimizer_state_bytes(pl_module, optimizer)
         measure = partial(
-            self._measure, pl_module, probe=probe, vocab=vocab, no_sync=no_sync, extra=extra
+            self._measure,
+            pl_module,
+            probe=probe,
+            vocab=vocab,
+            no_sync=no_sync,
+            backward=backward,
+            extra=extra,
         )
         was_training = pl_module.training
         pl_module.train()
@@ -293,12 +306,13 @@ class MemoryWarmup(pl.Callback):
         probe: MemoryProbe,
         vocab: int,
         no_sync: Any,
+        backward: Callable[[torch.Tensor], None],
         extra: int,
     ) -> WarmupReport:
         measurements = []
         for shape in worst_case_shapes(config, max_seq_len):
             try:
-                peak = run_shape(module, shape, probe, vocab, no_sync) + extra
+                peak = run_shape(module, shape, probe, vocab, no_sync, backward) + extra
             except torch.OutOfMemoryError as error:
                 torch.cuda.empty_cache()
                 raise MemoryBudgetError(

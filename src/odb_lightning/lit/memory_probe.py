@@ -19,7 +19,7 @@ two moments at the first step) is added as an estimate (:func:`optimizer_state_b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -149,13 +149,17 @@ def run_shape(
     probe: MemoryProbe,
     vocab_size: int,
     no_sync: Any = nullcontext,
+    backward: Callable[[Tensor], None] = Tensor.backward,
 ) -> int:
-    """Forward and backward of one warm-up batch; its peak bytes. Gradients are dropped."""
+    """Forward and backward of one warm-up batch; its peak bytes. Gradients are dropped.
+
+    ``backward``: how training runs backward (the trainer's precision plugin: a loss
+    scaler, an engine's backward), so the warm-up allocates what a training step does."""
     inputs = warmup_batch(shape, vocab_size, module.device)
     try:
         with no_sync(), probe.measure() as peak:
             loss_sum, _ = module(inputs)
-            loss_sum.backward()
+            backward(loss_sum)
     finally:
         for param in module.parameters():
             param.grad = None

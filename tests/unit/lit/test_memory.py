@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.plugins.precision import Precision
 
 from helpers.tiny_lm import tiny_module
 from odb_lightning.core.config import BatchingConfig
@@ -55,9 +56,24 @@ def test_fixed_size_modes_check_a_whole_batch_of_max_seq_len_samples() -> None:
         assert (shape.rows, shape.tokens, shape.one_row) == (8, 2048, False)
 
 
+class CountingPrecision(Precision):
+    """Lightning's full-precision plugin, counting the backward passes it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backward_calls = 0
+
+    def backward(self, tensor, model, optimizer, *args, **kwargs) -> None:  # type: ignore[override]
+        self.backward_calls += 1
+        super().backward(tensor, model, optimizer, *args, **kwargs)
+
+
 def fake_trainer(module: torch.nn.Module) -> SimpleNamespace:
-    """What the callback reads from a trainer: the strategy and the optimizers."""
-    strategy = SimpleNamespace(model=module, reduce=lambda tensor, reduce_op: tensor)
+    """What the callback reads from a trainer: the strategy (its wrapped model, reduce and
+    precision plugin) and the optimizers."""
+    strategy = SimpleNamespace(
+        model=module, reduce=lambda tensor, reduce_op: tensor, precision_plugin=CountingPrecision()
+    )
     return SimpleNamespace(strategy=strategy, optimizers=[])
 
 
@@ -99,8 +115,12 @@ def test_a_budget_that_does_not_fit_fails_at_fit_start_naming_one_that_does() ->
     fitting = replace(config, token_budget=suggested)
     assert peak_gib(module, fitting) <= capacity * 0.9
     warmup = warmup_of(module, fitting, margin=0.1, capacity_gib=capacity)
-    warmup.on_fit_start(fake_trainer(module), module)
+    trainer = fake_trainer(module)
+    warmup.on_fit_start(trainer, module)
     assert warmup.report is not None and warmup.report.token_budget == suggested
+    # Every shape's backward went through the strategy's precision plugin, as training's.
+    shapes = len(worst_case_shapes(fitting, MAX_SEQ_LEN))
+    assert trainer.strategy.precision_plugin.backward_calls == shapes
     assert all(p.grad is None for p in module.parameters())  # training starts unchanged
 
 
@@ -168,3 +188,33 @@ def test_expandable_segments_unless_the_allocator_is_configured() -> None:
     mine = {ALLOCATOR_ENV: "max_split_size_mb:128"}
     assert not enable_expandable_segments(mine)
     assert mine[ALLOCATOR_ENV] == "max_split_size_mb:128"
+
+
+def test_a_real_trainers_precision_plugin_runs_the_warm_up_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a real trainer (bf16 mixed precision on the CPU) the warm-up's backward is the
+    plugin's, once per checked shape, and the check completes with gradients dropped."""
+    import lightning.pytorch as pl
+
+    module = tiny_module(model_dtype="float32")
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, precision="bf16-mixed", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False,
+    )  # fmt: skip
+    plugin = trainer.strategy.precision_plugin
+    calls: list[type] = []
+    real_backward = plugin.backward
+
+    def counted(tensor, model, optimizer, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(type(plugin))
+        real_backward(tensor, model, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(plugin, "backward", counted)
+    config = BatchingConfig.of(token_budget=512, num_workers=0)
+    warmup = warmup_of(module, config, capacity_gib=64.0)
+    warmup.on_fit_start(trainer, module)
+    assert warmup.report is not None and warmup.report.token_budget == 512
+    assert len(calls) == len(worst_case_shapes(config, MAX_SEQ_LEN))
+    assert calls[0].__name__ == "MixedPrecision"
+    assert all(p.grad is None for p in module.parameters())
