@@ -161,6 +161,7 @@ def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]
             "max_seq_len": parts.run.max_seq_len,
             "vocab_size": parts.embedding_rows,
             "apply_token_budget": datamodule.apply_token_budget,
+            "length_range": datamodule.length_range,
         },
     }
 

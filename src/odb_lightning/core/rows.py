@@ -128,31 +128,66 @@ class RowLayout:
         return None
 
     def worst_case_shapes(
-        self, budget: Budget, max_seq_len: int, batch_cap: int | None
+        self,
+        budget: Budget,
+        max_seq_len: int,
+        batch_cap: int | None,
+        lengths: LengthRange | None = None,
     ) -> list[StepShape]:
         """The largest steps of this layout under ``budget``: one sample of
         ``max_seq_len`` tokens (the longest row and its attention), a full group of them,
-        and the largest group of the shortest samples (most rows, at most ``batch_cap``)."""
-        longest = budget.padded_length(max_seq_len)
-        shortest = budget.padded_length(2)  # the shortest sample with a target
-        rows = budget.max_group_size(2)
-        if batch_cap is not None:
-            rows = min(rows, batch_cap)
-        shapes = [StepShape(f"one sample of max_seq_len={max_seq_len}", 1, longest)]
-        full = budget.max_group_size(max_seq_len)
-        if full > 1:
-            shapes.append(StepShape("a full group of max_seq_len samples", full, longest))
-        shapes.append(StepShape("the largest group of the shortest samples", rows, shortest))
-        return shapes
+        and the largest group of the shortest samples (most rows, at most ``batch_cap``).
+
+        ``lengths``: the shortest and longest training sample where a length pass measured
+        them (the planned modes): the same bound at the lengths the run has, which every
+        batch its plans form, in any epoch, stays within."""
+        low, high, what = _extremes(max_seq_len, lengths)
+        cap = batch_cap if batch_cap is not None else budget.token_budget
+
+        def rows_of(length: int) -> int:  # the most rows of this length a group holds
+            return min(cap, budget.max_group_size(length))
+
+        longest = budget.padded_length(high)
+        shapes = [StepShape(f"one sample of {what}", 1, longest)]
+        if rows_of(high) > 1:
+            many = "max_seq_len samples" if lengths is None else f"samples of {high} tokens"
+            shapes.append(StepShape(f"a full group of {many}", rows_of(high), longest))
+        # Between the two ends, the lengths whose groups hold the most tokens (a cap or
+        # the budget's rounding can leave both ends short of it), the longest of them.
+        candidates = range(low, high + 1)
+        most = max(candidates, key=lambda n: (rows_of(n) * budget.padded_length(n), n))
+        shapes.append(
+            StepShape(
+                "the group with the most tokens",
+                rows_of(most),
+                budget.padded_length(most),
+            )
+        )
+        # The most rows (shortest samples), at the longest length that still allows them.
+        rows = rows_of(low)
+        widest = max(n for n in candidates if rows_of(n) >= rows)
+        shapes.append(
+            StepShape(
+                f"the largest group ({rows} rows) of the shortest samples",
+                rows,
+                budget.padded_length(widest),
+            )
+        )
+        return _distinct(shapes)
 
     def fixed_size_shapes(
-        self, budget: Budget, max_seq_len: int, batch_size: int
+        self,
+        budget: Budget,
+        max_seq_len: int,
+        batch_size: int,
+        lengths: LengthRange | None = None,
     ) -> list[StepShape]:
         """The largest step of a fixed-size mode (``standard``, ``sorted``), which ignores
-        the budget: ``batch_size`` rows of ``max_seq_len`` tokens."""
-        longest = budget.padded_length(max_seq_len)
-        name = f"batch_size={batch_size} samples of max_seq_len={max_seq_len}"
-        return [StepShape(name, batch_size, longest)]
+        the budget: ``batch_size`` rows of ``max_seq_len`` tokens (of the longest training
+        sample, where a length pass measured it)."""
+        _, high, what = _extremes(max_seq_len, lengths)
+        longest = budget.padded_length(high)
+        return [StepShape(f"batch_size={batch_size} samples of {what}", batch_size, longest)]
 
     @property
     def patch_budget(self) -> PatchBudget | None:
@@ -160,6 +195,31 @@ class RowLayout:
         if self.max_patches is None:
             return None
         return PatchBudget(self.max_patches, self.patch_attention_weight)
+
+
+def _distinct(shapes: list[StepShape]) -> list[StepShape]:
+    """The shapes without repeats of an earlier one's rows and tokens, in order."""
+    seen: set[tuple[int, int]] = set()
+    kept = []
+    for shape in shapes:
+        if (shape.rows, shape.tokens) not in seen:
+            seen.add((shape.rows, shape.tokens))
+            kept.append(shape)
+    return kept
+
+
+LengthRange = tuple[int, int]
+"""The shortest and the longest training sample, in tokens."""
+
+
+def _extremes(max_seq_len: int, lengths: LengthRange | None) -> tuple[int, int, str]:
+    """The shortest and longest sample a step can hold, and how to name the longest:
+    ``max_seq_len`` and the shortest sample with a target (2 tokens) when no length pass
+    measured the run's samples."""
+    if lengths is None:
+        return 2, max_seq_len, f"max_seq_len={max_seq_len}"
+    low, high = max(2, lengths[0]), min(max_seq_len, lengths[1])
+    return min(low, high), high, f"the longest training sample ({high} tokens)"
 
 
 @dataclass(frozen=True)
@@ -200,11 +260,16 @@ class PackedRows(RowLayout):
         return self._rounded(sum(lengths)) if lengths else 0
 
     def worst_case_shapes(
-        self, budget: Budget, max_seq_len: int, batch_cap: int | None
+        self,
+        budget: Budget,
+        max_seq_len: int,
+        batch_cap: int | None,
+        lengths: LengthRange | None = None,
     ) -> list[StepShape]:
         """One full packed row of the budget's tokens (its block mask is ``B x B`` under
-        sdpa and eager)."""
-        row = max(budget.padded_length(max_seq_len), budget.padded_length(budget.token_budget))
+        sdpa and eager), or one longer sample alone."""
+        _, high, _ = _extremes(max_seq_len, lengths)
+        row = max(budget.padded_length(high), budget.padded_length(budget.token_budget))
         return [StepShape("one full packed row", 1, row, one_row=True)]
 
     def attention_mismatch(self, attn_implementation: str) -> str | None:

@@ -292,6 +292,12 @@ class ODBDataModule(pl.LightningDataModule):
         """Training samples per epoch (known after ``setup``)."""
         return len(self.train_indices) if self.dataset is not None else None
 
+    def length_range(self) -> tuple[int, int] | None:
+        """The shortest and longest training sample, where a length pass measured them
+        (``sorted``, ``bucketed``, ``oracle``; after ``setup``); ``None`` otherwise."""
+        lengths = self.train_lengths
+        return (min(lengths), max(lengths)) if lengths else None
+
     def apply_token_budget(self, token_budget: int) -> None:
         """Batch under ``token_budget`` from now on (``batching.token_budget=auto``, as the
         memory warm-up resolved it; before the first loader is built)."""

@@ -23,6 +23,7 @@ import torch
 from typing_extensions import override
 
 from odb_lightning.core.config import TOKEN_BUDGET_AUTO, BatchingConfig
+from odb_lightning.core.rows import LengthRange
 from odb_lightning.lit.memory_probe import (
     GIB,
     CappedProbe,
@@ -188,6 +189,10 @@ class MemoryWarmup(pl.Callback):
         apply_token_budget: Takes the budget ``auto`` resolved to (the data module's
             :meth:`~odb_lightning.lit.datamodule.ODBDataModule.apply_token_budget`);
             required with ``token_budget=auto``.
+        length_range: The shortest and longest training sample where the data module's
+            length pass measured them (its
+            :meth:`~odb_lightning.lit.datamodule.ODBDataModule.length_range`, read at fit
+            start): the planned modes' steps are checked at the lengths the run has.
     """
 
     def __init__(
@@ -200,6 +205,7 @@ class MemoryWarmup(pl.Callback):
         max_seq_len: int,
         vocab_size: int | None = None,
         apply_token_budget: Callable[[int], None] | None = None,
+        length_range: Callable[[], LengthRange | None] | None = None,
     ) -> None:
         if enabled not in (True, False, "auto"):
             raise ValueError(f"memory_warmup.enabled must be true, false or auto, got {enabled!r}")
@@ -219,7 +225,7 @@ class MemoryWarmup(pl.Callback):
             )
         self.enabled, self.margin, self.capacity_gib = enabled, float(margin), capacity_gib
         self.batching, self.max_seq_len, self.vocab_size = batching, max_seq_len, vocab_size
-        self.apply_token_budget = apply_token_budget
+        self.apply_token_budget, self.length_range = apply_token_budget, length_range
         self.report: WarmupReport | None = None
 
     @override
@@ -244,9 +250,11 @@ class MemoryWarmup(pl.Callback):
 
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         extra = optimizer_state_bytes(pl_module, optimizer)
+        lengths = self.length_range() if self.length_range is not None else None
         measure = partial(
             self._measure,
             pl_module,
+            lengths=lengths,
             probe=probe,
             vocab=vocab,
             no_sync=no_sync,
@@ -303,6 +311,7 @@ class MemoryWarmup(pl.Callback):
         config: BatchingConfig,
         max_seq_len: int,
         *,
+        lengths: LengthRange | None,
         probe: MemoryProbe,
         vocab: int,
         no_sync: Any,
@@ -310,7 +319,7 @@ class MemoryWarmup(pl.Callback):
         extra: int,
     ) -> WarmupReport:
         measurements = []
-        for shape in worst_case_shapes(config, max_seq_len):
+        for shape in worst_case_shapes(config, max_seq_len, lengths):
             try:
                 peak = run_shape(module, shape, probe, vocab, no_sync, backward) + extra
             except torch.OutOfMemoryError as error:

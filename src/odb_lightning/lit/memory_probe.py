@@ -29,21 +29,25 @@ import torch
 from torch import Tensor, nn
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.rows import StepShape
+from odb_lightning.core.rows import LengthRange, StepShape
 from odb_lightning.lit.attention_inputs import one_row_inputs
 
 GIB = 1024**3
 
 
-def worst_case_shapes(config: BatchingConfig, max_seq_len: int) -> list[StepShape]:
+def worst_case_shapes(
+    config: BatchingConfig, max_seq_len: int, lengths: LengthRange | None = None
+) -> list[StepShape]:
     """The largest steps ``config`` can emit: its row layout's under the budget (see the
     module docstring), or, in a fixed-size mode, ``batch_size`` samples of
-    ``max_seq_len`` tokens whatever the budget."""
+    ``max_seq_len`` tokens whatever the budget. ``lengths``: the run's shortest and
+    longest training sample where a length pass measured them (``sorted``, ``bucketed``,
+    ``oracle``), whose plans form no step beyond the same bound at those lengths."""
     policy = config.policy
     if policy.fixed_size:
         batch_size = policy.batch_size  # type: ignore[attr-defined]
-        return config.rows.fixed_size_shapes(config.budget, max_seq_len, batch_size)
-    return config.rows.worst_case_shapes(config.budget, max_seq_len, policy.batch_cap)
+        return config.rows.fixed_size_shapes(config.budget, max_seq_len, batch_size, lengths)
+    return config.rows.worst_case_shapes(config.budget, max_seq_len, policy.batch_cap, lengths)
 
 
 def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:

@@ -37,10 +37,14 @@ def test_worst_case_shapes_of_padded_and_packed_settings() -> None:
         "one sample of max_seq_len=64": (1, 64),
         "a full group of max_seq_len samples": (16, 64),
         # The shortest sample with a target has 2 tokens, padded to 8: 1024 // 8 rows.
-        "the largest group of the shortest samples": (128, 8),
+        "the largest group (128 rows) of the shortest samples": (128, 8),
     }
     capped = BatchingConfig.of(padded, mode="oracle", max_batch_size=32)  # a capped policy
-    assert worst_case_shapes(capped, MAX_SEQ_LEN)[-1].rows == 32
+    # The cap stops the most rows at 32, so the row length rises to what 32 rows allow.
+    assert (
+        worst_case_shapes(capped, MAX_SEQ_LEN)[-1].rows,
+        worst_case_shapes(capped, MAX_SEQ_LEN)[-1].tokens,
+    ) == (32, 32)
     packed = BatchingConfig.of(mode="odb_packed", token_budget=1000, pad_to_multiple_of=64)
     (row,) = worst_case_shapes(packed, MAX_SEQ_LEN)
     assert (row.rows, row.tokens, row.one_row) == (1, 1024, True)
@@ -218,3 +222,48 @@ def test_a_real_trainers_precision_plugin_runs_the_warm_up_backward(
     assert len(calls) == len(worst_case_shapes(config, MAX_SEQ_LEN))
     assert calls[0].__name__ == "MixedPrecision"
     assert all(p.grad is None for p in module.parameters())
+
+
+@pytest.mark.parametrize("mode", ["bucketed", "oracle", "sorted"])
+def test_planned_modes_are_checked_at_the_runs_lengths_and_every_planned_batch_fits_them(
+    mode: str,
+) -> None:
+    """A length pass knows the shortest and longest training sample: the shapes are the
+    bound at those lengths, and no batch of any epoch's plan exceeds it (rows, row length
+    and padded tokens)."""
+    import random
+
+    from odb_lightning.lit.planned_mode import epoch_plan
+
+    rng = random.Random(0)
+    lengths = [min(900, max(12, int(rng.lognormvariate(5.0, 0.8)))) for _ in range(600)]
+    config = BatchingConfig.of(mode=mode, token_budget=2048, num_workers=0)
+    known = (min(lengths), max(lengths))
+    shapes = worst_case_shapes(config, 1024, known)
+    unknown = worst_case_shapes(config, 1024)
+    assert max(s.tokens for s in shapes) == config.budget.padded_length(max(lengths)) < 1024
+    assert max(s.tokens for s in unknown) == 1024  # without a length pass: max_seq_len
+    plan = epoch_plan(lengths, config, len(lengths))
+    for epoch in range(4):
+        for batch in plan(epoch):
+            rows, longest = len(batch), max(lengths[i] for i in batch)
+            assert longest <= max(s.tokens for s in shapes)
+            assert rows <= max(s.rows for s in shapes)
+            assert rows * longest <= max(s.rows * s.tokens for s in shapes)
+
+
+def test_the_warm_up_reads_the_length_range_at_fit_start() -> None:
+    module = tiny_module(model_dtype="float32")
+    config = BatchingConfig.of(mode="oracle", token_budget=512, num_workers=0)
+    warmup = MemoryWarmup(
+        capacity_gib=64.0,
+        batching=config,
+        max_seq_len=MAX_SEQ_LEN,
+        vocab_size=module.model.config.vocab_size,
+        length_range=lambda: (6, 40),
+    )
+    warmup.on_fit_start(fake_trainer(module), module)
+    checked = {(m.shape.rows, m.shape.tokens) for m in warmup.report.measurements}
+    # One sample, a full group of the longest, the group with the most tokens (16 x 32
+    # fills the budget where 12 x 40 leaves 32 tokens), the most rows of the shortest.
+    assert checked == {(1, 40), (512 // 40, 40), (16, 32), (512 // 6, 6)}
