@@ -35,6 +35,7 @@ ARMS = (
     "odb_packed",
     "reference",
 )
+EXTRA_ARMS = ("odb_no_ramp",)  # on request (--arms): odb with the window ramp off
 REGIMES = {  # name: (source, ShareGPT regime)
     "whole": ("sharegpt", "whole"),
     "first_exchange": ("sharegpt", "first_exchange"),
@@ -203,8 +204,11 @@ def make_arm(
     }
     if arm in planned:
         return lambda: _ours(_planned(data, settings, planned[arm]))
-    if arm in ("odb", "odb_packed"):
-        config = batching(arm, outstanding_depth=settings.outstanding_depth)
+    if arm in ("odb", "odb_packed", "odb_no_ramp"):
+        ramp = {"ramp_budgets": None} if arm == "odb_no_ramp" else {}
+        config = batching(
+            arm.removesuffix("_no_ramp"), outstanding_depth=settings.outstanding_depth, **ramp
+        )
 
         def online() -> Iterator[dict[str, Any]]:
             loader = ODBLoader(
@@ -215,4 +219,4 @@ def make_arm(
         return online
     if arm == "reference":
         return lambda: _reference(data, settings)
-    raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+    raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS + EXTRA_ARMS)}")

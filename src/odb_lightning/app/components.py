@@ -162,6 +162,7 @@ def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]
             "vocab_size": parts.embedding_rows,
             "apply_token_budget": datamodule.apply_token_budget,
             "length_range": datamodule.length_range,
+            "largest_image": datamodule.largest_image,
         },
     }
 

@@ -59,6 +59,7 @@ def fitted_limits(values: Sequence[float]) -> tuple[float, float]:
     margin = (high - low) / 5 or abs(high) / 1000 or 1.0
     return low - margin, high + margin
 
+
 TABLE_NAME, CSV_NAME, PLOT_NAME = "summary_table.md", "summary_table.csv", "summary_plot.png"
 
 

@@ -74,12 +74,14 @@ class PackedBudget(Budget):
 @dataclass(frozen=True, slots=True)
 class StepShape:
     """One memory warm-up batch: ``rows`` rows of ``tokens`` tokens; ``one_row``: the
-    tokens of several samples one after the other in a single row."""
+    tokens of several samples one after the other in a single row; ``image_grid``: every
+    row starts with one image of this ``(t, h, w)`` patch grid (image-text runs)."""
 
     name: str
     rows: int
     tokens: int
     one_row: bool = False
+    image_grid: tuple[int, int, int] | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -198,14 +200,34 @@ class RowLayout:
 
 
 def _distinct(shapes: list[StepShape]) -> list[StepShape]:
-    """The shapes without repeats of an earlier one's rows and tokens, in order."""
-    seen: set[tuple[int, int]] = set()
+    """The shapes without repeats of an earlier one's rows, tokens and image, in order."""
+    seen: set[tuple[int, int, tuple[int, int, int] | None]] = set()
     kept = []
     for shape in shapes:
-        if (shape.rows, shape.tokens) not in seen:
-            seen.add((shape.rows, shape.tokens))
+        key = (shape.rows, shape.tokens, shape.image_grid)
+        if key not in seen:
+            seen.add(key)
             kept.append(shape)
     return kept
+
+
+@dataclass(frozen=True)
+class ImageExtent:
+    """The largest image an image-text run's resize allows: its ``(t, h, w)`` patch grid
+    and the patches merged per side into one LLM token."""
+
+    grid: tuple[int, int, int]
+    merge_size: int
+
+    @property
+    def patches(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+    @property
+    def tokens(self) -> int:
+        """Its ``<|image_pad|>`` tokens."""
+        return self.patches // self.merge_size**2
 
 
 LengthRange = tuple[int, int]
@@ -219,7 +241,7 @@ def _extremes(max_seq_len: int, lengths: LengthRange | None) -> tuple[int, int, 
     if lengths is None:
         return 2, max_seq_len, f"max_seq_len={max_seq_len}"
     low, high = max(2, lengths[0]), min(max_seq_len, lengths[1])
-    return min(low, high), high, f"the longest training sample ({high} tokens)"
+    return min(low, high), high, f"{high} tokens (the longest training sample)"
 
 
 @dataclass(frozen=True)

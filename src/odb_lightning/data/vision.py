@@ -13,6 +13,7 @@ in ``input_ids`` (:func:`image_token_count`) and ``grid_t * grid_h * grid_w`` Vi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,17 @@ class ImageSettings:
     patch_size: int = 14
     merge_size: int = 2
     temporal_patch_size: int = 2
+
+    @property
+    def largest_grid(self) -> tuple[int, int, int]:
+        """The ``(t, h, w)`` patch grid of the largest image the resize makes: sides in
+        whole merged cells (``patch_size x merge_size`` pixels), as many cells as
+        ``max_pixels`` holds, the most square such grid."""
+        side = self.patch_size * self.merge_size
+        cells = max(1, self.max_pixels // (side * side))
+        most = max(a * (cells // a) for a in range(1, math.isqrt(cells) + 1))
+        short = max(a for a in range(1, math.isqrt(cells) + 1) if a * (cells // a) == most)
+        return 1, short * self.merge_size, (most // short) * self.merge_size
 
     def __post_init__(self) -> None:
         for name in ("min_pixels", "max_pixels", "max_image_pixels", "patch_size", "merge_size"):

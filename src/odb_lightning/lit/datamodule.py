@@ -17,6 +17,7 @@ from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.rows import ImageExtent
 from odb_lightning.data import Augmentation, ChatDataset, ChatTokenizer, SyntheticDataset
 from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
 from odb_lightning.data.sizes import check_size, records_to_read
@@ -297,6 +298,10 @@ class ODBDataModule(pl.LightningDataModule):
         (``sorted``, ``bucketed``, ``oracle``; after ``setup``); ``None`` otherwise."""
         lengths = self.train_lengths
         return (min(lengths), max(lengths)) if lengths else None
+
+    def largest_image(self) -> ImageExtent | None:
+        """The largest image a sample can carry (``None``: a text run)."""
+        return None
 
     def apply_token_budget(self, token_budget: int) -> None:
         """Batch under ``token_budget`` from now on (``batching.token_budget=auto``, as the

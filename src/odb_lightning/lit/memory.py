@@ -23,7 +23,7 @@ import torch
 from typing_extensions import override
 
 from odb_lightning.core.config import TOKEN_BUDGET_AUTO, BatchingConfig
-from odb_lightning.core.rows import LengthRange
+from odb_lightning.core.rows import ImageExtent, LengthRange
 from odb_lightning.lit.memory_probe import (
     GIB,
     CappedProbe,
@@ -193,6 +193,9 @@ class MemoryWarmup(pl.Callback):
             length pass measured them (its
             :meth:`~odb_lightning.lit.datamodule.ODBDataModule.length_range`, read at fit
             start): the planned modes' steps are checked at the lengths the run has.
+        largest_image: The largest image of an image-text run (the data module's
+            :meth:`~odb_lightning.lit.vlm_datamodule.VisionDataModule.largest_image`):
+            its steps are checked too (:func:`~odb_lightning.lit.memory_probe.image_shapes`).
     """
 
     def __init__(
@@ -206,6 +209,7 @@ class MemoryWarmup(pl.Callback):
         vocab_size: int | None = None,
         apply_token_budget: Callable[[int], None] | None = None,
         length_range: Callable[[], LengthRange | None] | None = None,
+        largest_image: Callable[[], ImageExtent | None] | None = None,
     ) -> None:
         if enabled not in (True, False, "auto"):
             raise ValueError(f"memory_warmup.enabled must be true, false or auto, got {enabled!r}")
@@ -226,6 +230,7 @@ class MemoryWarmup(pl.Callback):
         self.enabled, self.margin, self.capacity_gib = enabled, float(margin), capacity_gib
         self.batching, self.max_seq_len, self.vocab_size = batching, max_seq_len, vocab_size
         self.apply_token_budget, self.length_range = apply_token_budget, length_range
+        self.largest_image = largest_image
         self.report: WarmupReport | None = None
 
     @override
@@ -251,10 +256,12 @@ class MemoryWarmup(pl.Callback):
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         extra = optimizer_state_bytes(pl_module, optimizer)
         lengths = self.length_range() if self.length_range is not None else None
+        image = self.largest_image() if self.largest_image is not None else None
         measure = partial(
             self._measure,
             pl_module,
             lengths=lengths,
+            image=image,
             probe=probe,
             vocab=vocab,
             no_sync=no_sync,
@@ -312,6 +319,7 @@ class MemoryWarmup(pl.Callback):
         max_seq_len: int,
         *,
         lengths: LengthRange | None,
+        image: ImageExtent | None,
         probe: MemoryProbe,
         vocab: int,
         no_sync: Any,
@@ -319,7 +327,7 @@ class MemoryWarmup(pl.Callback):
         extra: int,
     ) -> WarmupReport:
         measurements = []
-        for shape in worst_case_shapes(config, max_seq_len, lengths):
+        for shape in worst_case_shapes(config, max_seq_len, lengths, image):
             try:
                 peak = run_shape(module, shape, probe, vocab, no_sync, backward) + extra
             except torch.OutOfMemoryError as error:

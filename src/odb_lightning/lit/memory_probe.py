@@ -29,25 +29,73 @@ import torch
 from torch import Tensor, nn
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.rows import LengthRange, StepShape
+from odb_lightning.core.rows import ImageExtent, LengthRange, PackedRows, StepShape
 from odb_lightning.lit.attention_inputs import one_row_inputs
 
 GIB = 1024**3
 
 
+def image_shapes(config: BatchingConfig, max_seq_len: int, image: ImageExtent) -> list[StepShape]:
+    """The largest image steps of an image-text run: one ``max_seq_len`` sample with the
+    largest image, and the most largest images one step holds (the token budget, the
+    patch budget ``rows.max_patches`` and the batch cap all bound it), each row as long
+    as that many rows allow. Fixed-size modes: ``batch_size`` such samples. A packed row
+    of images is not measured (its layout is text only here)."""
+    if isinstance(config.rows, PackedRows):
+        return []
+    budget, policy = config.budget, config.policy
+    length = image.tokens + 4  # <|vision_start|>, the image, <|vision_end|>, 2 text tokens
+    if length > max_seq_len:
+        return []  # no sample holds it whole
+    longest = budget.padded_length(max_seq_len)
+    name = f"of max_seq_len={max_seq_len} with the largest image {image.grid}"
+    if policy.fixed_size:
+        rows = policy.batch_size  # type: ignore[attr-defined]
+        return [
+            StepShape(f"batch_size={rows} samples {name}", rows, longest, image_grid=image.grid)
+        ]
+    rows = budget.max_group_size(length)
+    if policy.batch_cap is not None:
+        rows = min(rows, policy.batch_cap)
+    patch_budget = config.rows.patch_budget
+    if patch_budget is not None:
+        per_image = patch_budget.sample_cost(image.patches, image.patches**2)
+        rows = min(rows, max(1, int(patch_budget.max_patches // per_image)))
+    widest = max(n for n in range(length, max_seq_len + 1) if budget.max_group_size(n) >= rows)
+    shapes = [StepShape(f"one sample {name}", 1, longest, image_grid=image.grid)]
+    shapes.append(
+        StepShape(
+            f"the most largest images one step holds ({rows}, {rows * image.patches} patches)",
+            rows,
+            budget.padded_length(widest),
+            image_grid=image.grid,
+        )
+    )
+    return shapes
+
+
 def worst_case_shapes(
-    config: BatchingConfig, max_seq_len: int, lengths: LengthRange | None = None
+    config: BatchingConfig,
+    max_seq_len: int,
+    lengths: LengthRange | None = None,
+    largest_image: ImageExtent | None = None,
 ) -> list[StepShape]:
     """The largest steps ``config`` can emit: its row layout's under the budget (see the
     module docstring), or, in a fixed-size mode, ``batch_size`` samples of
     ``max_seq_len`` tokens whatever the budget. ``lengths``: the run's shortest and
     longest training sample where a length pass measured them (``sorted``, ``bucketed``,
-    ``oracle``), whose plans form no step beyond the same bound at those lengths."""
+    ``oracle``), whose plans form no step beyond the same bound at those lengths.
+    ``largest_image``: an image-text run's largest image, whose steps
+    (:func:`image_shapes`) are checked too."""
     policy = config.policy
     if policy.fixed_size:
         batch_size = policy.batch_size  # type: ignore[attr-defined]
-        return config.rows.fixed_size_shapes(config.budget, max_seq_len, batch_size, lengths)
-    return config.rows.worst_case_shapes(config.budget, max_seq_len, policy.batch_cap, lengths)
+        text = config.rows.fixed_size_shapes(config.budget, max_seq_len, batch_size, lengths)
+    else:
+        text = config.rows.worst_case_shapes(config.budget, max_seq_len, policy.batch_cap, lengths)
+    if largest_image is None:
+        return text
+    return text + image_shapes(config, max_seq_len, largest_image)
 
 
 def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:
@@ -159,7 +207,11 @@ def run_shape(
 
     ``backward``: how training runs backward (the trainer's precision plugin: a loss
     scaler, an engine's backward), so the warm-up allocates what a training step does."""
-    inputs = warmup_batch(shape, vocab_size, module.device)
+    make_inputs = getattr(module, "warmup_inputs", None)  # a module's own (image rows)
+    if make_inputs is not None:
+        inputs = make_inputs(shape, vocab_size)
+    else:
+        inputs = warmup_batch(shape, vocab_size, module.device)
     try:
         with no_sync(), probe.measure() as peak:
             loss_sum, _ = module(inputs)

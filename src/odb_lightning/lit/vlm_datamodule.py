@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.rows import ImageExtent
 from odb_lightning.data.sizes import records_to_read
 from odb_lightning.data.sources.llava import build_llava_set, llava_source
 from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
@@ -84,6 +85,12 @@ class VisionDataModule(ODBDataModule):
             raise ValueError("data.source=llava_jsonl needs data.path: a JSON Lines file")
         if self.vision_source is not VisionSource.LLAVA_JSONL and set_dir is None:
             raise ValueError(f"data.source={source} needs data.set_dir: where it is written")
+
+    @override
+    def largest_image(self) -> ImageExtent:
+        """The largest image the resize makes (``data.images.max_pixels``): the memory
+        warm-up checks steps of it."""
+        return ImageExtent(self.images.largest_grid, self.images.merge_size)
 
     def records_path(self) -> Path:
         """The JSON Lines file of the source (a written set is written first)."""

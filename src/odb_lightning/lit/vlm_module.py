@@ -24,10 +24,13 @@ from torch import Tensor
 from typing_extensions import override
 
 from odb_lightning.core.nodes import plain
+from odb_lightning.core.rows import StepShape
 from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
 from odb_lightning.lit.lm_head import chunked_lm_loss
+from odb_lightning.lit.memory_probe import warmup_batch
 from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW, PIXEL_VALUES
+from odb_lightning.runtime.batch import pad_collate
+from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW, MROPE_POSITIONS, PIXEL_VALUES
 
 NOT_MODEL_INPUTS = ("labels", "cu_seqlens", "max_seqlen")
 
@@ -96,6 +99,40 @@ class VisionLanguageModule(CausalLMModule):
         """The family's zero-weight pass through the vision tower: 0, reaching every vision
         parameter."""
         return self.family.dummy_vision_loss(self.model)
+
+    def warmup_inputs(self, shape: StepShape, vocab_size: int) -> dict[str, Any]:
+        """One memory warm-up batch of ``shape``: text rows as the text module makes them;
+        with ``shape.image_grid``, every row one image of that grid (random pixels, its
+        ``<|image_pad|>`` run framed by ``<|vision_start|>``/``<|vision_end|>``, its 3-D
+        positions) then random text, every text target supervised."""
+        if shape.image_grid is None:
+            return warmup_batch(shape, vocab_size, self.device)
+        t, h, w = shape.image_grid
+        vision = self.model.config.vision_config
+        merge = vision.spatial_merge_size
+        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        cells = t * h * w // merge**2
+        ids = self.family.tokens
+        generator = torch.Generator().manual_seed(0)
+        grid = torch.tensor([[t, h, w]])
+        image = torch.tensor([ids.vision_start_id, *[ids.image_pad_id] * cells, ids.vision_end_id])
+        samples = []
+        for _ in range(shape.rows):
+            text = torch.randint(0, vocab_size, (shape.tokens - cells - 2,), generator=generator)
+            text[torch.isin(text, torch.tensor(self.vision_ids))] = 0  # text ids stay text
+            input_ids = torch.cat([image, text])
+            labels = input_ids.clone()
+            labels[: cells + 2] = IGNORE_INDEX
+            samples.append(
+                {
+                    "input_ids": input_ids,
+                    "labels": labels,
+                    PIXEL_VALUES: torch.randn((t * h * w, patch_dim), generator=generator),
+                    IMAGE_GRID_THW: grid,
+                    MROPE_POSITIONS: self.family.positions(input_ids, grid, merge),
+                }
+            )
+        return {k: v.to(self.device) for k, v in pad_collate(samples).items()}
 
     @override
     def forward(self, inputs: Mapping[str, Tensor], meta: Any = None) -> tuple[Tensor, int]:

@@ -267,3 +267,39 @@ def test_the_warm_up_reads_the_length_range_at_fit_start() -> None:
     # One sample, a full group of the longest, the group with the most tokens (16 x 32
     # fills the budget where 12 x 40 leaves 32 tokens), the most rows of the shortest.
     assert checked == {(1, 40), (512 // 40, 40), (16, 32), (512 // 6, 6)}
+
+
+def test_image_text_runs_check_the_largest_image_batch_the_patch_budget_allows() -> None:
+    """The largest image of the resize (``max_pixels``) in one max_seq_len sample, and as
+    many of them as the token budget, the patch budget and the cap allow in one step; the
+    warm-up runs them through the VLM's tower (the batch carries their patches)."""
+    from helpers.vlm import tiny_vlm
+
+    from odb_lightning.core.rows import ImageExtent
+    from odb_lightning.data.vision import ImageSettings
+
+    settings = ImageSettings(max_pixels=28 * 28 * 16, min_pixels=28 * 28)
+    image = ImageExtent(settings.largest_grid, settings.merge_size)
+    assert image.grid == (1, 8, 8) and (image.patches, image.tokens) == (64, 16)
+    # 16 image tokens + 4 per sample: the token budget allows 512 // 20 = 25 rows, the
+    # patch budget 200 // 64 = 3: three images of 64 patches, rows as long as 3 allow.
+    config = BatchingConfig.of(token_budget=512, max_patches=200, num_workers=0)
+    shapes = [s for s in worst_case_shapes(config, MAX_SEQ_LEN, None, image) if s.image_grid]
+    assert [(s.rows, s.tokens) for s in shapes] == [(1, MAX_SEQ_LEN), (3, MAX_SEQ_LEN)]
+    assert "3, 192 patches" in shapes[1].name
+    module = tiny_vlm(model_dtype="float32")
+    inputs = module.warmup_inputs(shapes[1], vocab_size=997)
+    assert tuple(inputs["pixel_values"].shape) == (3 * 64, 3 * 2 * 14 * 14)
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]] * 3
+    assert int((inputs["input_ids"] == 997).sum()) == 3 * 16
+    warmup = MemoryWarmup(
+        capacity_gib=64.0,
+        batching=config,
+        max_seq_len=MAX_SEQ_LEN,
+        vocab_size=997,
+        largest_image=lambda: image,
+    )
+    warmup.on_fit_start(fake_trainer(module), module)
+    checked = [m.shape for m in warmup.report.measurements]
+    assert [s.rows for s in checked if s.image_grid] == [1, 3]
+    assert all(p.grad is None for p in module.parameters())
