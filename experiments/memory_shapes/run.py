@@ -5,7 +5,7 @@
 Each preset is composed as ``train.py`` composes it; its data module is set up (for the
 length-pass modes that measures every training sample), and the shapes are those
 :class:`~odb_lightning.lit.memory.MemoryWarmup` runs at fit start: the batching config,
-``data.max_seq_len`` and the data module's ``length_range``. Nothing is trained; prints a
+``data.max_seq_len``, the data module's ``length_range`` and ``largest_image``. Nothing is trained; prints a
 Markdown table and writes ``results.json`` next to this script.
 """
 
@@ -32,7 +32,8 @@ def preset_shapes(preset: str) -> dict:
     lengths = datamodule.length_range()
     max_seq_len = int(cfg.data.max_seq_len)
     batching = parts.batching
-    shapes = worst_case_shapes(batching, max_seq_len, lengths)
+    image = datamodule.largest_image()
+    shapes = worst_case_shapes(batching, max_seq_len, lengths, image)
     return {
         "preset": preset,
         "mode": batching.mode,
@@ -41,7 +42,13 @@ def preset_shapes(preset: str) -> dict:
         "length_range": lengths,
         "max_patches": batching.rows.max_patches,
         "shapes": [
-            {"name": s.name, "rows": s.rows, "tokens": s.tokens, "one_row": s.one_row}
+            {
+                "name": s.name,
+                "rows": s.rows,
+                "tokens": s.tokens,
+                "one_row": s.one_row,
+                "image_grid": s.image_grid,
+            }
             for s in shapes
         ],
     }

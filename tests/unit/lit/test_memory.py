@@ -274,7 +274,6 @@ def test_image_text_runs_check_the_largest_image_batch_the_patch_budget_allows()
     many of them as the token budget, the patch budget and the cap allow in one step; the
     warm-up runs them through the VLM's tower (the batch carries their patches)."""
     from helpers.vlm import tiny_vlm
-
     from odb_lightning.core.rows import ImageExtent
     from odb_lightning.data.vision import ImageSettings
 
