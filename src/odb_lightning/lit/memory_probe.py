@@ -3,11 +3,13 @@ inputs, and the probes that read a step's peak memory.
 
 The worst cases of a budget ``B`` (:func:`worst_case_shapes`) are the row layout's
 (:meth:`~odb_lightning.core.rows.RowLayout.worst_case_shapes`): one sample of
-``max_seq_len`` tokens (the longest row and its attention), the largest group of the
-shortest samples (most rows), or, where a group is one row, one full row of ``B``
-tokens. Each runs forward and backward with every target supervised (the LM head's worst
-case); the gradients are then dropped, so training starts from the same state as without
-the check.
+``max_seq_len`` tokens (the longest row and its attention), a full group of them, the
+group with the most tokens, the largest group of the shortest samples (most rows), or,
+where a group is one row, one full row of ``B`` tokens; at the run's shortest and
+longest sample where a length pass measured them; and, in an image-text run, the
+largest image's steps (:func:`image_shapes`). Each runs forward and backward with every
+target supervised (the LM head's worst case); the gradients are then dropped, so
+training starts from the same state as without the check.
 
 Memory is read by a :class:`MemoryProbe`: on CUDA the caching allocator's peak
 (``torch.cuda.max_memory_allocated``) against the device's total memory; on CPU, where no
