@@ -59,7 +59,7 @@ from odb_lightning.runtime.batch import pad_collate
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2
-ARMS = ("odb", "reference", "standard")
+ARMS = ("odb", "reference", "standard")  # and, on request, odb_no_ramp (the ramp off)
 DEFAULT_SAMPLES = {"whole": 128, "first_exchange": 352, "mix": 192, "chitchat": 224}
 STANDARD_BATCH = 8
 
@@ -103,16 +103,10 @@ def _sampler(data: BenchData, rank: int, seed: int) -> DistributedSampler:
 def _batches(arm: str, data: BenchData, settings: Settings, rank: int):
     """Model inputs of one epoch of ``arm`` on this rank (``None`` for an IDLE step)."""
     collate = functools.partial(pad_collate, pad_id=settings.pad_id)
-    if arm == "odb":
+    if arm in ("odb", "odb_no_ramp"):
         from odb_lightning.runtime import ODBLoader
 
-        config = BatchingConfig.of(
-            mode="odb",
-            token_budget=settings.token_budget,
-            seed=settings.seed,
-            num_workers=settings.num_workers,
-            outstanding_depth=settings.outstanding_depth,
-        )
+        config = _odb_config(settings, arm, num_workers=settings.num_workers)
         with ODBLoader(
             data.dataset, config, max_seq_len=settings.max_seq_len, pad_id=settings.pad_id
         ) as loader:
@@ -145,6 +139,20 @@ def _batches(arm: str, data: BenchData, settings: Settings, rank: int):
         )
         return
     raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+
+
+def _odb_config(settings: Settings, arm: str, **knobs: Any) -> BatchingConfig:
+    """Our loader's settings: the defaults with the study's budget and depth
+    (``odb_no_ramp``: the window ramp off)."""
+    if arm == "odb_no_ramp":
+        knobs["ramp_budgets"] = None
+    return BatchingConfig.of(
+        mode="odb",
+        token_budget=settings.token_budget,
+        seed=settings.seed,
+        outstanding_depth=settings.outstanding_depth,
+        **knobs,
+    )
 
 
 def _all_reduce_gradients(model: torch.nn.Module) -> None:
@@ -313,22 +321,19 @@ def predictions(data: BenchData, settings: Settings) -> dict[str, dict[str, floa
     from experiments.sync_efficiency.reference import measure_reference
 
     lengths = data.lengths
-    config = BatchingConfig.of(
-        mode="odb",
-        token_budget=settings.token_budget,
-        seed=settings.seed,
-        outstanding_depth=settings.outstanding_depth,
-    )
-    order = epoch_permutation(len(lengths), config.seed, 0)
-    result = simulate_dealt_epoch([lengths[i] for i in order], WORLD, config)
-    shards = [[lengths[i] for i in _sampler(data, r, settings.seed)] for r in range(WORLD)]
-    reference = measure_reference(shards, settings.token_budget, settings.outstanding_depth)
-    return {
-        "odb": {
+    predicted = {}
+    for arm in ("odb", "odb_no_ramp"):
+        config = _odb_config(settings, arm)
+        order = epoch_permutation(len(lengths), config.seed, 0)
+        result = simulate_dealt_epoch([lengths[i] for i in order], WORLD, config)
+        predicted[arm] = {
             "steps": len(result.steps[0]),
             "utilization": result.sync.utilization,
             "sync_efficiency": result.sync.sync_efficiency,
-        },
+        }
+    shards = [[lengths[i] for i in _sampler(data, r, settings.seed)] for r in range(WORLD)]
+    reference = measure_reference(shards, settings.token_budget, settings.outstanding_depth)
+    return predicted | {
         "reference": {
             "steps": reference["steps_per_rank"],
             "utilization": reference["utilization"],
