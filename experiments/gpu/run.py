@@ -1,5 +1,6 @@
 """One GPU, bf16 over float32 master weights: standard vs odb vs odb_packed vs odb+compile
-at the Qwen2.5-0.5B shape on ShareGPT, and FSDP2 steps of the 1.5B shape.
+at the Qwen2.5-0.5B shape on ShareGPT, FSDP2 steps of the 1.5B shape, and odb on
+LLaVA-shaped image-text conversations at the Qwen2-VL-2B shape.
 
 Each arm is one ``train.py``-equivalent run (``odb_lightning.app.train.run``, the code
 path of ``python train.py trainer=gpu8 trainer.devices=1``: DDP on NCCL, ``bf16-mixed``,
@@ -43,6 +44,8 @@ ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "odb": ("gpu8", "qwen2_0_5b", ("batching=odb",)),
     "odb_packed": ("gpu8", "qwen2_0_5b", ("batching=odb_packed",)),
     "fsdp2_1_5b": ("gpu8_fsdp", "qwen2_5_1_5b", ("batching=odb",)),
+    # Image-text: LLaVA-shaped easy-VQA conversations on the Qwen2-VL-2B shape.
+    "qwen2_vl_2b": ("gpu8", "qwen2_vl_2b", ("batching=odb",)),
     # Last: its compile time is the least certain, and the time budget cuts from the end.
     "odb_compile": ("gpu8", "qwen2_0_5b", ("batching=odb", "model.runtime.compile=true")),
 }
@@ -61,6 +64,17 @@ DRY_RUN_OVERRIDES = [
 ]
 
 
+VLM_ARMS = {"qwen2_vl_2b"}
+"""Arms on the image-text data (``experiment=llava_odb``) instead of ShareGPT."""
+# What --dry-run also changes in a vision arm: a tower a CPU runs in seconds.
+DRY_RUN_VISION = [
+    "model.vision.depth=1",
+    "model.vision.embed_dim=32",
+    "model.vision.num_heads=2",
+    "model.vision.mrope_section=null",
+]
+
+
 def _online(own: tuple[str, ...]) -> bool:
     """The arm's batching mode forms its batches online."""
     # Imported here, as the child's run is: the parent may start before the package is
@@ -75,16 +89,27 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
     """Hydra overrides of one arm (the same data, budget and settings for every arm)."""
     trainer, model, own = ARMS[arm]
     fsdp = trainer == "gpu8_fsdp"
+    vlm = arm in VLM_ARMS
+    if vlm:  # its own set (written under the run directory), length and record count
+        data = [
+            "experiment=llava_odb",
+            f"data.set_dir={out_dir.parent / 'vlm_sets'}",
+            f"data.max_samples={args.vlm_samples}",
+        ]
+    else:
+        data = [
+            "experiment=sharegpt_odb",
+            f"data.regime={args.regime}",
+            f"data.max_seq_len={args.max_seq_len}",
+            f"data.max_samples={args.fsdp_samples if fsdp else args.samples}",
+        ]
     overrides = [
-        "experiment=sharegpt_odb",
+        *data,
         f"trainer={trainer}",
         "trainer.devices=1",
         f"model={model}",
         f"model.architecture.attn_implementation={args.attn}",
         "logger=csv",
-        f"data.regime={args.regime}",
-        f"data.max_seq_len={args.max_seq_len}",
-        f"data.max_samples={args.fsdp_samples if fsdp else args.samples}",
         "data.val_samples=0",
         f"batching.loader.num_workers={args.num_workers}",
         f"data.length_cache_dir={out_dir.parent / 'length_cache'}",
@@ -101,7 +126,9 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
         overrides.append(f"trainer.max_steps={args.fsdp_steps}")
     if args.peak_tflops is not None:
         overrides.append(f"callbacks.step_metrics.peak_tflops={args.peak_tflops}")
-    return overrides + (DRY_RUN_OVERRIDES if args.dry_run else [])
+    if not args.dry_run:
+        return overrides
+    return overrides + DRY_RUN_OVERRIDES + (DRY_RUN_VISION if vlm else [])
 
 
 def run_child(overrides: list[str]) -> None:
@@ -306,6 +333,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=None, help="records (default 1500)")
     parser.add_argument("--fsdp-samples", type=int, default=None, help="default 256")
     parser.add_argument("--fsdp-steps", type=int, default=1, help="optimizer steps, FSDP2 arm")
+    parser.add_argument("--vlm-samples", type=int, default=None, help="default 384")
     parser.add_argument("--token-budget", type=int, default=None, help="default 16384")
     parser.add_argument("--outstanding-depth", type=int, default=256)
     parser.add_argument("--max-seq-len", type=int, default=None, help="default 4096")
@@ -329,6 +357,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     small = args.dry_run
     args.samples = args.samples or (48 if small else 1500)
     args.fsdp_samples = args.fsdp_samples or (16 if small else 256)
+    args.vlm_samples = args.vlm_samples or (24 if small else 384)
     args.token_budget = args.token_budget or (4096 if small else 16384)
     args.max_seq_len = args.max_seq_len or (1024 if small else 4096)
     if small:
