@@ -25,14 +25,13 @@ import torch
 
 from experiments.common import bench_lock, results_meta
 from experiments.cpu_bench import build_cpu_bench
-from experiments.throughput.run import DEFAULT_SAMPLES
+from experiments.throughput.run import DEFAULT_SAMPLES, train_step
 from experiments.throughput.throughput_arms import (
     REGIMES,
     ArmSettings,
     load_bench_data,
     make_arm,
 )
-from odb_lightning.core.loss_weights import rank_loss_scale
 
 HERE = Path(__file__).resolve().parent
 
@@ -54,11 +53,7 @@ def compute_epoch(batches: list[dict[str, Any]], seed: int, lr: float) -> list[f
     times = []
     for inputs in batches:
         started = time.perf_counter()
-        loss_sum, tokens = model(inputs)
-        (loss_sum * rank_loss_scale(1, tokens)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, inputs)
         times.append(time.perf_counter() - started)
     return times
 

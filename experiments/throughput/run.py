@@ -88,6 +88,17 @@ def add_step(record: EpochRecord, inputs: dict[str, Any], num_loss_tokens: int) 
     record.shapes.append((rows, row_length, num_loss_tokens))
 
 
+def train_step(model: CausalLMModule, optimizer: torch.optim.Optimizer, inputs: Any) -> int:
+    """Forward, token-weighted backward, clipping and AdamW of one step; its supervised
+    tokens. One process: W = 1, N = this step's supervised tokens (the exact mean)."""
+    loss_sum, num_loss_tokens = model(inputs)
+    (loss_sum * rank_loss_scale(1, num_loss_tokens)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return num_loss_tokens
+
+
 def train_epoch(
     model: CausalLMModule, start: Callable[[], Iterator[dict[str, Any]]], lr: float
 ) -> EpochRecord:
@@ -108,12 +119,7 @@ def train_epoch(
         if inputs is None:
             break
         step_started = time.perf_counter()
-        loss_sum, num_loss_tokens = model(inputs)
-        # One process: W = 1, N = this step's supervised tokens (exact per-token mean).
-        (loss_sum * rank_loss_scale(1, num_loss_tokens)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        num_loss_tokens = train_step(model, optimizer, inputs)
         add_step(record, inputs, num_loss_tokens)
         record.step_s.append(time.perf_counter() - step_started)
     record.wall_s = time.perf_counter() - started
