@@ -221,7 +221,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _ratio(value: float | None) -> str:
+def ratio_text(value: float | None) -> str:
     """``1.23x``, or ``-`` where the run has no arm to compare with."""
     return "-" if value is None else f"{value:.2f}x"
 
@@ -315,8 +315,8 @@ def main() -> None:
             print(
                 f"  {arm:13s} {row['samples_per_s']:7.2f} samples/s {row['real_tokens_per_s']:8.0f}"
                 f" tok/s  eff {row['padding_efficiency']:.3f}  steps {row['steps']:4d}  "
-                f"vs std {_ratio(row['vs_standard'])} (pred "
-                f"{_ratio(row.get('predicted_vs_standard'))})  vs ref {_ratio(row['vs_reference'])}"
+                f"vs std {ratio_text(row['vs_standard'])} (pred "
+                f"{ratio_text(row.get('predicted_vs_standard'))})  vs ref {ratio_text(row['vs_reference'])}"
             )
 
 

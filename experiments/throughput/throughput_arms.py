@@ -154,8 +154,12 @@ def _ours(loader: Any) -> Iterator[dict[str, Any]]:
         loader.close()
 
 
-def _reference(data: BenchData, settings: ArmSettings) -> Iterator[dict[str, Any]]:
-    """The reference package's loader with our budget, depth, workers and pad collate.
+def reference_batches(
+    data: BenchData, settings: Any, sampler: Any = None
+) -> Iterator[dict[str, Any]]:
+    """The reference package's loader with our budget, depth, workers and pad collate
+    (``settings``: anything with those fields and the seed; ``sampler``: a rank's sampler,
+    which the package needs to shard; default a seeded shuffle).
 
     ``buffer_size`` is its grouping window and its outstanding-request cap (it requests
     ``max(prefetch_factor * num_workers, buffer_size)`` samples), i.e. our
@@ -172,8 +176,11 @@ def _reference(data: BenchData, settings: ArmSettings) -> Iterator[dict[str, Any
         no_warmup=True,
         num_workers=settings.num_workers,
         collate_fn=functools.partial(pad_collate, pad_id=settings.pad_id),
-        shuffle=True,
-        generator=torch.Generator().manual_seed(settings.seed),
+        **(
+            {"sampler": sampler}
+            if sampler is not None
+            else {"shuffle": True, "generator": torch.Generator().manual_seed(settings.seed)}
+        ),
     )
     for batch in loader:
         odb.pop_step_info(batch, loss_scaling="none")  # strips its metadata keys
@@ -218,5 +225,5 @@ def make_arm(
 
         return online
     if arm == "reference":
-        return lambda: _reference(data, settings)
+        return lambda: reference_batches(data, settings)
     raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS + EXTRA_ARMS)}")

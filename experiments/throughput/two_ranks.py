@@ -50,7 +50,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from experiments.common import bench_lock, results_meta
 from experiments.cpu_bench import build_cpu_bench
-from experiments.throughput.throughput_arms import REGIMES, BenchData, load_bench_data
+from experiments.throughput.run import ratio_text
+from experiments.throughput.throughput_arms import (
+    REGIMES,
+    BenchData,
+    load_bench_data,
+    reference_batches,
+)
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.loss_weights import rank_loss_scale
 from odb_lightning.core.order import epoch_permutation
@@ -114,20 +120,7 @@ def _batches(arm: str, data: BenchData, settings: Settings, rank: int):
                 yield None if batch.meta.is_idle else batch.inputs
         return
     if arm == "reference":
-        import odb  # the comparator: imported only by this benchmark
-
-        loader = odb.ODBDataLoader(
-            data.dataset,
-            token_budget=settings.token_budget,
-            buffer_size=settings.outstanding_depth,
-            no_warmup=True,
-            num_workers=settings.num_workers,
-            collate_fn=collate,
-            sampler=_sampler(data, rank, settings.seed),
-        )
-        for batch in loader:
-            odb.pop_step_info(batch, loss_scaling="none")  # strips its metadata keys
-            yield batch
+        yield from reference_batches(data, settings, _sampler(data, rank, settings.seed))
         return
     if arm == "standard":
         yield from DataLoader(
@@ -448,8 +441,8 @@ def main() -> None:
                 f"  {arm:9s} {row['samples_per_s']:6.2f} samples/s {row['real_tokens_per_s']:7.0f}"
                 f" tok/s  steps {row['steps']} (pred {pred['steps']})  util "
                 f"{row['utilization']:.3f} (pred {pred['utilization']:.3f})  sync "
-                f"{row['measured_sync_efficiency']:.3f}  vs ref {row.get('vs_reference', 0):.2f}x"
-                f"  vs std {row.get('vs_standard', 0):.2f}x"
+                f"{row['measured_sync_efficiency']:.3f}  vs ref {ratio_text(row.get('vs_reference'))}"
+                f"  vs std {ratio_text(row.get('vs_standard'))}"
             )
 
 
