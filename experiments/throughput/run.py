@@ -316,7 +316,8 @@ def main() -> None:
                 f"  {arm:13s} {row['samples_per_s']:7.2f} samples/s {row['real_tokens_per_s']:8.0f}"
                 f" tok/s  eff {row['padding_efficiency']:.3f}  steps {row['steps']:4d}  "
                 f"vs std {ratio_text(row['vs_standard'])} (pred "
-                f"{ratio_text(row.get('predicted_vs_standard'))})  vs ref {ratio_text(row['vs_reference'])}"
+                f"{ratio_text(row.get('predicted_vs_standard'))})  "
+                f"vs ref {ratio_text(row['vs_reference'])}"
             )
 
 

@@ -441,7 +441,8 @@ def main() -> None:
                 f"  {arm:9s} {row['samples_per_s']:6.2f} samples/s {row['real_tokens_per_s']:7.0f}"
                 f" tok/s  steps {row['steps']} (pred {pred['steps']})  util "
                 f"{row['utilization']:.3f} (pred {pred['utilization']:.3f})  sync "
-                f"{row['measured_sync_efficiency']:.3f}  vs ref {ratio_text(row.get('vs_reference'))}"
+                f"{row['measured_sync_efficiency']:.3f}  "
+                f"vs ref {ratio_text(row.get('vs_reference'))}"
                 f"  vs std {ratio_text(row.get('vs_standard'))}"
             )
 
