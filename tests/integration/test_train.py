@@ -40,7 +40,12 @@ def test_single_process_run_writes_an_exact_summary(experiment: str, tmp_path: P
     assert summary["model_flops"] > 0 and summary["tokens_per_s_per_device"] > 0
     assert summary["step_time_s_per_rank"] == [summary["step_time_max_s"]]
     assert summary["mfu"] is None and summary["peak_tflops_per_device"] is None
+    # One ODB group a step holds neighbouring lengths of the sorted window; fixed batches
+    # of a shuffled epoch mix them (lit/length_mix.py).
+    if experiment == "sharegpt_odb":
+        assert 0 < summary["step_length_cv"] < 0.3
     if experiment == "sharegpt_standard":
+        assert summary["step_length_cv"] > 0.3
         assert all(len(step) == 8 for step in steps)
         assert summary["over_budget_samples"] is None  # batch_size samples: no budget
 

@@ -11,6 +11,7 @@ from odb_lightning.app.components import build_callbacks, build_parts, launched_
 from odb_lightning.app.validation import ConfigError
 from odb_lightning.lit.counters import StepCounters
 from odb_lightning.lit.id_audit import IdAudit
+from odb_lightning.lit.length_mix import StepLengthMix
 from odb_lightning.lit.memory import MemoryWarmup
 from odb_lightning.lit.progress import ODBProgressBar
 from odb_lightning.lit.step_metrics import StepMetricsCallback
@@ -69,10 +70,12 @@ def test_callbacks_get_their_objects_from_the_app(compose_cfg: ComposeConfig) ->
     warmup = by_kind[MemoryWarmup]
     assert warmup.batching is parts.batching and warmup.vocab_size == parts.embedding_rows
     assert warmup.apply_token_budget == parts.datamodule.apply_token_budget
+    assert warmup.length_range == parts.datamodule.length_range
+    assert warmup.largest_image == parts.datamodule.largest_image
     summary = wired.summary
     assert summary.counters is counters and summary.run_report is parts.datamodule
     assert summary.parameters is parts.model and summary.compiled is parts.model
-    assert list(summary.extras) == [by_kind[StepMetricsCallback], warmup]
+    assert list(summary.extras) == [by_kind[StepMetricsCallback], by_kind[StepLengthMix], warmup]
     # The budget the warm-up resolves reaches the data module's loaders.
     warmup.apply_token_budget(1536)
     assert parts.datamodule.batching.token_budget == 1536
