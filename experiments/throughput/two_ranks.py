@@ -388,6 +388,10 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per job, against a hang")
     parser.add_argument("--lock", type=Path, help="flock this file around each timed job")
     parser.add_argument("--out", type=Path, default=HERE / "two_ranks.json")
+    parser.add_argument(
+        "--predict-only", action="store_true",
+        help="print the simulator's steps and utilization per arm (odb_no_ramp too); no training",
+    )  # fmt: skip
     args = parser.parse_args()
     from odb_lightning.data import load_tokenizer
 
@@ -402,6 +406,14 @@ def main() -> None:
             r: load_bench_data(r, samples[r], 2000, settings.max_seq_len, settings.seed)
             for r in regimes
         }
+    if args.predict_only:
+        for regime in regimes:
+            predicted = predictions(data[regime], settings)
+            print(regime, ", ".join(
+                f"{arm} {p['steps']} steps, utilization {p['utilization']:.3f}"
+                for arm, p in predicted.items()
+            ))  # fmt: skip
+        return
     runs: dict[str, dict[str, list[dict]]] = {r: {a: [] for a in arms} for r in regimes}
     for repeat in range(args.repeats):
         for regime in regimes:
