@@ -12,13 +12,8 @@ from lightning.pytorch.plugins.precision import Precision
 
 from helpers.tiny_lm import tiny_module
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.memory import (
-    ALLOCATOR_ENV,
-    MemoryBudgetError,
-    MemoryWarmup,
-    enable_expandable_segments,
-    format_bytes,
-)
+from odb_lightning.lit.memory import ALLOCATOR_ENV, MemoryWarmup, enable_expandable_segments
+from odb_lightning.lit.memory_report import MemoryBudgetError, format_bytes
 from odb_lightning.lit.memory_probe import (
     GIB,
     SavedTensorsProbe,
