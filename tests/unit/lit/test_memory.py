@@ -13,7 +13,6 @@ from lightning.pytorch.plugins.precision import Precision
 from helpers.tiny_lm import tiny_module
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.lit.memory import ALLOCATOR_ENV, MemoryWarmup, enable_expandable_segments
-from odb_lightning.lit.memory_report import MemoryBudgetError, format_bytes
 from odb_lightning.lit.memory_probe import (
     GIB,
     SavedTensorsProbe,
@@ -21,6 +20,7 @@ from odb_lightning.lit.memory_probe import (
     run_shape,
     worst_case_shapes,
 )
+from odb_lightning.lit.memory_report import MemoryBudgetError, format_bytes
 
 MAX_SEQ_LEN = 64
 
