@@ -166,11 +166,17 @@ def test_window_sized_in_work_matches_simulation(world_size: int) -> None:
     _check_join_coverage(outcome.ok, 0)
 
 
+@pytest.mark.parametrize("emission_order", ["shuffled", "paired"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_dealt_by_need_matches_simulation(world_size: int) -> None:
+def test_dealt_by_need_matches_simulation(world_size: int, emission_order: str) -> None:
     # One global order dealt to windows of 4 budgets' worth of work: several deals a
     # round, rounds that only deal, and ranks topped up by need.
-    loader = {"window_budgets": 4, "shard_dealing": "by_need", "num_workers": 1}
+    loader = {
+        "window_budgets": 4,
+        "shard_dealing": "by_need",
+        "num_workers": 1,
+        "emission_order": emission_order,
+    }
     job = _job(loader=loader, weights=None, epochs=2)
     outcome = run_ranks(job, world_size=world_size)
     assert outcome.errors == {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from odb_lightning.core.modes import MODES
-from odb_lightning.core.online_policy import ShardDealing
+from odb_lightning.core.online_policy import EmissionOrder, ShardDealing
 from odb_lightning.core.rows import ROW_SETTINGS
 
 
@@ -42,6 +42,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "window_max_mib": lambda mib: 0 if mib is None else round(mib * 1024),  # KiB
     "shard_dealing": lambda dealing: list(ShardDealing).index(dealing),
     "max_steps_per_round": int,
+    "emission_order": lambda order: list(EmissionOrder).index(order),
     "join": int,
     "seed": int,
     "attention_weight": _billionths,

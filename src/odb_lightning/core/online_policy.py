@@ -11,6 +11,17 @@ from odb_lightning.core.checks import check_bool, check_positive, check_positive
 from odb_lightning.core.policy import POLICY_KEY, Policy
 
 
+class EmissionOrder(StrEnum):
+    """The order in which a round's aligned step positions are emitted (the same on every
+    rank: :func:`odb_lightning.core.order.emission_order`)."""
+
+    SHUFFLED = "shuffled"
+    """A seeded permutation of the positions."""
+    PAIRED = "paired"
+    """The costliest position next to the cheapest, the second next to the second
+    cheapest, ...; the pairs in a seeded order."""
+
+
 class ShardDealing(StrEnum):
     """How an epoch's samples reach the ranks' windows."""
 
@@ -51,6 +62,12 @@ class OnlinePolicy(Policy):
     max_steps_per_round: int = 128
     """``Q``: most steps one alignment round emits per rank (as many as the window holds
     budgets: a round may drain it, and each sample is grouped about once)."""
+    emission_order: EmissionOrder = EmissionOrder.SHUFFLED
+    """``shuffled``: a round's steps are emitted in a seeded order (seed, epoch, round),
+    the same on every rank, so the cost alignment holds and training sees no long-to-short
+    sawtooth; ``paired``: the same, with the costliest step next to the cheapest, so the
+    micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
+    accumulation) hold long and short samples (experiments/quality)."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
     epoch at the first finished rank and count the rest as dropped."""
@@ -66,6 +83,8 @@ class OnlinePolicy(Policy):
         dealing = enum_member(ShardDealing, f"{key}.shard_dealing", self.shard_dealing)
         object.__setattr__(self, "shard_dealing", dealing)
         check_positive_int(f"{key}.max_steps_per_round", self.max_steps_per_round)
+        emission = enum_member(EmissionOrder, f"{key}.emission_order", self.emission_order)
+        object.__setattr__(self, "emission_order", emission)
         check_bool(f"{key}.join", self.join)
 
     @property

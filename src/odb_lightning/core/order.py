@@ -25,3 +25,31 @@ def shard_indices(n: int, world_size: int, rank: int, seed: int, epoch: int) -> 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     return epoch_permutation(n, seed, epoch)[rank::world_size]
+
+
+def emission_order(num_steps: int, rng: random.Random, *, paired: bool) -> list[int]:
+    """The order in which a round's step positions (``0`` the costliest, as the round
+    plan ranks them) are emitted: a permutation drawn from ``rng``, which every rank seeds
+    alike, so position ``t`` stays aligned across ranks.
+
+    ``paired=False``: a uniform permutation. ``paired=True``: the positions paired by cost
+    rank, the costliest with the cheapest (``0`` with ``num_steps - 1``, ``1`` with
+    ``num_steps - 2``, ...); the pairs are emitted in a uniform order, each pair's two
+    steps back to back in a random order of the two (an odd count leaves the median
+    position alone). Either way no length curriculum runs through the round; paired,
+    consecutive steps also hold long and short samples, so micro-batches accumulated into
+    one optimizer step cover the length range.
+    """
+    positions = list(range(num_steps))
+    if not paired:
+        rng.shuffle(positions)
+        return positions
+    half, odd = divmod(num_steps, 2)
+    units = [[i, num_steps - 1 - i] for i in range(half)]
+    if odd:
+        units.append([half])
+    rng.shuffle(units)
+    for unit in units:
+        if len(unit) == 2 and rng.random() < 0.5:
+            unit.reverse()
+    return [position for unit in units for position in unit]

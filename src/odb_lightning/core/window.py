@@ -26,8 +26,8 @@ from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, 
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
-from odb_lightning.core.online_policy import OnlinePolicy
-from odb_lightning.core.order import make_rng
+from odb_lightning.core.online_policy import EmissionOrder, OnlinePolicy
+from odb_lightning.core.order import emission_order, make_rng
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
@@ -439,8 +439,11 @@ class GroupingWindow:
         if self._ramp:
             self._ramp.popleft()
         local = self._local_steps(groups, plan)
-        order = list(range(plan.target_steps))
-        make_rng(self.config.seed, "round", self.epoch, self.round_index - 1).shuffle(order)
+        order = emission_order(
+            plan.target_steps,
+            make_rng(self.config.seed, "round", self.epoch, self.round_index - 1),
+            paired=self.policy.emission_order is EmissionOrder.PAIRED,
+        )
         columns = list(zip(*plan.rank_costs, strict=True))
         steps = tuple(
             Step(

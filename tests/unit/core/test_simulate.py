@@ -36,6 +36,7 @@ def jobs(draw: st.DrawFn) -> dict:
         "window_max_mib": draw(st.sampled_from([None, 1 / 64, 1 / 8, 1.0])),
         "sample_bytes": [[rng.randint(1, 64) * 1024 for _ in lengths] for lengths in rank_lengths],
         "max_steps_per_round": draw(st.integers(1, 8)),
+        "emission_order": draw(st.sampled_from(["shuffled", "paired"])),
         "seed": seed,
     }
 
@@ -49,6 +50,7 @@ def job_settings(job: dict, *, join: bool, **extra: object) -> BatchingConfig:
         ramp_budgets=job.get("ramp_budgets"),
         window_max_mib=job.get("window_max_mib"),
         max_steps_per_round=job["max_steps_per_round"],
+        emission_order=job.get("emission_order", "shuffled"),
         join=join,
         seed=job["seed"],
         **extra,

@@ -68,8 +68,12 @@ def _fixed_plan(batch_size: int, n: int):
 @pytest.mark.parametrize("epoch", [0, 2])
 @pytest.mark.parametrize(
     "window",
-    [{}, {"window_budgets": 3, "shard_dealing": "by_need"}],
-    ids=["samples", "work_by_need"],
+    [
+        {},
+        {"window_budgets": 3, "shard_dealing": "by_need"},
+        {"window_budgets": 3, "shard_dealing": "by_need", "emission_order": "paired"},
+    ],
+    ids=["samples", "work_by_need", "paired"],
 )
 def test_odb_resume_emits_the_rest_of_the_epoch_once(
     num_workers: int, epoch: int, window: dict
