@@ -31,14 +31,29 @@ class EpochBatches:
     loss_tokens: dict[int, int]
 
 
-def predict_batches(cfg: Any, datamodule: Any, batching: Any, epochs: int) -> EpochBatches:
-    """Every epoch's micro-batches of ``standard`` (batch 8) and ``odb`` on this data."""
+def predict_batches(
+    cfg: Any,
+    datamodule: Any,
+    batching: Any,
+    epochs: int,
+    *,
+    fixed_mode: str = "standard",
+    batch_size: int = 8,
+) -> EpochBatches:
+    """Every epoch's micro-batches of a fixed-size mode (``fixed_mode``: ``standard`` or
+    ``sorted``, ``batch_size`` samples; in ``standard``) and, if ``batching`` is an online
+    mode, of ``odb`` on this data (else ``odb`` is empty)."""
     train = datamodule.train_indices
     stats = {i: inspect_sample(datamodule.dataset[i], i, cfg.data.max_seq_len) for i in train}
+    lengths = [stats[i].length for i in train]
     standard, odb = [], []
     for epoch in range(epochs):
-        plan = plan_epoch([1] * len(train), batching, mode="standard", batch_size=8, epoch=epoch)
+        plan = plan_epoch(
+            lengths, batching, mode=fixed_mode, batch_size=batch_size, epoch=epoch
+        )
         standard.append([[train[p] for p in batch] for batch in plan])
+        if not batching.policy.online:
+            continue
         order = [train[p] for p in shard_indices(len(train), 1, 0, batching.seed, epoch)]
         (steps,) = simulate(
             [[stats[i].length for i in order]],

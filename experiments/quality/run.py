@@ -1,30 +1,36 @@
-"""Quality at equal supervised tokens: standard vs odb vs odb with token-target steps.
+"""Quality at equal supervised tokens: how batching changes the validation loss.
 
-Three arms train the same CPU model (``model=cpu_bench``) from the same seed (same
-initialisation, same train/validation split) on the same samples for the same number of
-epochs, so every arm sees exactly the same supervised tokens; they differ only in how the
-samples are batched and when the optimizer steps:
+Every arm trains the same CPU model (``model=cpu_bench``) on the same samples for the same
+number of epochs, so every arm sees exactly the same supervised tokens; arms differ only in
+how the samples are batched and when the optimizer steps. Each seed (``--seeds``) draws a
+new initialisation, train/validation split and sample order; within a seed every arm has
+the same ones, so the deltas to ``standard`` are paired.
 
-* ``standard``: fixed batches of 8 (``experiment=sharegpt_standard``), one step per batch;
-* ``odb``: online batches under ``token_budget`` (``experiment=sharegpt_odb``), one step
-  per batch;
+* ``standard``: fixed batches of 8 in a random order (``experiment=sharegpt_standard``);
+* ``standard_matched``: ``standard`` with the batch size whose step count comes closest to
+  ``odb``'s (more, smaller steps), to separate the step count from the batching;
+* ``sorted``: batches of 8 cut from the length-sorted data, their order shuffled each epoch
+  (``experiment=sharegpt_sorted``): the paper's regression case;
+* ``odb``: online batches under the token budget (``experiment=sharegpt_odb``), one
+  optimizer step per batch;
 * ``odb_token_target``: the same online batches, the optimizer steps once a step's
-  supervised tokens reach ``model.step.tokens_per_step=N``. ``N`` is chosen before training,
-  from the data alone: the simulator predicts the odb micro-batches of every epoch (it
-  replays the loader exactly) and ``N`` is the value whose token-target steps come
-  closest to standard's step count, i.e. whose steps carry on average the supervised
-  tokens of standard's steps.
+  supervised tokens reach ``model.step.tokens_per_step=N``;
+* ``odb_token_target_paired``: the same with ``batching.policy.emission_order=paired``
+  (the costliest step of a round next to its cheapest);
+* ``odb_token_target_small``: paired, under half the token budget: more, smaller groups
+  per optimizer step.
 
-Probes: ``odb_token_target`` again at other ``outstanding_depth`` (``--probes``), the
-same samples, tokens, seed and ``N`` with other groups, to see how far the final loss moves
-with batch composition alone.
+``N`` is chosen per arm and seed before training, from the data alone: the simulator
+predicts the odb micro-batches of every epoch (it replays the loader exactly) and ``N`` is
+the value whose token-target steps come closest to standard's step count, i.e. whose
+steps carry on average the supervised tokens of standard's steps.
 
-Validation loss (token-weighted, ``val/loss``) after every epoch on the same held-out
-records, read from each run's CSV log, plotted against supervised tokens seen and against
-optimizer steps; ``results.json`` holds the curves and the final deltas to ``standard``.
+Validation loss (token-weighted, ``val/loss``) after every epoch on the seed's held-out
+records, read from each run's CSV log; ``results.json`` holds the curves, each arm's final
+loss per seed, their mean and spread, and the paired deltas to ``standard``.
 
-    python -m experiments.quality.run [--samples 896] [--val-samples 128] [--epochs 5]
-        [--probes 96,160] [--reuse]
+    python -m experiments.quality.run [--seeds 0,1,2] [--arms ...] [--samples 896]
+        [--val-samples 128] [--epochs 5] [--reuse]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -41,26 +48,44 @@ from experiments.common import ROOT, read_summary, results_meta, run_train
 
 HERE = Path(__file__).resolve().parent
 TOLERANCE = 0.02
-ARMS = ("standard", "odb", "odb_token_target")
+ARMS = (
+    "standard",
+    "standard_matched",
+    "sorted",
+    "odb",
+    "odb_token_target",
+    "odb_token_target_paired",
+    "odb_token_target_small",
+)
+ODB_BUDGET = 4096
+"""``experiment=sharegpt_odb``'s token budget (the small arm runs at half of it)."""
 
 
-def common_overrides(args: argparse.Namespace) -> list[str]:
+def common_overrides(args: argparse.Namespace, seed: int) -> list[str]:
     return [
         "model=cpu_bench",
         "logger=csv",
         f"data.max_samples={args.samples}",
         f"data.val_samples={args.val_samples}",
         f"trainer.max_epochs={args.epochs}",
-        f"seed={args.seed}",
+        f"seed={seed}",
     ]
 
 
-def arm_overrides(arm: str, tokens_per_step: int) -> list[str]:
+def batching_overrides(arm: str, matched_batch_size: int = 8) -> list[str]:
+    """The arm's experiment and batching, without its ``tokens_per_step``."""
     if arm == "standard":
         return ["experiment=sharegpt_standard"]
-    if arm == "odb":
-        return ["experiment=sharegpt_odb"]
-    return ["experiment=sharegpt_odb", f"model.step.tokens_per_step={tokens_per_step}"]
+    if arm == "standard_matched":
+        return ["experiment=sharegpt_standard", f"batching.policy.batch_size={matched_batch_size}"]
+    if arm == "sorted":
+        return ["experiment=sharegpt_sorted", "batching.policy.batch_size=8"]
+    overrides = ["experiment=sharegpt_odb"]
+    if arm in ("odb_token_target_paired", "odb_token_target_small"):
+        overrides.append("batching.policy.emission_order=paired")
+    if arm == "odb_token_target_small":
+        overrides.append(f"batching.token_budget={ODB_BUDGET // 2}")
+    return overrides
 
 
 def compose(overrides: list[str]) -> Any:
@@ -74,8 +99,9 @@ def compose(overrides: list[str]) -> Any:
         return hydra_compose("train", overrides=overrides)
 
 
-def plan_arms(args: argparse.Namespace) -> dict[str, Any]:
-    """``N`` for the token-target arm, and every arm's optimizer steps, from the data."""
+def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str, Any]:
+    """Every arm's overrides and predicted optimizer steps for one seed, from the data:
+    ``N`` for the token-target arms, the batch size of ``standard_matched``."""
     import hydra
 
     from experiments.quality.optimizer_steps import (
@@ -85,28 +111,49 @@ def plan_arms(args: argparse.Namespace) -> dict[str, Any]:
         token_target_steps,
     )
 
-    # The length cache (a Hydra-runtime path) is for length-pass modes; odb does not use it.
-    cfg = compose([*common_overrides(args), *arm_overrides("odb", 0), "data.length_cache_dir=null"])
-    batching = hydra.utils.instantiate(cfg.batching)
-    datamodule = hydra.utils.instantiate(cfg.data, _partial_=True)(
-        tokenizer=hydra.utils.instantiate(cfg.tokenizer), batching=batching
-    )
-    datamodule.setup("fit")
-    batches = predict_batches(cfg, datamodule, batching, args.epochs)
-    tokens_per_step = choose_tokens_per_step(batches)
-    arm_steps = {
-        "standard": (batches.standard, False),
-        "odb": (batches.odb, True),
-        "odb_token_target": (token_target_steps(batches, tokens_per_step), True),
-    }
-    return {
-        "tokens_per_step": tokens_per_step,
-        "train_samples": len(datamodule.train_indices),
-        "predicted_steps": {
-            arm: step_statistics(batches, steps, by_samples, cfg.model)
-            for arm, (steps, by_samples) in arm_steps.items()
-        },
-    }
+    def predicted(arm: str, batch_size: int = 8):
+        # The caches' default paths are Hydra-runtime paths, unset outside train.py.
+        caches = [f"data.{c}_cache_dir=null" for c in ("record", "stream")]
+        caches.append(f"data.length_cache_dir={args.out / 'length_cache'}")
+        cfg = compose([*common_overrides(args, seed), *batching_overrides(arm), *caches])
+        batching = hydra.utils.instantiate(cfg.batching)
+        datamodule = hydra.utils.instantiate(cfg.data, _partial_=True)(
+            tokenizer=hydra.utils.instantiate(cfg.tokenizer), batching=batching
+        )
+        datamodule.setup("fit")
+        fixed = "sorted" if arm == "sorted" else "standard"
+        batches = predict_batches(
+            cfg, datamodule, batching, args.epochs, fixed_mode=fixed, batch_size=batch_size
+        )
+        return cfg, batches
+
+    cfg, odb = predicted("odb")
+    odb_steps = sum(map(len, odb.odb))
+    per_epoch = odb_steps / args.epochs
+    train = len(odb.lengths)
+    # The batch size whose standard steps come closest to odb's.
+    matched = min(range(1, 9), key=lambda b: (abs(args.epochs * -(-train // b) - odb_steps), b))
+    plan: dict[str, Any] = {"train_samples": train, "odb_steps_per_epoch": per_epoch}
+    for arm in arms:
+        overrides = batching_overrides(arm, matched)
+        if arm.startswith("standard") or arm == "sorted":
+            size = matched if arm == "standard_matched" else 8
+            batches = odb if arm == "standard" else predicted(arm, size)[1]
+            steps, by_samples, n = batches.standard, False, None
+        else:
+            _, batches = predicted(arm)
+            if arm == "odb":
+                steps, by_samples, n = batches.odb, True, None
+            else:
+                n = choose_tokens_per_step(batches)
+                steps, by_samples = token_target_steps(batches, n), True
+                overrides = [*overrides, f"model.step.tokens_per_step={n}"]
+        plan[arm] = {
+            "overrides": [*common_overrides(args, seed), *overrides],
+            "tokens_per_step": n,
+            "predicted": step_statistics(batches, steps, by_samples, cfg.model),
+        }
+    return plan
 
 
 def run_arm(overrides: list[str], out_dir: Path, reuse: bool) -> dict[str, Any]:
@@ -134,32 +181,54 @@ def val_curve(out_dir: Path) -> list[dict[str, float]]:
     ]
 
 
-def run_probes(args: argparse.Namespace, tokens_per_step: int, reference: dict) -> list[dict]:
-    """``odb_token_target`` again at other ``outstanding_depth``: the same samples, tokens,
-    seed and ``N``, other groups. How far the final loss moves with batch composition
-    alone is the yardstick for the arms' deltas."""
-    probes = []
-    for depth in args.probes:
-        arm = f"odb_token_target_d{depth}"
-        overrides = [
-            *common_overrides(args),
-            *arm_overrides("odb_token_target", tokens_per_step),
-            f"batching.policy.outstanding_depth={depth}",
-        ]
-        run = run_arm(overrides, args.out / arm, args.reuse)
-        final = run["curve"][-1]["val_loss"]
-        probes.append(
-            {
-                "outstanding_depth": depth,
-                "final_val_loss": final,
-                "minus_odb_token_target": final - reference["curve"][-1]["val_loss"],
-                "optimizer_steps": run["summary"]["optimizer_steps"],
-                "supervised_tokens": run["summary"]["loss_tokens"],
-                "curve": run["curve"],
-            }
-        )
-        print(arm, json.dumps(probes[-1]["curve"][-1]), flush=True)
-    return probes
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarize(runs: dict[int, dict[str, dict]], plans: dict[int, dict], arms: list[str]) -> dict:
+    """Per arm: each seed's final loss and paired delta, their mean and spread."""
+    table = {}
+    for arm in arms:
+        rows = []
+        for seed, seed_runs in runs.items():
+            run, plan = seed_runs[arm], plans[seed][arm]
+            summary = run["summary"]
+            final = run["curve"][-1]["val_loss"]
+            rows.append(
+                {
+                    "seed": seed,
+                    "final_val_loss": final,
+                    "delta_vs_standard": final - seed_runs["standard"]["curve"][-1]["val_loss"],
+                    "optimizer_steps": summary["optimizer_steps"],
+                    "predicted_optimizer_steps": plan["predicted"]["optimizer_steps"],
+                    "step_length_cv": summary.get("step_length_cv"),
+                    "lr_factor_sum": plan["predicted"]["lr_factor_sum"],
+                    "tokens_per_step": plan["tokens_per_step"],
+                    "supervised_tokens": summary["loss_tokens"],
+                    "supervised_tokens_per_optimizer_step": summary["loss_tokens"]
+                    / summary["optimizer_steps"],
+                    "padding_efficiency": summary["padding_efficiency"],
+                    "train_wall_s": summary["wall_s"],
+                    "overrides": plan["overrides"],
+                    "curve": run["curve"],
+                }
+            )
+        deltas = [r["delta_vs_standard"] for r in rows]
+        table[arm] = {
+            "final_val_loss": spread([r["final_val_loss"] for r in rows]),
+            "delta_vs_standard": spread(deltas),
+            "within_tolerance": abs(statistics.fmean(deltas)) <= TOLERANCE,
+            "optimizer_steps": spread([r["optimizer_steps"] for r in rows]),
+            "step_length_cv": spread([r["step_length_cv"] for r in rows if r["step_length_cv"]]),
+            "lr_factor_sum": spread([r["lr_factor_sum"] for r in rows]),
+            "per_seed": rows,
+        }
+    return table
 
 
 def main() -> None:
@@ -167,63 +236,63 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=896, help="records read (incl. val)")
     parser.add_argument("--val-samples", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=HERE / "runs")
+    parser.add_argument("--seeds", type=lambda t: [int(v) for v in t.split(",")], default=[0, 1, 2])
     parser.add_argument(
-        "--probes",
-        type=lambda text: [int(v) for v in text.split(",") if v],
-        default=[96, 160],
-        help="outstanding_depth values of the batch-composition probes",
+        "--arms", type=lambda t: t.split(","), default=list(ARMS), help="comma-separated"
     )
+    parser.add_argument("--out", type=Path, default=HERE / "runs")
     parser.add_argument("--reuse", action="store_true", help="read runs already in --out")
     args = parser.parse_args()
-    choice = plan_arms(args)
-    print(json.dumps(choice), flush=True)
-    arms = {}
-    for arm in ARMS:
-        overrides = [*common_overrides(args), *arm_overrides(arm, choice["tokens_per_step"])]
-        arms[arm] = run_arm(overrides, args.out / arm, args.reuse) | {"overrides": overrides}
-        print(
-            arm, json.dumps(arms[arm]["curve"][-1]), f"{arms[arm]['process_s']:.0f} s", flush=True
-        )
-    probes = run_probes(args, choice["tokens_per_step"], arms["odb_token_target"])
-    tokens = {arm: a["summary"]["loss_tokens"] for arm, a in arms.items()}
-    tokens |= {f"probe_d{p['outstanding_depth']}": p["supervised_tokens"] for p in probes}
-    if len(set(tokens.values())) != 1:
-        raise RuntimeError(f"arms saw different supervised tokens: {tokens}")
-    per_epoch = tokens["standard"] / args.epochs
-    for a in [*arms.values(), *probes]:
-        for point in a["curve"]:
-            point["supervised_tokens_seen"] = per_epoch * (point["epoch"] + 1)
-    final = {arm: a["curve"][-1]["val_loss"] for arm, a in arms.items()}
-    deltas = {arm: final[arm] - final["standard"] for arm in ARMS[1:]}
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown or "standard" not in args.arms:
+        parser.error(f"--arms: unknown {unknown}; 'standard' is required; arms: {list(ARMS)}")
+    arms = [arm for arm in ARMS if arm in args.arms]
+    plans, runs = {}, {}
+    for seed in args.seeds:
+        plans[seed] = plan_seed(args, seed, arms)
+        runs[seed] = {}
+        for arm in arms:
+            run = run_arm(plans[seed][arm]["overrides"], args.out / f"seed{seed}" / arm, args.reuse)
+            runs[seed][arm] = run
+            print(
+                f"seed {seed} {arm}: val {run['curve'][-1]['val_loss']:.4f}, "
+                f"{run['summary']['optimizer_steps']} steps, "
+                f"step_length_cv {run['summary'].get('step_length_cv')}, "
+                f"{run['process_s']:.0f} s",
+                flush=True,
+            )
+    tokens = {(s, a): r["summary"]["loss_tokens"] for s in runs for a, r in runs[s].items()}
+    for seed in runs:
+        if len({tokens[(seed, arm)] for arm in arms}) != 1:
+            raise RuntimeError(f"seed {seed}: arms saw different supervised tokens: {tokens}")
+        per_epoch = tokens[(seed, "standard")] / args.epochs
+        for run in runs[seed].values():
+            for point in run["curve"]:
+                point["supervised_tokens_seen"] = per_epoch * (point["epoch"] + 1)
     report = {
-        "token_target_choice": choice,
-        "final_val_loss": final,
-        "delta_vs_standard": deltas,
-        "within_tolerance": {arm: abs(d) <= TOLERANCE for arm, d in deltas.items()},
+        "seeds": args.seeds,
         "tolerance": TOLERANCE,
-        "batch_composition_probes": probes,
-        "arms": {
-            arm: {
-                "curve": a["curve"],
-                "optimizer_steps": a["summary"]["optimizer_steps"],
-                "micro_batches": a["summary"]["steps_per_rank"],
-                "supervised_tokens": a["summary"]["loss_tokens"],
-                "supervised_tokens_per_optimizer_step": a["summary"]["loss_tokens"]
-                / a["summary"]["optimizer_steps"],
-                "padding_efficiency": a["summary"]["padding_efficiency"],
-                "train_wall_s": a["summary"]["wall_s"],
-                "emitted_samples_per_s": a["summary"]["emitted_samples_per_s"],
-                "overrides": a["overrides"],
-            }
-            for arm, a in arms.items()
+        "plans": {
+            seed: {k: v for k, v in plan.items() if k not in arms} for seed, plan in plans.items()
         },
+        "arms": summarize(runs, plans, arms),
         "meta": results_meta(load_average_after=list(os.getloadavg())),
     }
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report)
-    print(json.dumps({k: report[k] for k in ("final_val_loss", "delta_vs_standard")}, indent=2))
+    print(
+        json.dumps(
+            {
+                arm: {
+                    "final": round(a["final_val_loss"]["mean"], 4),
+                    "delta": round(a["delta_vs_standard"]["mean"], 4),
+                    "delta_std": round(a["delta_vs_standard"]["std"], 4),
+                }
+                for arm, a in report["arms"].items()
+            },
+            indent=2,
+        )
+    )
 
 
 def plot(report: dict[str, Any]) -> None:
@@ -232,32 +301,25 @@ def plot(report: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for arm, data in report["arms"].items():
-        curve = data["curve"]
-        label = f"{arm} ({data['optimizer_steps']} steps)"
-        axes[0].plot(
-            [p["supervised_tokens_seen"] for p in curve],
-            [p["val_loss"] for p in curve],
-            marker="o",
-            label=label,
-        )
-        axes[1].plot(
-            [p["step"] for p in curve], [p["val_loss"] for p in curve], marker="o", label=label
-        )
-    for probe in report["batch_composition_probes"]:
-        curve = probe["curve"]
-        style = {"linestyle": "--", "linewidth": 1, "color": "grey"}
-        label = f"odb_token_target, D={probe['outstanding_depth']} (probe)"
-        tokens = [p["supervised_tokens_seen"] for p in curve]
-        axes[0].plot(tokens, [p["val_loss"] for p in curve], label=label, **style)
-        axes[1].plot([p["step"] for p in curve], [p["val_loss"] for p in curve], **style)
+        curves = [row["curve"] for row in data["per_seed"]]
+        tokens = [p["supervised_tokens_seen"] for p in curves[0]]
+        mean = [statistics.fmean(c[k]["val_loss"] for c in curves) for k in range(len(tokens))]
+        low = [min(c[k]["val_loss"] for c in curves) for k in range(len(tokens))]
+        high = [max(c[k]["val_loss"] for c in curves) for k in range(len(tokens))]
+        steps = data["optimizer_steps"]["mean"]
+        (line,) = axes[0].plot(tokens, mean, marker="o", label=f"{arm} ({steps:.0f} steps)")
+        axes[0].fill_between(tokens, low, high, color=line.get_color(), alpha=0.15)
+        deltas = [row["delta_vs_standard"] for row in data["per_seed"]]
+        axes[1].scatter([arm] * len(deltas), deltas, color=line.get_color())
     axes[0].set_xlabel("supervised tokens seen")
-    axes[1].set_xlabel("optimizer steps")
-    for axis in axes:
-        axis.set_ylabel("validation loss (token-weighted)")
-        axis.legend(fontsize=8)
-    figure.suptitle("model=cpu_bench, ShareGPT first exchanges, same seed and tokens")
+    axes[0].set_ylabel("validation loss (token-weighted), mean and range over seeds")
+    axes[0].legend(fontsize=7)
+    axes[1].axhspan(-TOLERANCE, TOLERANCE, color="grey", alpha=0.2)
+    axes[1].set_ylabel("final val loss - standard's (same seed)")
+    axes[1].tick_params(axis="x", rotation=30, labelsize=7)
+    figure.suptitle(f"model=cpu_bench, ShareGPT first exchanges, seeds {report['seeds']}")
     figure.tight_layout()
     figure.savefig(HERE / "val_loss.png", dpi=120)
 
