@@ -1,0 +1,35 @@
+"""The quality study's plan: every arm's optimizer steps predicted from the data before
+training, the matched batch size and each token-target N chosen as documented."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from experiments.quality.run import ARMS, plan_seed
+
+
+def test_every_arm_is_planned_from_the_data(tmp_path: Path) -> None:
+    args = argparse.Namespace(samples=160, val_samples=32, epochs=2, out=tmp_path)
+    plan = plan_seed(args, 0, list(ARMS))
+    train = plan["train_samples"]
+    predicted = {arm: plan[arm]["predicted"]["optimizer_steps"] for arm in ARMS}
+    assert predicted["standard"] == predicted["sorted"] == 2 * math.ceil(train / 8)
+    assert predicted["odb"] == 2 * plan["odb_steps_per_epoch"]
+    # The matched batch size is the one whose standard steps come closest to odb's.
+    size = int(next(o for o in plan["standard_matched"]["overrides"] if "batch_size" in o)[-1])
+    gaps = {b: abs(2 * math.ceil(train / b) - predicted["odb"]) for b in range(1, 9)}
+    assert gaps[size] == min(gaps.values())
+    assert predicted["standard_matched"] == 2 * math.ceil(train / size)
+    for arm in ("odb_token_target", "odb_token_target_paired", "odb_token_target_small"):
+        n = plan[arm]["tokens_per_step"]
+        assert f"model.step.tokens_per_step={n}" in plan[arm]["overrides"]
+        # N brings the token-target steps near standard's count.
+        assert abs(predicted[arm] - predicted["standard"]) <= 0.1 * predicted["standard"]
+    assert "batching.policy.emission_order=paired" in plan["odb_token_target_paired"]["overrides"]
+    assert "batching.token_budget=2048" in plan["odb_token_target_small"]["overrides"]
+    # Paired emission and smaller groups mix lengths inside a token-target step.
+    spread = {arm: plan[arm]["predicted"]["length_cv_within_step_mean"] for arm in ARMS}
+    assert spread["odb_token_target_small"] > spread["odb_token_target"]
+    assert spread["standard"] > spread["sorted"]
