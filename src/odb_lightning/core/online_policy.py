@@ -68,6 +68,12 @@ class OnlinePolicy(Policy):
     sawtooth; ``paired``: the same, with the costliest step next to the cheapest, so the
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
     accumulation) hold long and short samples (experiments/quality)."""
+    cross_rank_grouping: bool = False
+    """Group the epoch's tail across ranks: once nothing is undealt and one round drains
+    every window, that round groups the union of the windows and hands the groups out
+    ``W`` at a time in cost order, moving samples between ranks (``core.pooling``). Needs
+    ``shard_dealing=by_need`` and ``join``. Simulated (``core.simulate``, ``odb-plan
+    --ranks``); the runtime does not move samples between ranks yet and refuses it."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
     epoch at the first finished rank and count the rest as dropped."""
@@ -86,6 +92,14 @@ class OnlinePolicy(Policy):
         emission = enum_member(EmissionOrder, f"{key}.emission_order", self.emission_order)
         object.__setattr__(self, "emission_order", emission)
         check_bool(f"{key}.join", self.join)
+        check_bool(f"{key}.cross_rank_grouping", self.cross_rank_grouping)
+        if self.cross_rank_grouping and not (self.by_need and self.join):
+            raise ValueError(
+                f"{key}.cross_rank_grouping=true needs {key}.shard_dealing=by_need and "
+                f"{key}.join=true (it moves samples of one dealt order between ranks and "
+                "runs every one), got "
+                f"shard_dealing={self.shard_dealing.value}, join={self.join}"
+            )
 
     @property
     def window_max_bytes(self) -> int | None:

@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
 from odb_lightning.core.budget import Budget
@@ -31,6 +32,9 @@ from odb_lightning.core.order import emission_order, make_rng
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
+
+if TYPE_CHECKING:
+    from odb_lightning.core.pooling import PoolPlan
 
 RAMP_GROWTH = 4
 """How much the ramp's window grows per emitting round. Each round's steps train while the
@@ -208,6 +212,9 @@ class GroupingWindow:
         self.num_dropped = 0
         self.num_skipped = 0
         self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
+        self.num_moved_in = 0  # samples this rank ran that another rank offered
+        self.num_moved_out = 0  # samples this rank offered that another rank ran
+        self.moved_in_bytes = 0
         self.epoch_over = False
         self._ramp = deque(ramp_targets(self.policy))  # the targets of the rounds to come
 
@@ -460,6 +467,57 @@ class GroupingWindow:
         )
         return RoundOutcome(steps=steps)
 
+    def pool_offer(self) -> list[SampleInfo]:
+        """This window's samples, offered to a pooled round (``RoundPlan.pooled``)."""
+        if self._groups is None:
+            raise RuntimeError("pool_offer() needs make_report() first in every round")
+        return sorted(self._buffer, key=lambda s: s.position)
+
+    def apply_pool(self, plan: PoolPlan) -> RoundOutcome:
+        """Act on this rank's row of a pooled round: run its groups (some of their
+        samples offered by other ranks), give the rest of its window away."""
+        if self._groups is None:
+            raise RuntimeError("apply_pool() needs make_report() first in every round")
+        self._groups = None
+        self.round_index += 1
+        self._ramp.clear()
+        local = plan.rank_groups[self.rank]
+        received, given = plan.moved(self.rank)
+        held = {s.position for s in self._buffer}
+        if any(s.position not in held for s in given) or any(s.position in held for s in received):
+            raise AlignmentError(f"rank {self.rank}: the pooled plan moves samples it does not hold")
+        if len(given) + sum(g.size for g in local if g is not None) - len(received) != len(held):
+            raise AlignmentError(f"rank {self.rank}: the pooled plan leaves samples of its window")
+        self.num_moved_in += len(received)
+        self.num_moved_out += len(given)
+        self.moved_in_bytes += sum(s.num_bytes for s in received)
+        kept = [g for g in local if g is not None]
+        self._buffer = []
+        self._buffer_changed = True
+        self._buffered_cost = 0
+        self._buffered_bytes = 0
+        self.num_emitted += sum(g.size for g in kept)
+        self._count_alone(kept)
+        order = emission_order(
+            plan.steps,
+            make_rng(self.config.seed, "round", self.epoch, self.round_index - 1),
+            paired=self.policy.emission_order is EmissionOrder.PAIRED,
+        )
+        steps = tuple(
+            Step(
+                group=local[i],
+                global_samples=plan.global_samples[i],
+                global_loss_tokens=plan.global_loss_tokens[i],
+                round_index=self.round_index - 1,
+                index_in_round=k,
+                max_cost=plan.max_costs[i],
+                cost_sum=plan.cost_sums[i],
+                useful_cost=math.ceil(useful_cost(local[i], self._budget)),
+            )
+            for k, i in enumerate(order)
+        )
+        return RoundOutcome(steps=steps)
+
     def _receive_deal(self, deals: tuple[int, ...]) -> None:
         # The global order is dealt in rank order from its first undealt position.
         if not deals:
@@ -497,6 +555,9 @@ class GroupingWindow:
         self._buffered_cost = sum(map(self._row_cost, self._buffer))
         self._buffered_bytes = sum(s.num_bytes for s in self._buffer)
         self.num_emitted += len(emitted)
+        self._count_alone(kept)
+
+    def _count_alone(self, kept: list[Group]) -> None:
         self.num_over_budget += sum(
             1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
         )
@@ -511,7 +572,8 @@ class GroupingWindow:
 
     def _end_epoch(self) -> RoundOutcome:
         self.epoch_over = True
-        self.num_dropped = self.num_dealt - self.num_emitted - self.num_skipped
+        held = self.num_dealt + self.num_moved_in - self.num_moved_out
+        self.num_dropped = held - self.num_emitted - self.num_skipped
         self._buffer = []
         self._buffer_changed = True
         self._buffered_cost = 0
