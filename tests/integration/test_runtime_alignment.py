@@ -190,6 +190,32 @@ def test_dealt_by_need_matches_simulation(world_size: int, emission_order: str) 
             assert run["stats"].emitted_samples == sum(map(len, emitted[runs.index(run)]))
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_cross_rank_grouping_moves_samples_and_matches_simulation(world_size: int) -> None:
+    # Windows of 4 budgets' worth and up to 16 steps a round: the epoch's last round
+    # pools the windows, and the samples it hands to other ranks travel between them.
+    loader = {
+        "window_budgets": 4,
+        "shard_dealing": "by_need",
+        "num_workers": 1,
+        "max_steps_per_round": 16,
+        "cross_rank_grouping": True,
+    }
+    job = _job(loader=loader, weights=None, epochs=2)
+    outcome = run_ranks(job, world_size=world_size)
+    assert outcome.errors == {}
+    for epoch in range(2):
+        runs = [outcome.ok[rank][epoch] for rank in range(world_size)]
+        emitted = [[list(s["meta"].sample_ids) for s in run["steps"]] for run in runs]
+        assert emitted == expected_dealt_steps(job, world_size, epoch)
+        _check_join_coverage(outcome.ok, epoch)
+        moved = [run["stats"].moved_samples for run in runs]
+        assert sum(moved) > 0, "the pooled round moved no sample"
+        assert all(run["stats"].moved_bytes > 0 for run, m in zip(runs, moved) if m)
+        for run, steps in zip(runs, emitted, strict=True):
+            assert run["stats"].emitted_samples == sum(map(len, steps))
+
+
 @pytest.mark.parametrize("dealing", ["fixed", "by_need"])
 def test_ramped_windows_match_simulation(dealing: str) -> None:
     # The ramp on (1 then 4 budgets, then 16), workers fetching: the steps equal the

@@ -71,9 +71,9 @@ class OnlinePolicy(Policy):
     cross_rank_grouping: bool = False
     """Group the epoch's tail across ranks: once nothing is undealt and one round drains
     every window, that round groups the union of the windows and hands the groups out
-    ``W`` at a time in cost order, moving samples between ranks (``core.pooling``). Needs
-    ``shard_dealing=by_need`` and ``join``. Simulated (``core.simulate``, ``odb-plan
-    --ranks``); the runtime does not move samples between ranks yet and refuses it."""
+    ``W`` at a time in cost order, moving samples between ranks over the metadata channel
+    (``core.pooling``; ``summary.json`` counts ``moved_samples`` and ``moved_bytes``).
+    Needs ``shard_dealing=by_need`` and ``join``."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
     epoch at the first finished rank and count the rest as dropped."""

@@ -164,3 +164,45 @@ def plan_pool(
         cost_sums=tuple(sum(c) for c in columns),
         owners=owners,
     )
+
+
+OFFER_MARK = -1
+"""First integer of an offers message: no round report starts with it (their first is
+the wire version), so the channel's report check leaves it alone."""
+_OFFER_FIELDS = (
+    "position",
+    "sample_id",
+    "length",
+    "num_loss_tokens",
+    "num_patches",
+    "num_image_tokens",
+    "patch_square_sum",
+    "num_bytes",
+)
+
+
+def encode_offer(samples: list[SampleInfo], width: int) -> list[int]:
+    """``samples`` as ``2 + 8 x width`` integers (every rank pads to the same ``width``,
+    the most samples any window buffers, which the round's reports give)."""
+    if len(samples) > width:
+        raise ValueError(f"an offer of {len(samples)} samples does not fit {width}")
+    body = [getattr(s, name) for s in samples for name in _OFFER_FIELDS]
+    return [OFFER_MARK, len(samples), *body, *[0] * (len(_OFFER_FIELDS) * (width - len(samples)))]
+
+
+def decode_offer(message: list[int]) -> list[SampleInfo]:
+    """Inverse of :func:`encode_offer`.
+
+    Raises:
+        ValueError: The message is not an offer.
+    """
+    fields = len(_OFFER_FIELDS)
+    if len(message) < 2 or message[0] != OFFER_MARK or message[1] < 0:
+        raise ValueError("not a pooled round's offer (mark or count)")
+    count = message[1]
+    if 2 + fields * count > len(message):
+        raise ValueError(f"an offer of {count} samples in {len(message)} integers")
+    return [
+        SampleInfo(**dict(zip(_OFFER_FIELDS, message[2 + fields * i : 2 + fields * (i + 1)], strict=True)))
+        for i in range(count)
+    ]

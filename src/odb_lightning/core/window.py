@@ -102,11 +102,17 @@ class RoundOutcome:
             ended the epoch).
         epoch_over: No more rounds this epoch.
         dropped: Samples of this rank's shard never emitted (non-join end of epoch).
+        pooled: The round grouped across ranks; every rank then moves samples.
+        moved_in: Positions (in the epoch's order) of the samples this rank runs but
+            another rank holds; ``moved_out``: those it holds and another rank runs.
     """
 
     steps: tuple[Step, ...] = ()
     epoch_over: bool = False
     dropped: int = 0
+    pooled: bool = False
+    moved_in: tuple[int, ...] = ()
+    moved_out: tuple[int, ...] = ()
 
 
 def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
@@ -516,7 +522,12 @@ class GroupingWindow:
             )
             for k, i in enumerate(order)
         )
-        return RoundOutcome(steps=steps)
+        return RoundOutcome(
+            steps=steps,
+            pooled=True,
+            moved_in=tuple(s.position for s in received),
+            moved_out=tuple(s.position for s in given),
+        )
 
     def _receive_deal(self, deals: tuple[int, ...]) -> None:
         # The global order is dealt in rank order from its first undealt position.
@@ -582,8 +593,19 @@ class GroupingWindow:
 
 
 def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
-    """One round as the runtime runs it: report, all-gather, plan, act."""
+    """One round as the runtime runs it: report, all-gather, plan, act. A pooled round
+    (``cross_rank_grouping``) all-gathers the windows' offers too, and its outcome names
+    the samples that move (``moved_in``, ``moved_out``)."""
+    from odb_lightning.core.pooling import decode_offer, encode_offer, plan_pool
+
     max_steps = window.policy.max_steps_per_round
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
-    return window.apply(plan_round(reports, join=window.policy.join))
+    pool_steps = max_steps if window.policy.cross_rank_grouping else None
+    plan = plan_round(reports, join=window.policy.join, pool_max_steps=pool_steps)
+    if not plan.pooled:
+        return window.apply(plan)
+    width = max(r.buffered for r in reports)
+    offers = [decode_offer(m) for m in exchange(encode_offer(window.pool_offer(), width))]
+    pool = plan_pool(offers, window.config.budget, patch_budget=window.config.patch_budget)
+    return window.apply_pool(pool)

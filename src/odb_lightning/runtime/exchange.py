@@ -35,6 +35,10 @@ class Channel(Protocol):
         """Every rank's ``message``, by rank; ``context`` names the round in errors."""
         ...
 
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        """Every rank's ``payload`` (of any size), by rank."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -43,6 +47,9 @@ class LocalChannel:
 
     def allgather(self, message: list[int], context: str) -> list[list[int]]:
         return [list(message)]
+
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        return [payload]
 
     def close(self) -> None:
         """Nothing to release."""
@@ -102,6 +109,26 @@ class GlooChannel:
         messages = [t.tolist() for t in gathered]
         check_messages(messages, message, context, f"{self._where} on rank {self._rendezvous.rank}")
         return messages
+
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        """The sizes in one all-gather, then the payloads padded to the largest."""
+        sizes = [size for (size,) in self.allgather([len(payload)], context)]
+        width = max(sizes)
+        if width == 0:
+            return [b"" for _ in sizes]
+        local = torch.zeros(width, dtype=torch.uint8)
+        if payload:
+            local[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = [torch.empty_like(local) for _ in sizes]
+        assert self._group is not None  # allgather above raised if it were closed
+        try:
+            self._group.allgather([gathered], [local]).wait()
+        except (RuntimeError, MemoryError) as error:
+            raise MetadataChannelError(
+                f"{self._where} failed on rank {self._rendezvous.rank} at {context} "
+                f"(a peer rank died, hangs or is out of step): {error}"
+            ) from error
+        return [t[:size].numpy().tobytes() for t, size in zip(gathered, sizes, strict=True)]
 
     def close(self) -> None:
         """Shut the Gloo group down; later calls fail with :class:`MetadataChannelError`."""

@@ -118,12 +118,6 @@ class ODBLoader:
                 f"ODBLoader forms batches online (an odb mode), got mode "
                 f"{self.config.mode!r}: planned modes use PlannedLoader"
             )
-        if self.config.policy.cross_rank_grouping:  # type: ignore[attr-defined]
-            raise ValueError(
-                "batching.policy.cross_rank_grouping=true is simulated only (core.simulate, "
-                "odb-plan --ranks, experiments/sync_efficiency): the ODB runtime does not move "
-                "samples between ranks yet; set batching.policy.cross_rank_grouping=false"
-            )
         if not _is_count(pad_id, 0):
             raise ValueError(f"pad_id must be an integer >= 0, got {pad_id!r}")
         if max_seq_len is not None and not _is_count(max_seq_len, 1):

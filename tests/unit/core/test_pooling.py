@@ -17,7 +17,6 @@ from odb_lightning.core.pooling import plan_pool
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch
 from odb_lightning.core.types import SampleInfo
-from odb_lightning.runtime.loader import ODBLoader
 
 
 @st.composite
@@ -66,6 +65,17 @@ def test_every_sample_runs_once_on_equal_steps_with_moves_accounted(job: dict) -
     assert sum(result.moved_samples) <= len(lengths)
     if world == 1:
         assert result.moved_samples == (0,)
+
+
+def test_an_offer_round_trips_and_is_no_report() -> None:
+    from odb_lightning.core.pooling import decode_offer, encode_offer
+    from odb_lightning.core.wire import report_max_steps
+
+    samples = [SampleInfo(sample_id=9, length=5, num_loss_tokens=2, position=3, num_bytes=80)]
+    message = encode_offer(samples, 4)
+    assert decode_offer(message) == samples and report_max_steps(message) is None
+    with pytest.raises(ValueError, match="not a pooled round's offer"):
+        decode_offer([4, *message[1:]])
 
 
 def _offer(rank_lengths: list[list[int]]) -> list[list[SampleInfo]]:
@@ -120,8 +130,3 @@ def test_it_needs_one_dealt_order_and_join() -> None:
         BatchingConfig.of(cross_rank_grouping=True, shard_dealing="fixed")
     with pytest.raises(ValueError, match="join=true"):
         BatchingConfig.of(cross_rank_grouping=True, join=False)
-
-
-def test_the_runtime_refuses_it_saying_it_is_simulated_only() -> None:
-    with pytest.raises(ValueError, match="cross_rank_grouping=true is simulated only"):
-        ODBLoader([], token_budget=64, cross_rank_grouping=True)
