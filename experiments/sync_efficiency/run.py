@@ -110,9 +110,9 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     started, cpu_started = time.perf_counter(), time.process_time()
     if config.policy.by_need:
         # Moved bytes at the measured 16.2 serialized bytes per ShareGPT token (README).
-        sizes = [round(BYTES_PER_TOKEN * n) for n in ordered]
         moving = config.policy.cross_rank_grouping
-        result = simulate_dealt_epoch(ordered, world, config, sample_bytes=sizes if moving else None)
+        sizes = [round(BYTES_PER_TOKEN * n) for n in ordered] if moving else None
+        result = simulate_dealt_epoch(ordered, world, config, sample_bytes=sizes)
     else:
         result = simulate_epoch(shards_of(ordered, world), config)
     elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started

@@ -150,9 +150,7 @@ def plan_pool(
     if wanted > len(groups):
         groups = split_groups(groups, wanted - len(groups))
     groups = _cost_ranked(groups, owners, budget)
-    rows = [
-        _assign(groups[t * world : (t + 1) * world], owners, world) for t in range(positions)
-    ]
+    rows = [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(positions)]
     columns = [[_cost(g, budget) if g is not None else 0 for g in row] for row in rows]
     return PoolPlan(
         rank_groups=tuple(tuple(row[r] for row in rows) for r in range(world)),
@@ -203,6 +201,8 @@ def decode_offer(message: list[int]) -> list[SampleInfo]:
     if 2 + fields * count > len(message):
         raise ValueError(f"an offer of {count} samples in {len(message)} integers")
     return [
-        SampleInfo(**dict(zip(_OFFER_FIELDS, message[2 + fields * i : 2 + fields * (i + 1)], strict=True)))
+        SampleInfo(
+            **dict(zip(_OFFER_FIELDS, message[2 + fields * i : 2 + fields * (i + 1)], strict=True))
+        )
         for i in range(count)
     ]

@@ -452,26 +452,39 @@ class GroupingWindow:
         if self._ramp:
             self._ramp.popleft()
         local = self._local_steps(groups, plan)
+        columns = list(zip(*plan.rank_costs, strict=True))
+        costs = [(max(column), sum(column)) for column in columns]
+        return RoundOutcome(
+            steps=self._steps(local, plan.global_samples, plan.global_loss_tokens, costs)
+        )
+
+    def _steps(
+        self,
+        local: list[Group | None] | tuple[Group | None, ...],
+        global_samples: tuple[int, ...],
+        global_loss_tokens: tuple[int, ...],
+        costs: list[tuple[int, int]],
+    ) -> tuple[Step, ...]:
+        """The round's steps in the emission order (``costs``: per position, the slowest
+        rank's cost and the ranks' sum)."""
         order = emission_order(
-            plan.target_steps,
+            len(local),
             make_rng(self.config.seed, "round", self.epoch, self.round_index - 1),
             paired=self.policy.emission_order is EmissionOrder.PAIRED,
         )
-        columns = list(zip(*plan.rank_costs, strict=True))
-        steps = tuple(
+        return tuple(
             Step(
                 group=local[i],
-                global_samples=plan.global_samples[i],
-                global_loss_tokens=plan.global_loss_tokens[i],
+                global_samples=global_samples[i],
+                global_loss_tokens=global_loss_tokens[i],
                 round_index=self.round_index - 1,
                 index_in_round=k,
-                max_cost=max(columns[i]),
-                cost_sum=sum(columns[i]),
+                max_cost=costs[i][0],
+                cost_sum=costs[i][1],
                 useful_cost=math.ceil(useful_cost(local[i], self._budget)),
             )
             for k, i in enumerate(order)
         )
-        return RoundOutcome(steps=steps)
 
     def pool_offer(self) -> list[SampleInfo]:
         """This window's samples, offered to a pooled round (``RoundPlan.pooled``)."""
@@ -491,7 +504,9 @@ class GroupingWindow:
         received, given = plan.moved(self.rank)
         held = {s.position for s in self._buffer}
         if any(s.position not in held for s in given) or any(s.position in held for s in received):
-            raise AlignmentError(f"rank {self.rank}: the pooled plan moves samples it does not hold")
+            raise AlignmentError(
+                f"rank {self.rank}: the pooled plan moves samples it does not hold"
+            )
         if len(given) + sum(g.size for g in local if g is not None) - len(received) != len(held):
             raise AlignmentError(f"rank {self.rank}: the pooled plan leaves samples of its window")
         self.num_moved_in += len(received)
@@ -504,26 +519,9 @@ class GroupingWindow:
         self._buffered_bytes = 0
         self.num_emitted += sum(g.size for g in kept)
         self._count_alone(kept)
-        order = emission_order(
-            plan.steps,
-            make_rng(self.config.seed, "round", self.epoch, self.round_index - 1),
-            paired=self.policy.emission_order is EmissionOrder.PAIRED,
-        )
-        steps = tuple(
-            Step(
-                group=local[i],
-                global_samples=plan.global_samples[i],
-                global_loss_tokens=plan.global_loss_tokens[i],
-                round_index=self.round_index - 1,
-                index_in_round=k,
-                max_cost=plan.max_costs[i],
-                cost_sum=plan.cost_sums[i],
-                useful_cost=math.ceil(useful_cost(local[i], self._budget)),
-            )
-            for k, i in enumerate(order)
-        )
+        costs = list(zip(plan.max_costs, plan.cost_sums, strict=True))
         return RoundOutcome(
-            steps=steps,
+            steps=self._steps(local, plan.global_samples, plan.global_loss_tokens, costs),
             pooled=True,
             moved_in=tuple(s.position for s in received),
             moved_out=tuple(s.position for s in given),

@@ -98,15 +98,7 @@ class GlooChannel:
         if self._group is None:
             raise MetadataChannelError(f"{self._where} is closed")
         local = torch.tensor(message, dtype=torch.int64)
-        gathered = [torch.empty_like(local) for _ in range(self._rendezvous.world_size)]
-        try:
-            self._group.allgather([gathered], [local]).wait()
-        except (RuntimeError, MemoryError) as error:
-            raise MetadataChannelError(
-                f"{self._where} failed on rank {self._rendezvous.rank} at {context} "
-                f"(a peer rank died, hangs or is out of step): {error}"
-            ) from error
-        messages = [t.tolist() for t in gathered]
+        messages = [t.tolist() for t in self._gather(local, context)]
         check_messages(messages, message, context, f"{self._where} on rank {self._rendezvous.rank}")
         return messages
 
@@ -119,8 +111,13 @@ class GlooChannel:
         local = torch.zeros(width, dtype=torch.uint8)
         if payload:
             local[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        gathered = [torch.empty_like(local) for _ in sizes]
-        assert self._group is not None  # allgather above raised if it were closed
+        gathered = self._gather(local, context)
+        return [t[:size].numpy().tobytes() for t, size in zip(gathered, sizes, strict=True)]
+
+    def _gather(self, local: torch.Tensor, context: str) -> list[torch.Tensor]:
+        if self._group is None:
+            raise MetadataChannelError(f"{self._where} is closed")
+        gathered = [torch.empty_like(local) for _ in range(self._rendezvous.world_size)]
         try:
             self._group.allgather([gathered], [local]).wait()
         except (RuntimeError, MemoryError) as error:
@@ -128,7 +125,7 @@ class GlooChannel:
                 f"{self._where} failed on rank {self._rendezvous.rank} at {context} "
                 f"(a peer rank died, hangs or is out of step): {error}"
             ) from error
-        return [t[:size].numpy().tobytes() for t, size in zip(gathered, sizes, strict=True)]
+        return gathered
 
     def close(self) -> None:
         """Shut the Gloo group down; later calls fail with :class:`MetadataChannelError`."""

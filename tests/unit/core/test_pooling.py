@@ -49,7 +49,9 @@ def test_every_sample_runs_once_on_equal_steps_with_moves_accounted(job: dict) -
     losses = [n // 2 for n in lengths]
     result = simulate_dealt_epoch(lengths, world, config, loss_tokens=losses)
     assert len({len(steps) for steps in result.steps}) == 1
-    ran = Counter(m.sample_id for steps in result.steps for s in steps if s.group for m in s.group.samples)
+    ran = Counter(
+        m.sample_id for steps in result.steps for s in steps if s.group for m in s.group.samples
+    )
     assert sorted(ran) == list(range(len(lengths))) and set(ran.values()) <= {1}
     assert result.dropped == [0] * world
     for column in zip(*result.steps, strict=True):
@@ -83,7 +85,9 @@ def _offer(rank_lengths: list[list[int]]) -> list[list[SampleInfo]]:
     for lengths in rank_lengths:
         offer = []
         for n in lengths:
-            offer.append(SampleInfo(sample_id=position, length=n, num_loss_tokens=n, position=position))
+            offer.append(
+                SampleInfo(sample_id=position, length=n, num_loss_tokens=n, position=position)
+            )
             position += 1
         offers.append(offer)
     return offers
@@ -105,7 +109,9 @@ def test_positions_pair_groups_of_like_cost_costliest_first() -> None:
     budget = BatchingConfig.of(token_budget=800).budget
     plan = plan_pool(offers, budget)
     assert list(plan.max_costs) == sorted(plan.max_costs, reverse=True)
-    every = sorted(s.position for groups in plan.rank_groups for g in groups if g for s in g.samples)
+    every = sorted(
+        s.position for groups in plan.rank_groups for g in groups if g for s in g.samples
+    )
     assert every == list(range(240))
     received = sum(len(plan.moved(r)[0]) for r in range(4))
     assert received == sum(len(plan.moved(r)[1]) for r in range(4))
