@@ -18,8 +18,9 @@ class EmissionOrder(StrEnum):
     SHUFFLED = "shuffled"
     """A seeded permutation of the positions."""
     PAIRED = "paired"
-    """The costliest position next to the cheapest, the second next to the second
-    cheapest, ...; the pairs in a seeded order."""
+    """The position of the longest samples (supervised tokens per sample over every rank)
+    next to that of the shortest, the second next to the second shortest, ...; the pairs
+    in a seeded order."""
 
 
 class ShardDealing(StrEnum):
@@ -65,7 +66,7 @@ class OnlinePolicy(Policy):
     emission_order: EmissionOrder = EmissionOrder.SHUFFLED
     """``shuffled``: a round's steps are emitted in a seeded order (seed, epoch, round),
     the same on every rank, so the cost alignment holds and training sees no long-to-short
-    sawtooth; ``paired``: the same, with the costliest step next to the cheapest, so the
+    sawtooth; ``paired``: the same, with the longest step next to the shortest, so the
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
     accumulation) hold long and short samples (experiments/quality)."""
     cross_rank_grouping: bool = False

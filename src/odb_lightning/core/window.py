@@ -467,10 +467,16 @@ class GroupingWindow:
     ) -> tuple[Step, ...]:
         """The round's steps in the emission order (``costs``: per position, the slowest
         rank's cost and the ranks' sum)."""
+        # Supervised tokens per sample at each position, over every rank: the same on
+        # every rank, and long where the samples are (what ``paired`` pairs by).
+        lengths = [
+            t / n if n else 0.0 for t, n in zip(global_loss_tokens, global_samples, strict=True)
+        ]
         order = emission_order(
             len(local),
             make_rng(self.config.seed, "round", self.epoch, self.round_index - 1),
             paired=self.policy.emission_order is EmissionOrder.PAIRED,
+            lengths=lengths,
         )
         return tuple(
             Step(
