@@ -48,9 +48,7 @@ def predict_batches(
     lengths = [stats[i].length for i in train]
     standard, odb = [], []
     for epoch in range(epochs):
-        plan = plan_epoch(
-            lengths, batching, mode=fixed_mode, batch_size=batch_size, epoch=epoch
-        )
+        plan = plan_epoch(lengths, batching, mode=fixed_mode, batch_size=batch_size, epoch=epoch)
         standard.append([[train[p] for p in batch] for batch in plan])
         if not batching.policy.online:
             continue

@@ -177,17 +177,47 @@ def test_dealt_by_need_matches_simulation(world_size: int, emission_order: str) 
         "num_workers": 1,
         "emission_order": emission_order,
     }
-    job = _job(loader=loader, weights=None, epochs=2)
+    for runs in _dealt_epochs_match_simulation(
+        _job(loader=loader, weights=None, epochs=2), world_size
+    ):
+        assert all(run["stats"].moved_samples == 0 for run in runs)
+
+
+def _dealt_epochs_match_simulation(job: RankJob, world_size: int) -> list[list[dict]]:
+    """Run ``job`` dealt by need; every epoch's steps are the simulator's, every sample
+    runs once, each rank's stats count what it emitted. Returns each epoch's runs."""
     outcome = run_ranks(job, world_size=world_size)
     assert outcome.errors == {}
-    for epoch in range(2):
+    epochs = []
+    for epoch in range(job.epochs):
         runs = [outcome.ok[rank][epoch] for rank in range(world_size)]
         emitted = [[list(s["meta"].sample_ids) for s in run["steps"]] for run in runs]
         assert emitted == expected_dealt_steps(job, world_size, epoch)
         assert len({len(steps) for steps in emitted}) == 1
         _check_join_coverage(outcome.ok, epoch)
-        for run in runs:
-            assert run["stats"].emitted_samples == sum(map(len, emitted[runs.index(run)]))
+        for run, steps in zip(runs, emitted, strict=True):
+            assert run["stats"].emitted_samples == sum(map(len, steps))
+        epochs.append(runs)
+    return epochs
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_cross_rank_grouping_moves_samples_and_matches_simulation(world_size: int) -> None:
+    # Windows of 4 budgets' worth and up to 16 steps a round: the epoch's last round
+    # pools the windows, and the samples it hands to other ranks travel between them.
+    loader = {
+        "window_budgets": 4,
+        "shard_dealing": "by_need",
+        "num_workers": 1,
+        "max_steps_per_round": 16,
+        "cross_rank_grouping": True,
+    }
+    for runs in _dealt_epochs_match_simulation(
+        _job(loader=loader, weights=None, epochs=2), world_size
+    ):
+        moved = [run["stats"].moved_samples for run in runs]
+        assert sum(moved) > 0, "the pooled round moved no sample"
+        assert all(run["stats"].moved_bytes > 0 for run, m in zip(runs, moved, strict=True) if m)
 
 
 @pytest.mark.parametrize("dealing", ["fixed", "by_need"])

@@ -89,6 +89,9 @@ class KnobOption:
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         field = self.field()
         default = field.default
+        if isinstance(default, bool):
+            parser.add_argument(self.flag, dest=self.knob, action="store_true", help=self.help)
+            return
         choices = [m.value for m in type(default)] if isinstance(default, Enum) else None
         parse = _int_list if isinstance(default, tuple) else (str if choices else int)
         shown = f"default: the config's, {getattr(default, 'value', default)}"
@@ -113,6 +116,12 @@ KNOB_OPTIONS = (
         True,
     ),  # fmt: skip
     KnobOption("--dealing", "shard_dealing", (OnlinePolicy,), "shards for --ranks", True),
+    KnobOption(
+        "--cross-rank",
+        "cross_rank_grouping",
+        (OnlinePolicy,),
+        "--ranks: group the epoch's tail across ranks",
+    ),
     KnobOption("--buckets", "num_buckets", (BucketedPolicy,), "k for the bucket optimizer"),
     KnobOption("--boundaries", "boundaries", (BucketedPolicy,), "fixed bucket edges, no optimizer"),
     KnobOption("--max-batch-size", "max_batch_size", (BucketedPolicy,), "bucketed batch cap"),
@@ -260,6 +269,8 @@ def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) ->
         "sync_efficiency": result.sync.sync_efficiency,
         "utilization": result.sync.utilization,
         "idle_fraction": result.sync.idle_fraction,
+        "cross_rank_grouping": policy.cross_rank_grouping,
+        "moved_samples": sum(result.moved_samples),
     }
 
 

@@ -64,6 +64,11 @@ def render(result: dict[str, Any], console: Console) -> None:
                 f"{r['steps_per_rank']} steps/rank ({r['steps_vs_oracle']:.3f} x oracle), "
                 f"sync efficiency {r['sync_efficiency']:.1%}, utilization "
                 f"{r['utilization']:.1%}, IDLE {r['idle_fraction']:.1%}"
+                + (
+                    f", grouped across ranks: {r['moved_samples']} samples moved"
+                    if r["cross_rank_grouping"]
+                    else ""
+                )
             )
         names = {"standard": "random (standard)"}
         console.print(

@@ -41,6 +41,19 @@ from dataclasses import dataclass
 from odb_lightning.core.wire import RankReport
 
 
+def pools(reports: list[RankReport], max_steps: int) -> bool:
+    """Whether an emitting round groups across ranks: nothing is undealt, every unfinished
+    window is full and shows all its groups (fewer than ``max_steps``), so the ordinary
+    round would drain every window anyway (:mod:`~odb_lightning.core.pooling`)."""
+    active = [r for r in reports if not r.finished]
+    return (
+        bool(active)
+        and all(r.undealt == 0 for r in reports)
+        and all(r.full and r.num_groups < max_steps for r in active)
+        and any(r.buffered for r in active)
+    )
+
+
 class AlignmentError(RuntimeError):
     """Ranks are out of step (different epoch or round) or sent inconsistent reports."""
 
@@ -66,6 +79,9 @@ class RoundPlan:
             (after those dealt to the ranks before it).
         global_samples: Per step position, samples over all ranks.
         global_loss_tokens: Per step position, supervised tokens over all ranks.
+        pooled: This round groups the union of the windows across ranks
+            (:mod:`~odb_lightning.core.pooling`): every rank offers its window and acts on
+            :func:`~odb_lightning.core.pooling.plan_pool` instead.
     """
 
     target_steps: int
@@ -78,6 +94,7 @@ class RoundPlan:
     deals: tuple[int, ...] = ()
     global_samples: tuple[int, ...] = ()
     global_loss_tokens: tuple[int, ...] = ()
+    pooled: bool = False
 
 
 def peel_order(sizes: list[int], num_peels: int) -> list[int]:
@@ -208,8 +225,13 @@ def target_steps(reports: list[RankReport]) -> int:
     return max(1, target)
 
 
-def plan_round(reports: list[RankReport], *, join: bool) -> RoundPlan:
-    """The DGAP rule (see the module docstring) over all ranks' reports."""
+def plan_round(
+    reports: list[RankReport], *, join: bool, pool_max_steps: int | None = None
+) -> RoundPlan:
+    """The DGAP rule (see the module docstring) over all ranks' reports.
+
+    ``pool_max_steps``: ``Q`` when ``cross_rank_grouping`` is on (join only); a round that
+    :func:`pools` then returns a ``pooled`` plan."""
     if not reports:
         raise AlignmentError("a round needs at least one report")
     failed = [rank for rank, r in enumerate(reports) if r.aborted]
@@ -224,6 +246,8 @@ def plan_round(reports: list[RankReport], *, join: bool) -> RoundPlan:
     deals = deal_counts(reports)
     if not all(r.full for r in reports if not r.finished):
         return RoundPlan(target_steps=0, deals=deals)
+    if pool_max_steps is not None and join and pools(reports, pool_max_steps):
+        return RoundPlan(target_steps=0, pooled=True)
     target = target_steps(reports)
     orders, sizes, losses, costs = [], [], [], []
     for report in reports:

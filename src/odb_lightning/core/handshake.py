@@ -44,6 +44,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "max_steps_per_round": int,
     "emission_order": lambda order: list(EmissionOrder).index(order),
     "join": int,
+    "cross_rank_grouping": int,
     "seed": int,
     "attention_weight": _billionths,
     "mode": lambda mode: list(MODES).index(mode),

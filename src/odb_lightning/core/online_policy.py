@@ -18,8 +18,9 @@ class EmissionOrder(StrEnum):
     SHUFFLED = "shuffled"
     """A seeded permutation of the positions."""
     PAIRED = "paired"
-    """The costliest position next to the cheapest, the second next to the second
-    cheapest, ...; the pairs in a seeded order."""
+    """The position of the longest samples (supervised tokens per sample over every rank)
+    next to that of the shortest, the second next to the second shortest, ...; the pairs
+    in a seeded order."""
 
 
 class ShardDealing(StrEnum):
@@ -65,9 +66,15 @@ class OnlinePolicy(Policy):
     emission_order: EmissionOrder = EmissionOrder.SHUFFLED
     """``shuffled``: a round's steps are emitted in a seeded order (seed, epoch, round),
     the same on every rank, so the cost alignment holds and training sees no long-to-short
-    sawtooth; ``paired``: the same, with the costliest step next to the cheapest, so the
+    sawtooth; ``paired``: the same, with the longest step next to the shortest, so the
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
     accumulation) hold long and short samples (experiments/quality)."""
+    cross_rank_grouping: bool = False
+    """Group the epoch's tail across ranks: once nothing is undealt and one round drains
+    every window, that round groups the union of the windows and hands the groups out
+    ``W`` at a time in cost order, moving samples between ranks over the metadata channel
+    (``core.pooling``; ``summary.json`` counts ``moved_samples`` and ``moved_bytes``).
+    Needs ``shard_dealing=by_need`` and ``join``."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
     epoch at the first finished rank and count the rest as dropped."""
@@ -86,6 +93,14 @@ class OnlinePolicy(Policy):
         emission = enum_member(EmissionOrder, f"{key}.emission_order", self.emission_order)
         object.__setattr__(self, "emission_order", emission)
         check_bool(f"{key}.join", self.join)
+        check_bool(f"{key}.cross_rank_grouping", self.cross_rank_grouping)
+        if self.cross_rank_grouping and not (self.by_need and self.join):
+            raise ValueError(
+                f"{key}.cross_rank_grouping=true needs {key}.shard_dealing=by_need and "
+                f"{key}.join=true (it moves samples of one dealt order between ranks and "
+                "runs every one), got "
+                f"shard_dealing={self.shard_dealing.value}, join={self.join}"
+            )
 
     @property
     def window_max_bytes(self) -> int | None:

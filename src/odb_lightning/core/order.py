@@ -4,6 +4,7 @@ fixed ``seed`` gives the same plan in the simulator and in production."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 
 def make_rng(seed: int, *salt: int | str) -> random.Random:
@@ -27,27 +28,37 @@ def shard_indices(n: int, world_size: int, rank: int, seed: int, epoch: int) -> 
     return epoch_permutation(n, seed, epoch)[rank::world_size]
 
 
-def emission_order(num_steps: int, rng: random.Random, *, paired: bool) -> list[int]:
-    """The order in which a round's step positions (``0`` the costliest, as the round
-    plan ranks them) are emitted: a permutation drawn from ``rng``, which every rank seeds
-    alike, so position ``t`` stays aligned across ranks.
+def emission_order(
+    num_steps: int,
+    rng: random.Random,
+    *,
+    paired: bool,
+    lengths: Sequence[float] | None = None,
+) -> list[int]:
+    """The order in which a round's step positions are emitted: a permutation drawn from
+    ``rng``, which every rank seeds alike, so position ``t`` stays aligned across ranks.
 
-    ``paired=False``: a uniform permutation. ``paired=True``: the positions paired by cost
-    rank, the costliest with the cheapest (``0`` with ``num_steps - 1``, ``1`` with
-    ``num_steps - 2``, ...); the pairs are emitted in a uniform order, each pair's two
-    steps back to back in a random order of the two (an odd count leaves the median
-    position alone). Either way no length curriculum runs through the round; paired,
-    consecutive steps also hold long and short samples, so micro-batches accumulated into
-    one optimizer step cover the length range.
+    ``paired=False``: a uniform permutation. ``paired=True``: the positions ranked by
+    ``lengths`` (a per-position length every rank knows alike, longest first, ties by
+    position; default: the position itself), and the longest paired with the shortest,
+    the second longest with the second shortest, ...; the pairs are emitted in a uniform
+    order, each pair's two steps back to back in a random order of the two (an odd count
+    leaves the median alone). Either way no length curriculum runs through the round;
+    paired, consecutive steps also hold long and short samples, so micro-batches
+    accumulated into one optimizer step cover the length range.
     """
     positions = list(range(num_steps))
     if not paired:
         rng.shuffle(positions)
         return positions
+    if lengths is not None:
+        if len(lengths) != num_steps:
+            raise ValueError(f"{len(lengths)} lengths for {num_steps} positions")
+        positions.sort(key=lambda i: (-lengths[i], i))
     half, odd = divmod(num_steps, 2)
-    units = [[i, num_steps - 1 - i] for i in range(half)]
+    units = [[positions[i], positions[num_steps - 1 - i]] for i in range(half)]
     if odd:
-        units.append([half])
+        units.append([positions[half]])
     rng.shuffle(units)
     for unit in units:
         if len(unit) == 2 and rng.random() < 0.5:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.online_policy import ShardDealing
+from odb_lightning.core.pooling import plan_pool
 from odb_lightning.core.sync import SyncFigures, sync_figures
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, Step
@@ -42,6 +43,8 @@ class SimulationResult:
         first_step_samples: Per rank, samples that had arrived (or been skipped) when the
             first round emitted steps: what the first step waits for (the ramp's work).
         first_step_cost: Per rank, the row costs of those samples (each rounded up).
+        moved_samples: Per rank, samples it ran that another rank's window held
+            (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes.
     """
 
     steps: list[list[Step]]
@@ -53,6 +56,8 @@ class SimulationResult:
     over_patch_budget: tuple[int, ...] = ()
     first_step_samples: tuple[int, ...] = ()
     first_step_cost: tuple[int, ...] = ()
+    moved_samples: tuple[int, ...] = ()
+    moved_bytes: tuple[int, ...] = ()
 
 
 def _fill(
@@ -91,11 +96,12 @@ def simulate_epoch(
 ) -> SimulationResult:
     """Simulate one epoch of fixed shards; sample ids are positions in each rank's list.
     ``rank_lengths`` are the shards, so the windows run with ``shard_dealing=fixed``
-    whatever ``config`` says (:func:`simulate_dealt_epoch` deals one order by need).
+    whatever ``config`` says (:func:`simulate_dealt_epoch` deals one order by need), and
+    without ``cross_rank_grouping`` (it needs one dealt order).
     ``patches`` (and ``patch_squares``): per rank, each sample's ViT patches (and its
     images' squared patch counts summed), for ``batching.rows.max_patches``; ``sample_bytes``:
     per rank, each sample's serialized size, for ``batching.policy.window_max_mib``."""
-    config = BatchingConfig.of(config, shard_dealing=ShardDealing.FIXED)
+    config = BatchingConfig.of(config, shard_dealing=ShardDealing.FIXED, cross_rank_grouping=False)
     losses = loss_tokens if loss_tokens is not None else rank_lengths
     if len(losses) != len(rank_lengths):
         raise ValueError("loss_tokens must have one list per rank")
@@ -174,11 +180,24 @@ def _run(
             sizes = None if sample_bytes is None else sample_bytes[rank]
             _fill(window, lengths, loss, rank_patches, squares, sizes)
         messages = [encode_report(w.make_report(), max_steps) for w in windows]
-        plan = plan_round([decode_report(m, max_steps) for m in messages], join=config.policy.join)
-        if plan.target_steps and not first:
+        plan = plan_round(
+            [decode_report(m, max_steps) for m in messages],
+            join=config.policy.join,
+            pool_max_steps=max_steps if config.policy.cross_rank_grouping else None,
+        )
+        if (plan.target_steps or plan.pooled) and not first:
             first = [(w.num_received, w.received_cost) for w in windows]
-        for window, rank_steps in zip(windows, steps, strict=True):
-            rank_steps.extend(window.apply(plan).steps)
+        if plan.pooled:
+            pool = plan_pool(
+                [w.pool_offer() for w in windows],
+                config.budget,
+                patch_budget=config.patch_budget,
+            )
+            outcomes = [w.apply_pool(pool) for w in windows]
+        else:
+            outcomes = [w.apply(plan) for w in windows]
+        for outcome, rank_steps in zip(outcomes, steps, strict=True):
+            rank_steps.extend(outcome.steps)
         if plan.epoch_over:
             return SimulationResult(
                 steps=steps,
@@ -189,6 +208,8 @@ def _run(
                 over_patch_budget=tuple(w.num_over_patch_budget for w in windows),
                 first_step_samples=tuple(n for n, _ in first),
                 first_step_cost=tuple(c for _, c in first),
+                moved_samples=tuple(w.num_moved_in for w in windows),
+                moved_bytes=tuple(w.moved_in_bytes for w in windows),
                 sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")

@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
 from odb_lightning.core.budget import Budget
@@ -31,6 +32,9 @@ from odb_lightning.core.order import emission_order, make_rng
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
+
+if TYPE_CHECKING:
+    from odb_lightning.core.pooling import PoolPlan
 
 RAMP_GROWTH = 4
 """How much the ramp's window grows per emitting round. Each round's steps train while the
@@ -98,11 +102,17 @@ class RoundOutcome:
             ended the epoch).
         epoch_over: No more rounds this epoch.
         dropped: Samples of this rank's shard never emitted (non-join end of epoch).
+        pooled: The round grouped across ranks; every rank then moves samples.
+        moved_in: Positions (in the epoch's order) of the samples this rank runs but
+            another rank holds; ``moved_out``: those it holds and another rank runs.
     """
 
     steps: tuple[Step, ...] = ()
     epoch_over: bool = False
     dropped: int = 0
+    pooled: bool = False
+    moved_in: tuple[int, ...] = ()
+    moved_out: tuple[int, ...] = ()
 
 
 def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
@@ -208,6 +218,9 @@ class GroupingWindow:
         self.num_dropped = 0
         self.num_skipped = 0
         self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
+        self.num_moved_in = 0  # samples this rank ran that another rank offered
+        self.num_moved_out = 0  # samples this rank offered that another rank ran
+        self.moved_in_bytes = 0
         self.epoch_over = False
         self._ramp = deque(ramp_targets(self.policy))  # the targets of the rounds to come
 
@@ -439,26 +452,86 @@ class GroupingWindow:
         if self._ramp:
             self._ramp.popleft()
         local = self._local_steps(groups, plan)
+        columns = list(zip(*plan.rank_costs, strict=True))
+        costs = [(max(column), sum(column)) for column in columns]
+        return RoundOutcome(
+            steps=self._steps(local, plan.global_samples, plan.global_loss_tokens, costs)
+        )
+
+    def _steps(
+        self,
+        local: list[Group | None] | tuple[Group | None, ...],
+        global_samples: tuple[int, ...],
+        global_loss_tokens: tuple[int, ...],
+        costs: list[tuple[int, int]],
+    ) -> tuple[Step, ...]:
+        """The round's steps in the emission order (``costs``: per position, the slowest
+        rank's cost and the ranks' sum)."""
+        # Supervised tokens per sample at each position, over every rank: the same on
+        # every rank, and long where the samples are (what ``paired`` pairs by).
+        lengths = [
+            t / n if n else 0.0 for t, n in zip(global_loss_tokens, global_samples, strict=True)
+        ]
         order = emission_order(
-            plan.target_steps,
+            len(local),
             make_rng(self.config.seed, "round", self.epoch, self.round_index - 1),
             paired=self.policy.emission_order is EmissionOrder.PAIRED,
+            lengths=lengths,
         )
-        columns = list(zip(*plan.rank_costs, strict=True))
-        steps = tuple(
+        return tuple(
             Step(
                 group=local[i],
-                global_samples=plan.global_samples[i],
-                global_loss_tokens=plan.global_loss_tokens[i],
+                global_samples=global_samples[i],
+                global_loss_tokens=global_loss_tokens[i],
                 round_index=self.round_index - 1,
                 index_in_round=k,
-                max_cost=max(columns[i]),
-                cost_sum=sum(columns[i]),
+                max_cost=costs[i][0],
+                cost_sum=costs[i][1],
                 useful_cost=math.ceil(useful_cost(local[i], self._budget)),
             )
             for k, i in enumerate(order)
         )
-        return RoundOutcome(steps=steps)
+
+    def pool_offer(self) -> list[SampleInfo]:
+        """This window's samples, offered to a pooled round (``RoundPlan.pooled``)."""
+        if self._groups is None:
+            raise RuntimeError("pool_offer() needs make_report() first in every round")
+        return sorted(self._buffer, key=lambda s: s.position)
+
+    def apply_pool(self, plan: PoolPlan) -> RoundOutcome:
+        """Act on this rank's row of a pooled round: run its groups (some of their
+        samples offered by other ranks), give the rest of its window away."""
+        if self._groups is None:
+            raise RuntimeError("apply_pool() needs make_report() first in every round")
+        self._groups = None
+        self.round_index += 1
+        self._ramp.clear()
+        local = plan.rank_groups[self.rank]
+        received, given = plan.moved(self.rank)
+        held = {s.position for s in self._buffer}
+        if any(s.position not in held for s in given) or any(s.position in held for s in received):
+            raise AlignmentError(
+                f"rank {self.rank}: the pooled plan moves samples it does not hold"
+            )
+        if len(given) + sum(g.size for g in local if g is not None) - len(received) != len(held):
+            raise AlignmentError(f"rank {self.rank}: the pooled plan leaves samples of its window")
+        self.num_moved_in += len(received)
+        self.num_moved_out += len(given)
+        self.moved_in_bytes += sum(s.num_bytes for s in received)
+        kept = [g for g in local if g is not None]
+        self._buffer = []
+        self._buffer_changed = True
+        self._buffered_cost = 0
+        self._buffered_bytes = 0
+        self.num_emitted += sum(g.size for g in kept)
+        self._count_alone(kept)
+        costs = list(zip(plan.max_costs, plan.cost_sums, strict=True))
+        return RoundOutcome(
+            steps=self._steps(local, plan.global_samples, plan.global_loss_tokens, costs),
+            pooled=True,
+            moved_in=tuple(s.position for s in received),
+            moved_out=tuple(s.position for s in given),
+        )
 
     def _receive_deal(self, deals: tuple[int, ...]) -> None:
         # The global order is dealt in rank order from its first undealt position.
@@ -497,6 +570,9 @@ class GroupingWindow:
         self._buffered_cost = sum(map(self._row_cost, self._buffer))
         self._buffered_bytes = sum(s.num_bytes for s in self._buffer)
         self.num_emitted += len(emitted)
+        self._count_alone(kept)
+
+    def _count_alone(self, kept: list[Group]) -> None:
         self.num_over_budget += sum(
             1 for g in kept if g.size == 1 and self._budget.is_over_budget(g.longest)
         )
@@ -511,7 +587,8 @@ class GroupingWindow:
 
     def _end_epoch(self) -> RoundOutcome:
         self.epoch_over = True
-        self.num_dropped = self.num_dealt - self.num_emitted - self.num_skipped
+        held = self.num_dealt + self.num_moved_in - self.num_moved_out
+        self.num_dropped = held - self.num_emitted - self.num_skipped
         self._buffer = []
         self._buffer_changed = True
         self._buffered_cost = 0
@@ -520,8 +597,19 @@ class GroupingWindow:
 
 
 def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
-    """One round as the runtime runs it: report, all-gather, plan, act."""
+    """One round as the runtime runs it: report, all-gather, plan, act. A pooled round
+    (``cross_rank_grouping``) all-gathers the windows' offers too, and its outcome names
+    the samples that move (``moved_in``, ``moved_out``)."""
+    from odb_lightning.core.pooling import decode_offer, encode_offer, plan_pool
+
     max_steps = window.policy.max_steps_per_round
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
-    return window.apply(plan_round(reports, join=window.policy.join))
+    pool_steps = max_steps if window.policy.cross_rank_grouping else None
+    plan = plan_round(reports, join=window.policy.join, pool_max_steps=pool_steps)
+    if not plan.pooled:
+        return window.apply(plan)
+    width = max(r.buffered for r in reports)
+    offers = [decode_offer(m) for m in exchange(encode_offer(window.pool_offer(), width))]
+    pool = plan_pool(offers, window.config.budget, patch_budget=window.config.patch_budget)
+    return window.apply_pool(pool)

@@ -31,6 +31,8 @@ class LoaderCounters:
     image_tokens: int = 0  # tokens standing for images in the emitted samples
     image_patches: int = 0  # ViT patches of the emitted samples' images
     over_patch_budget_samples: int = 0  # emitted alone: their patches alone > max_patches
+    moved_samples: int = 0  # run by a rank that did not fetch them (cross_rank_grouping)
+    moved_bytes: int = 0  # their serialized bytes
 
     @classmethod
     def of(cls, stats: list[EpochStats]) -> LoaderCounters:
@@ -42,6 +44,8 @@ class LoaderCounters:
             image_tokens=sum(s.image_tokens for s in stats),
             image_patches=sum(s.image_patches for s in stats),
             over_patch_budget_samples=sum(s.over_patch_budget for s in stats),
+            moved_samples=sum(s.moved_samples for s in stats),
+            moved_bytes=sum(s.moved_bytes for s in stats),
         )
 
 

@@ -48,6 +48,7 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("alignment_round_ms_p99", "alignment round ms (p99)", "{:.2f}"),
     ("over_budget_samples", "over-budget samples", "{}"),
     ("dropped_samples", "dropped samples", "{}"),
+    ("moved_samples", "moved samples (cross-rank grouping)", "{:,}"),
     ("skipped_bad_records", "skipped bad records (source lines)", "{:,}"),
     ("skipped_bad_samples", "skipped bad samples (loader)", "{}"),
     ("not_trained_samples", "not-trained samples", "{:,}"),
@@ -85,6 +86,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for key, label, fmt in SUMMARY_ROWS:
         value = summary.get(key)
         if key in IMAGE_ROWS and summary.get("patch_fill") is None:
+            continue
+        if key == "moved_samples" and not value:  # only runs that group across ranks
             continue
         if fixed_size:
             label = FIXED_SIZE_LABELS.get(key, label)

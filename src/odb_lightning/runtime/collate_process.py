@@ -97,6 +97,11 @@ class ProgressChannel:
         count_progress(self._progress)
         return gathered
 
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        gathered = self._channel.allgather_bytes(payload, context)
+        count_progress(self._progress)
+        return gathered
+
     def close(self) -> None:
         self._channel.close()
 

@@ -16,6 +16,7 @@ so the workers fetch the next window while the steps are collated and trained.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
@@ -102,6 +103,10 @@ class InlineSlots:
         """Nothing to give back."""
 
 
+_MOVED = struct.Struct("<qq")
+"""The frame of one moved sample's payload: its position in the epoch's order, its size."""
+
+
 @dataclass
 class _EpochLog:
     epoch: int
@@ -116,6 +121,8 @@ class _EpochLog:
     truncated: int = 0  # fetched samples their dataset cut to max_seq_len
     image_tokens: int = 0  # emitted samples' tokens that stand for images
     image_patches: int = 0  # emitted samples' ViT patches
+    moved_samples: int = 0  # samples run here that another rank fetched (pooled rounds)
+    moved_bytes: int = 0  # their serialized bytes
 
     def finish(self, window: GroupingWindow) -> EpochStats:
         return EpochStats(
@@ -134,6 +141,8 @@ class _EpochLog:
             truncated=self.truncated,
             image_tokens=self.image_tokens,
             image_patches=self.image_patches,
+            moved_samples=self.moved_samples,
+            moved_bytes=self.moved_bytes,
         )
 
 
@@ -258,7 +267,35 @@ class EpochRunner:
             log.round_latency_s.append(time.monotonic() - started)
             return gathered
 
-        return exchange_round(window, exchange)
+        outcome = exchange_round(window, exchange)
+        if outcome.pooled:  # every rank's outcome is pooled alike: all take this call
+            self._move(outcome, log, f"{context} (moved samples)")
+        return outcome
+
+    def _move(self, outcome: RoundOutcome, log: _EpochLog, context: str) -> None:
+        """Send the payloads of the samples another rank runs, receive those this rank
+        runs but another held (a pooled round, ``cross_rank_grouping``)."""
+        given = b"".join(
+            _MOVED.pack(position, len(payload)) + payload
+            for position in outcome.moved_out
+            for payload in (log.payloads.pop(position),)
+        )
+        wanted = set(outcome.moved_in)
+        for blob in self._channel.allgather_bytes(given, context):
+            offset = 0
+            while offset < len(blob):
+                position, size = _MOVED.unpack_from(blob, offset)
+                offset += _MOVED.size
+                if position in wanted:
+                    log.payloads[position] = blob[offset : offset + size]
+                    log.moved_bytes += size
+                offset += size
+        missing = sorted(wanted - log.payloads.keys())
+        if missing:
+            raise AlignmentError(
+                f"rank {self._rank} at {context}: no payload arrived for positions {missing[:5]}"
+            )
+        log.moved_samples += len(wanted)
 
     def _collate(self, step: Step, log: _EpochLog) -> ODBBatch:
         self._slots.acquire(1)

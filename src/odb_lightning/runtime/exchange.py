@@ -35,6 +35,10 @@ class Channel(Protocol):
         """Every rank's ``message``, by rank; ``context`` names the round in errors."""
         ...
 
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        """Every rank's ``payload`` (of any size), by rank."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -43,6 +47,9 @@ class LocalChannel:
 
     def allgather(self, message: list[int], context: str) -> list[list[int]]:
         return [list(message)]
+
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        return [payload]
 
     def close(self) -> None:
         """Nothing to release."""
@@ -91,6 +98,25 @@ class GlooChannel:
         if self._group is None:
             raise MetadataChannelError(f"{self._where} is closed")
         local = torch.tensor(message, dtype=torch.int64)
+        messages = [t.tolist() for t in self._gather(local, context)]
+        check_messages(messages, message, context, f"{self._where} on rank {self._rendezvous.rank}")
+        return messages
+
+    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
+        """The sizes in one all-gather, then the payloads padded to the largest."""
+        sizes = [size for (size,) in self.allgather([len(payload)], context)]
+        width = max(sizes)
+        if width == 0:
+            return [b"" for _ in sizes]
+        local = torch.zeros(width, dtype=torch.uint8)
+        if payload:
+            local[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = self._gather(local, context)
+        return [t[:size].numpy().tobytes() for t, size in zip(gathered, sizes, strict=True)]
+
+    def _gather(self, local: torch.Tensor, context: str) -> list[torch.Tensor]:
+        if self._group is None:
+            raise MetadataChannelError(f"{self._where} is closed")
         gathered = [torch.empty_like(local) for _ in range(self._rendezvous.world_size)]
         try:
             self._group.allgather([gathered], [local]).wait()
@@ -99,9 +125,7 @@ class GlooChannel:
                 f"{self._where} failed on rank {self._rendezvous.rank} at {context} "
                 f"(a peer rank died, hangs or is out of step): {error}"
             ) from error
-        messages = [t.tolist() for t in gathered]
-        check_messages(messages, message, context, f"{self._where} on rank {self._rendezvous.rank}")
-        return messages
+        return gathered
 
     def close(self) -> None:
         """Shut the Gloo group down; later calls fail with :class:`MetadataChannelError`."""

@@ -34,6 +34,8 @@ class EpochStats:
         image_patches: ViT patches of the emitted samples' images.
         over_patch_budget: Samples emitted alone because their patches alone exceed
             ``batching.rows.max_patches``.
+        moved_samples: Samples this rank ran that another rank fetched
+            (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes.
     """
 
     epoch: int
@@ -52,3 +54,5 @@ class EpochStats:
     image_tokens: int = 0
     image_patches: int = 0
     over_patch_budget: int = 0
+    moved_samples: int = 0
+    moved_bytes: int = 0

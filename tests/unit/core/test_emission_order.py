@@ -81,18 +81,26 @@ def test_paired_emission_keeps_the_groups_and_the_utilization(world_size: int) -
     assert figures[0].sync_efficiency == pytest.approx(figures[1].sync_efficiency, abs=1e-12)
 
 
-def test_paired_rounds_alternate_costly_and_cheap_steps() -> None:
+def test_paired_rounds_put_the_longest_step_next_to_the_shortest() -> None:
     result = _dealt(8, "paired")
-    by_round: dict[int, list[int]] = defaultdict(list)
+    by_round: dict[int, list[float]] = defaultdict(list)
     for step in result.steps[0]:
-        by_round[step.round_index].append(step.max_cost)
+        # What every rank knows alike: supervised tokens per sample over all ranks.
+        by_round[step.round_index].append(step.global_loss_tokens / step.global_samples)
     checked = 0
-    for costs in by_round.values():
-        ranked = sorted(costs, reverse=True)
+    for lengths in by_round.values():
+        ranked = sorted(lengths, reverse=True)
         n = len(ranked)
-        pairs = Counter(tuple(sorted(costs[k : k + 2])) for k in range(0, n - n % 2, 2))
+        pairs = Counter(tuple(sorted(lengths[k : k + 2])) for k in range(0, n - n % 2, 2))
         expected = Counter(tuple(sorted((ranked[i], ranked[n - 1 - i]))) for i in range(n // 2))
         if n % 2 == 0:
             assert pairs == expected
             checked += n > 2
     assert checked >= 2
+
+
+def test_paired_by_lengths_pairs_the_longest_with_the_shortest() -> None:
+    lengths = [5.0, 90.0, 20.0, 70.0, 1.0, 40.0]
+    order = emission_order(6, make_rng(0, "round", 0, 0), paired=True, lengths=lengths)
+    pairs = {frozenset(order[k : k + 2]) for k in range(0, 6, 2)}
+    assert pairs == {frozenset({1, 4}), frozenset({3, 0}), frozenset({5, 2})}

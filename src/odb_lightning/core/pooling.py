@@ -1,0 +1,208 @@
+"""Cross-rank grouping of an epoch's tail (``batching.policy.cross_rank_grouping``).
+
+Each rank grouping only its own window cannot go below the per-rank floor: its samples
+grouped alone. Once the epoch's global order is dealt out (nothing undealt) and one
+round drains every window, the round can group the *union* of the windows instead, as
+one window of ``W`` times the samples, and hand the groups out ``W`` at a time: step
+position ``t`` takes the ``t``-th ``W`` groups in cost order, so the ranks' costs at a
+position are as close as the groups allow. On a small epoch (one window per rank) that
+round is the whole epoch after the ramp, and its steps approach the global oracle's.
+
+Everything here is a pure function of what every rank offered (its window's samples), so
+every rank computes the same :class:`PoolPlan`. A sample a rank runs but did not hold
+is *moved*: it belongs to the rank that runs it (``PoolPlan.moved``).
+
+The round that pools is decided from the ordinary reports
+(:func:`~odb_lightning.core.alignment.pools`): dealt by need
+with join, nothing undealt, every unfinished window full, and every window's groups shown
+whole (fewer than ``Q``), so the ordinary round would drain every window anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from odb_lightning.core.budget import Budget
+from odb_lightning.core.grouping import group_window
+from odb_lightning.core.patch_budget import PatchBudget
+from odb_lightning.core.sync import group_cost
+from odb_lightning.core.types import Group, SampleInfo
+from odb_lightning.core.window import split_groups
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """The pooled round, identical on every rank.
+
+    Attributes:
+        rank_groups: Per rank, its group at each step position (``None``: IDLE).
+        global_samples: Per step position, samples over all ranks.
+        global_loss_tokens: Per step position, supervised tokens over all ranks.
+        max_costs: Per step position, the costliest rank's cost (rounded up).
+        cost_sums: Per step position, the ranks' costs summed.
+        owners: The rank that offered each sample, by position in the epoch's order.
+    """
+
+    rank_groups: tuple[tuple[Group | None, ...], ...]
+    global_samples: tuple[int, ...]
+    global_loss_tokens: tuple[int, ...]
+    max_costs: tuple[int, ...]
+    cost_sums: tuple[int, ...]
+    owners: dict[int, int]
+
+    @property
+    def steps(self) -> int:
+        return len(self.global_samples)
+
+    def moved(self, rank: int) -> tuple[list[SampleInfo], list[SampleInfo]]:
+        """``(received, given)``: the samples ``rank`` runs but did not offer, and those
+        it offered that another rank runs."""
+        received = [
+            s
+            for g in self.rank_groups[rank]
+            if g is not None
+            for s in g.samples
+            if self.owners[s.position] != rank
+        ]
+        given = [
+            s
+            for other, groups in enumerate(self.rank_groups)
+            if other != rank
+            for g in groups
+            if g is not None
+            for s in g.samples
+            if self.owners[s.position] == rank
+        ]
+        return received, given
+
+
+def _cost(group: Group, budget: Budget) -> int:
+    return math.ceil(group_cost(group, budget))
+
+
+def _assign(chunk: list[Group], owners: dict[int, int], world: int) -> list[Group | None]:
+    """One step position: each rank one group of ``chunk`` (or IDLE), each group to the
+    rank that holds most of its samples where it can (fewest moves; ties: lowest group
+    index, then lowest rank)."""
+    pairs = []
+    for index, group in enumerate(chunk):
+        held = Counter(owners[sample.position] for sample in group.samples)
+        pairs.extend((-count, index, rank) for rank, count in held.items())
+    pairs.sort()
+    row: list[Group | None] = [None] * world
+    placed: set[int] = set()
+    for _, index, rank in pairs:
+        if index not in placed and row[rank] is None:
+            row[rank] = chunk[index]
+            placed.add(index)
+    free = iter(rank for rank in range(world) if row[rank] is None)
+    for index, group in enumerate(chunk):
+        if index not in placed:
+            row[next(free)] = group
+    return row
+
+
+def _majority(group: Group, owners: dict[int, int]) -> int:
+    held = Counter(owners[sample.position] for sample in group.samples)
+    return min(held, key=lambda rank: (-held[rank], rank))
+
+
+def _cost_ranked(groups: list[Group], owners: dict[int, int], budget: Budget) -> list[Group]:
+    """The groups costliest first; groups of equal cost interleaved by the rank that holds
+    most of each (its first such group, then every rank's second, ...), so a position of
+    equal costs takes one group of each rank where it can and moves nothing."""
+    keyed = []
+    seen: dict[tuple[int, int], int] = {}
+    for group in sorted(groups, key=lambda g: min(s.position for s in g.samples)):
+        cost, owner = _cost(group, budget), _majority(group, owners)
+        turn = seen.get((cost, owner), 0)
+        seen[(cost, owner)] = turn + 1
+        keyed.append(((-cost, turn, owner), group))
+    keyed.sort(key=lambda pair: pair[0])
+    return [group for _, group in keyed]
+
+
+def plan_pool(
+    offers: list[list[SampleInfo]],
+    budget: Budget,
+    *,
+    patch_budget: PatchBudget | None = None,
+) -> PoolPlan:
+    """Group the union of every rank's offered samples and hand the groups out.
+
+    The union is grouped as one window (:func:`~odb_lightning.core.grouping.group_window`).
+    With ``G`` groups over ``W`` ranks the round has ``P = ceil(G / W)`` step positions;
+    singletons are peeled off the largest groups until there are ``P x W`` groups (or one
+    per sample), which only lowers costs. The groups in cost order (costliest first; ties:
+    the earliest position) fill the positions ``W`` at a time, and within a position each
+    rank gets the group it holds most of (:func:`_assign`); the rest run IDLE.
+    """
+    world = len(offers)
+    owners = {s.position: rank for rank, offer in enumerate(offers) for s in offer}
+    union = [s for offer in offers for s in offer]
+    if len(owners) != len(union):
+        raise ValueError("two ranks offered the same position of the epoch's order")
+    groups = group_window(union, budget, patch_budget=patch_budget)
+    positions = math.ceil(len(groups) / world)
+    wanted = min(positions * world, len(union))
+    if wanted > len(groups):
+        groups = split_groups(groups, wanted - len(groups))
+    groups = _cost_ranked(groups, owners, budget)
+    rows = [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(positions)]
+    columns = [[_cost(g, budget) if g is not None else 0 for g in row] for row in rows]
+    return PoolPlan(
+        rank_groups=tuple(tuple(row[r] for row in rows) for r in range(world)),
+        global_samples=tuple(sum(g.size for g in row if g is not None) for row in rows),
+        global_loss_tokens=tuple(
+            sum(g.num_loss_tokens for g in row if g is not None) for row in rows
+        ),
+        max_costs=tuple(max(c) for c in columns),
+        cost_sums=tuple(sum(c) for c in columns),
+        owners=owners,
+    )
+
+
+OFFER_MARK = -1
+"""First integer of an offers message: no round report starts with it (their first is
+the wire version), so the channel's report check leaves it alone."""
+_OFFER_FIELDS = (
+    "position",
+    "sample_id",
+    "length",
+    "num_loss_tokens",
+    "num_patches",
+    "num_image_tokens",
+    "patch_square_sum",
+    "num_bytes",
+)
+
+
+def encode_offer(samples: list[SampleInfo], width: int) -> list[int]:
+    """``samples`` as ``2 + 8 x width`` integers (every rank pads to the same ``width``,
+    the most samples any window buffers, which the round's reports give)."""
+    if len(samples) > width:
+        raise ValueError(f"an offer of {len(samples)} samples does not fit {width}")
+    body = [getattr(s, name) for s in samples for name in _OFFER_FIELDS]
+    return [OFFER_MARK, len(samples), *body, *[0] * (len(_OFFER_FIELDS) * (width - len(samples)))]
+
+
+def decode_offer(message: list[int]) -> list[SampleInfo]:
+    """Inverse of :func:`encode_offer`.
+
+    Raises:
+        ValueError: The message is not an offer.
+    """
+    fields = len(_OFFER_FIELDS)
+    if len(message) < 2 or message[0] != OFFER_MARK or message[1] < 0:
+        raise ValueError("not a pooled round's offer (mark or count)")
+    count = message[1]
+    if 2 + fields * count > len(message):
+        raise ValueError(f"an offer of {count} samples in {len(message)} integers")
+    return [
+        SampleInfo(
+            **dict(zip(_OFFER_FIELDS, message[2 + fields * i : 2 + fields * (i + 1)], strict=True))
+        )
+        for i in range(count)
+    ]

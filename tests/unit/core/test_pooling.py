@@ -1,0 +1,138 @@
+"""Cross-rank grouping of the epoch's tail (``batching.policy.cross_rank_grouping``),
+checked on the simulator: every sample exactly once over the ranks, equal step counts,
+the global counts of every step, moves accounted on both sides, and the groups handed to
+the ranks that hold them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.order import make_rng
+from odb_lightning.core.pooling import plan_pool
+from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.simulate import simulate_dealt_epoch
+from odb_lightning.core.types import SampleInfo
+
+
+@st.composite
+def dealt_jobs(draw: st.DrawFn) -> dict:
+    seed = draw(st.integers(0, 2**16))
+    rng = make_rng(seed, "pool")
+    scale = rng.choice([8, 64, 512])
+    n = draw(st.integers(0, 300))
+    return {
+        "lengths": [rng.randint(1, scale) for _ in range(n)],
+        "world": draw(st.integers(1, 12)),
+        "knobs": {
+            "token_budget": draw(st.sampled_from([16, 100, 512, 2048])),
+            "outstanding_depth": draw(st.integers(1, 200)),
+            "window_budgets": draw(st.one_of(st.none(), st.integers(1, 40))),
+            "ramp_budgets": draw(st.one_of(st.none(), st.integers(1, 3))),
+            "max_steps_per_round": draw(st.integers(1, 64)),
+            "emission_order": draw(st.sampled_from(["shuffled", "paired"])),
+            "cross_rank_grouping": True,
+            "seed": seed,
+        },
+    }
+
+
+@settings(max_examples=120, deadline=None)
+@given(dealt_jobs())
+def test_every_sample_runs_once_on_equal_steps_with_moves_accounted(job: dict) -> None:
+    lengths, world = job["lengths"], job["world"]
+    config = BatchingConfig.of(**job["knobs"])
+    losses = [n // 2 for n in lengths]
+    result = simulate_dealt_epoch(lengths, world, config, loss_tokens=losses)
+    assert len({len(steps) for steps in result.steps}) == 1
+    ran = Counter(
+        m.sample_id for steps in result.steps for s in steps if s.group for m in s.group.samples
+    )
+    assert sorted(ran) == list(range(len(lengths))) and set(ran.values()) <= {1}
+    assert result.dropped == [0] * world
+    for column in zip(*result.steps, strict=True):
+        groups = [s.group for s in column]
+        assert {s.global_samples for s in column} == {sum(g.size for g in groups if g)}
+        assert {s.global_loss_tokens for s in column} == {
+            sum(losses[m.sample_id] for g in groups if g for m in g.samples)
+        }
+        assert any(g is not None for g in groups), "a step position where every rank is IDLE"
+        for g in groups:
+            if g is not None and g.size > 1:
+                assert g.size * g.longest <= config.token_budget
+    assert sum(result.moved_samples) <= len(lengths)
+    if world == 1:
+        assert result.moved_samples == (0,)
+
+
+def test_an_offer_round_trips_and_is_no_report() -> None:
+    from odb_lightning.core.pooling import decode_offer, encode_offer
+    from odb_lightning.core.wire import report_max_steps
+
+    samples = [SampleInfo(sample_id=9, length=5, num_loss_tokens=2, position=3, num_bytes=80)]
+    message = encode_offer(samples, 4)
+    assert decode_offer(message) == samples and report_max_steps(message) is None
+    with pytest.raises(ValueError, match="not a pooled round's offer"):
+        decode_offer([4, *message[1:]])
+
+
+def _offer(rank_lengths: list[list[int]]) -> list[list[SampleInfo]]:
+    offers, position = [], 0
+    for lengths in rank_lengths:
+        offer = []
+        for n in lengths:
+            offer.append(
+                SampleInfo(sample_id=position, length=n, num_loss_tokens=n, position=position)
+            )
+            position += 1
+        offers.append(offer)
+    return offers
+
+
+def test_groups_stay_with_the_rank_that_holds_them() -> None:
+    # Rank 0 holds every long sample, rank 1 every short one: the union's groups are each
+    # one rank's, so nothing moves.
+    offers = _offer([[100] * 8, [25] * 32])
+    budget = BatchingConfig.of(token_budget=400).budget
+    plan = plan_pool(offers, budget)
+    assert all(plan.moved(rank) == ([], []) for rank in range(2))
+    assert plan.steps == 2
+
+
+def test_positions_pair_groups_of_like_cost_costliest_first() -> None:
+    rng = make_rng(0, "offers")
+    offers = _offer([[rng.randint(10, 400) for _ in range(60)] for _ in range(4)])
+    budget = BatchingConfig.of(token_budget=800).budget
+    plan = plan_pool(offers, budget)
+    assert list(plan.max_costs) == sorted(plan.max_costs, reverse=True)
+    every = sorted(
+        s.position for groups in plan.rank_groups for g in groups if g for s in g.samples
+    )
+    assert every == list(range(240))
+    received = sum(len(plan.moved(r)[0]) for r in range(4))
+    assert received == sum(len(plan.moved(r)[1]) for r in range(4))
+
+
+def test_a_small_epoch_beats_its_per_rank_floor() -> None:
+    # About 20 budgets of work per rank at 8 ranks: one window, one pooled round.
+    lengths = lognormal_lengths(3900, mean=688, cv=0.9, seed=3, max_len=4096)
+    results = {
+        crg: simulate_dealt_epoch(
+            lengths, 8, BatchingConfig.of(token_budget=16384, cross_rank_grouping=crg)
+        )
+        for crg in (False, True)
+    }
+    assert results[True].sync.steps < results[False].sync.steps
+    assert results[True].sync.utilization > results[False].sync.utilization + 0.03
+    assert sum(results[True].moved_samples) > 0 and sum(results[False].moved_samples) == 0
+
+
+def test_it_needs_one_dealt_order_and_join() -> None:
+    with pytest.raises(ValueError, match="cross_rank_grouping=true needs .*shard_dealing=by_need"):
+        BatchingConfig.of(cross_rank_grouping=True, shard_dealing="fixed")
+    with pytest.raises(ValueError, match="join=true"):
+        BatchingConfig.of(cross_rank_grouping=True, join=False)
