@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from odb_lightning.core.types import Group
 from odb_lightning.core.wire import RankReport
 
 
@@ -117,6 +118,15 @@ def peel_order(sizes: list[int], num_peels: int) -> list[int]:
         if -negative_size > 2:  # still more than one sample once this one is peeled
             heapq.heappush(peelable, (negative_size + 1, index))
     return order
+
+
+def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
+    """Apply ``num_peels`` peels (see :func:`alignment.peel_order`) to real groups:
+    each peel moves the shortest member of the chosen group into a new singleton."""
+    members = [list(g.samples) for g in groups]
+    for index in peel_order([len(m) for m in members], num_peels):
+        members.append([members[index].pop()])
+    return [Group(tuple(m)) for m in members]
 
 
 def _column(values: tuple[int, ...], count: int) -> list[int]:

@@ -24,12 +24,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from odb_lightning.core.alignment import split_groups
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.patch_budget import PatchBudget
 from odb_lightning.core.sync import group_cost
 from odb_lightning.core.types import Group, SampleInfo
-from odb_lightning.core.window import split_groups
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,20 +21,23 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from odb_lightning.core.alignment import AlignmentError, RoundPlan, peel_order, plan_round
+from odb_lightning.core.alignment import (
+    AlignmentError,
+    RoundPlan,
+    peel_order,
+    plan_round,
+    split_groups,
+)
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.online_policy import EmissionOrder, OnlinePolicy
 from odb_lightning.core.order import emission_order, make_rng
+from odb_lightning.core.pooling import PoolPlan, decode_offer, encode_offer, plan_pool
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
-
-if TYPE_CHECKING:
-    from odb_lightning.core.pooling import PoolPlan
 
 RAMP_GROWTH = 4
 """How much the ramp's window grows per emitting round. Each round's steps train while the
@@ -157,15 +160,6 @@ def _single_cost(sample: SampleInfo, budget: Budget) -> int:
 
 def _step_cost(group: Group, budget: Budget) -> int:
     return math.ceil(group_cost(group, budget))
-
-
-def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
-    """Apply ``num_peels`` peels (see :func:`alignment.peel_order`) to real groups:
-    each peel moves the shortest member of the chosen group into a new singleton."""
-    members = [list(g.samples) for g in groups]
-    for index in peel_order([len(m) for m in members], num_peels):
-        members.append([members[index].pop()])
-    return [Group(tuple(m)) for m in members]
 
 
 class GroupingWindow:
@@ -600,8 +594,6 @@ def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
     """One round as the runtime runs it: report, all-gather, plan, act. A pooled round
     (``cross_rank_grouping``) all-gathers the windows' offers too, and its outcome names
     the samples that move (``moved_in``, ``moved_out``)."""
-    from odb_lightning.core.pooling import decode_offer, encode_offer, plan_pool
-
     max_steps = window.policy.max_steps_per_round
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
