@@ -93,11 +93,19 @@ def test_bad_jsonl_line_names_file_line_and_field(
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
-        (b'{"id": "s", "messages": "abc', "invalid JSON: Invalid control character at character 28"),
-        (b'{"id": "t", "messages": "a\tb"}', "invalid JSON: Invalid control character at character 26"),
+        (
+            b'{"id": "s", "messages": "abc',
+            "invalid JSON: Invalid control character at character 28",
+        ),
+        (
+            b'{"id": "t", "messages": "a\tb"}',
+            "invalid JSON: Invalid control character at character 26",
+        ),
     ],
 )
-def test_json_errors_say_at_once_and_the_skip_key(tmp_path: Path, line: bytes, problem: str) -> None:
+def test_json_errors_say_at_once_and_the_skip_key(
+    tmp_path: Path, line: bytes, problem: str
+) -> None:
     path = write_jsonl(tmp_path / "chats.jsonl", [chat("a"), line])
     with pytest.raises(BadRecordError) as info:
         load_source("jsonl", path=path)

@@ -7,8 +7,8 @@ How it runs: ``exact_loss_job.py`` (the session's one exact-loss job) runs under
 -m torch.distributed.run --standalone --nproc_per_node 2`` (torchrun; both ranks start, and
 import, at once: about 10 s less than Lightning's own launcher, which starts rank 1 only
 once rank 0 has imported everything and is in ``fit``; that launcher is covered by the
-2-rank ``train.py`` runs of ``test_train_faults.py`` and ``test_sharded_checkpoints.py``). Each rank builds a
-``pl.Trainer(devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+2-rank ``train.py`` runs of ``test_train_faults.py`` and ``test_sharded_checkpoints.py``).
+Each rank builds a ``pl.Trainer(devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
 accumulate_grad_batches=2)``; Lightning takes the ranks from torchrun's environment, wraps
 the model in ``DistributedDataParallel`` and gloo all-reduces its gradients.
 

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.lit.counters import StepCounters
