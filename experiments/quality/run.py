@@ -16,11 +16,9 @@ the same ones, so the deltas to ``standard`` are paired.
 * ``odb_token_target``: the same online batches, the optimizer steps once a step's
   supervised tokens reach ``model.step.tokens_per_step=N``;
 * ``odb_token_target_paired``: the same with ``batching.policy.emission_order=paired``
-  (the round's longest step next to its shortest);
+  (the costliest step of a round next to its cheapest);
 * ``odb_token_target_small``: paired, under half the token budget: more, smaller groups
-  per optimizer step;
-* ``odb_token_target_small_shuffled``: the same groups in the default (shuffled) order,
-  to tell the smaller groups' share from the pairing's.
+  per optimizer step.
 
 ``N`` is chosen per arm and seed before training, from the data alone: the simulator
 predicts the odb micro-batches of every epoch (it replays the loader exactly) and ``N`` is
@@ -58,7 +56,6 @@ ARMS = (
     "odb_token_target",
     "odb_token_target_paired",
     "odb_token_target_small",
-    "odb_token_target_small_shuffled",
 )
 ODB_BUDGET = 4096
 """``experiment=sharegpt_odb``'s token budget (the small arm runs at half of it)."""
@@ -86,7 +83,7 @@ def batching_overrides(arm: str, matched_batch_size: int = 8) -> list[str]:
     overrides = ["experiment=sharegpt_odb"]
     if arm in ("odb_token_target_paired", "odb_token_target_small"):
         overrides.append("batching.policy.emission_order=paired")
-    if arm.startswith("odb_token_target_small"):
+    if arm == "odb_token_target_small":
         overrides.append(f"batching.token_budget={ODB_BUDGET // 2}")
     return overrides
 
