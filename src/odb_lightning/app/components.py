@@ -10,6 +10,7 @@ No component finds another through the trainer.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,10 @@ from odb_lightning.lit.run_report import (
 )
 from odb_lightning.lit.summary import SummaryBuilder
 from odb_lightning.lit.supervision import SupervisionCheck
+from odb_lightning.lit.token_target import few_groups_advice
 from odb_lightning.lit.vlm_module import VisionLanguageModule
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,9 @@ def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
     model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
     if world_size > 1:  # ranks whose work runs out get IDLE batches: the module weights them 0
         check_weights_idle_steps(model)
+    advice = few_groups_advice(model.tokens_per_step, batching)
+    if advice is not None:
+        log.warning(advice)
     embedding_rows = architecture.embedding_rows()
     return RunParts(tokenizer, batching, model, run, datamodule, embedding_rows)
 
