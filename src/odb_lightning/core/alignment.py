@@ -43,9 +43,9 @@ from odb_lightning.core.wire import RankReport
 
 
 def pools(reports: list[RankReport], max_steps: int) -> bool:
-    """Whether an emitting round groups across ranks: nothing is undealt, every unfinished
-    window is full and shows all its groups (fewer than ``max_steps``), so the ordinary
-    round would drain every window anyway (:mod:`~odb_lightning.core.pooling`)."""
+    """Whether an emitting round groups the whole union across ranks: nothing is undealt,
+    every unfinished window is full and shows all its groups (fewer than ``max_steps``),
+    so the ordinary round would drain every window anyway (:mod:`~odb_lightning.core.pooling`)."""
     active = [r for r in reports if not r.finished]
     return (
         bool(active)
@@ -53,6 +53,20 @@ def pools(reports: list[RankReport], max_steps: int) -> bool:
         and all(r.full and r.num_groups < max_steps for r in active)
         and any(r.buffered for r in active)
     )
+
+
+def ramp_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
+    """The step positions of a ramp round pooled across ranks, or ``None``.
+
+    A ramp round (every report's ``free_slots``, the window's step cap, below
+    ``max_steps``) emits a few steps from small windows, whose best groups differ most
+    across ranks. Pooled, it runs the costliest ``T x W`` groups of the union
+    (``T`` = the cap) and leaves every other sample in the window that holds it."""
+    active = [r for r in reports if not r.finished]
+    cap = min(r.free_slots for r in reports)
+    if not active or cap >= max_steps or not all(r.full for r in active):
+        return None
+    return cap if any(r.buffered for r in active) else None
 
 
 class AlignmentError(RuntimeError):
@@ -83,6 +97,9 @@ class RoundPlan:
         pooled: This round groups the union of the windows across ranks
             (:mod:`~odb_lightning.core.pooling`): every rank offers its window and acts on
             :func:`~odb_lightning.core.pooling.plan_pool` instead.
+        pool_positions: The most step positions a pooled round runs (a ramp round's cap;
+            the samples of the groups it does not run stay where they are); ``None``:
+            every offered sample runs.
     """
 
     target_steps: int
@@ -96,6 +113,7 @@ class RoundPlan:
     global_samples: tuple[int, ...] = ()
     global_loss_tokens: tuple[int, ...] = ()
     pooled: bool = False
+    pool_positions: int | None = None
 
 
 def peel_order(sizes: list[int], num_peels: int) -> list[int]:
@@ -241,7 +259,8 @@ def plan_round(
     """The DGAP rule (see the module docstring) over all ranks' reports.
 
     ``pool_max_steps``: ``Q`` when ``cross_rank_grouping`` is on (join only); a round that
-    :func:`pools` then returns a ``pooled`` plan."""
+    :func:`pools`, or a ramp round (:func:`ramp_pool_positions`), then returns a
+    ``pooled`` plan."""
     if not reports:
         raise AlignmentError("a round needs at least one report")
     failed = [rank for rank, r in enumerate(reports) if r.aborted]
@@ -256,8 +275,13 @@ def plan_round(
     deals = deal_counts(reports)
     if not all(r.full for r in reports if not r.finished):
         return RoundPlan(target_steps=0, deals=deals)
-    if pool_max_steps is not None and join and pools(reports, pool_max_steps):
-        return RoundPlan(target_steps=0, pooled=True)
+    if pool_max_steps is not None and join:
+        if pools(reports, pool_max_steps):
+            return RoundPlan(target_steps=0, pooled=True)
+        positions = ramp_pool_positions(reports, pool_max_steps)
+        if positions is not None:
+            # Every window is full, so nothing is dealt (a full window wants nothing).
+            return RoundPlan(target_steps=0, pooled=True, pool_positions=positions)
     target = target_steps(reports)
     orders, sizes, losses, costs = [], [], [], []
     for report in reports:

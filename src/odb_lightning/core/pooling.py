@@ -43,6 +43,8 @@ class PoolPlan:
         max_costs: Per step position, the costliest rank's cost (rounded up).
         cost_sums: Per step position, the ranks' costs summed.
         owners: The rank that offered each sample, by position in the epoch's order.
+        left: Per rank, the samples it offered that no step of the round runs (a ramp
+            round's pool runs only its costliest groups); they stay in its window.
     """
 
     rank_groups: tuple[tuple[Group | None, ...], ...]
@@ -51,6 +53,7 @@ class PoolPlan:
     max_costs: tuple[int, ...]
     cost_sums: tuple[int, ...]
     owners: dict[int, int]
+    left: tuple[tuple[SampleInfo, ...], ...] = ()
 
     @property
     def steps(self) -> int:
@@ -129,6 +132,7 @@ def plan_pool(
     budget: Budget,
     *,
     patch_budget: PatchBudget | None = None,
+    positions: int | None = None,
 ) -> PoolPlan:
     """Group the union of every rank's offered samples and hand the groups out.
 
@@ -138,20 +142,31 @@ def plan_pool(
     per sample), which only lowers costs. The groups in cost order (costliest first; ties:
     the earliest position) fill the positions ``W`` at a time, and within a position each
     rank gets the group it holds most of (:func:`_assign`); the rest run IDLE.
+
+    ``positions``: the most step positions (a ramp round's cap). When ``P`` is larger,
+    only the costliest ``positions x W`` groups run and the samples of the others stay
+    with the rank that offered them (``PoolPlan.left``).
     """
     world = len(offers)
     owners = {s.position: rank for rank, offer in enumerate(offers) for s in offer}
     union = [s for offer in offers for s in offer]
     if len(owners) != len(union):
         raise ValueError("two ranks offered the same position of the epoch's order")
+    if positions is not None and positions < 1:
+        raise ValueError(f"a pooled round runs at least one step position, got {positions}")
     groups = group_window(union, budget, patch_budget=patch_budget)
-    positions = math.ceil(len(groups) / world)
-    wanted = min(positions * world, len(union))
-    if wanted > len(groups):
-        groups = split_groups(groups, wanted - len(groups))
-    groups = _cost_ranked(groups, owners, budget)
-    rows = [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(positions)]
+    count = math.ceil(len(groups) / world)
+    if positions is not None and count > positions:
+        count = positions
+        groups = _cost_ranked(groups, owners, budget)[: count * world]
+    else:
+        wanted = min(count * world, len(union))
+        if wanted > len(groups):
+            groups = split_groups(groups, wanted - len(groups))
+        groups = _cost_ranked(groups, owners, budget)
+    rows = [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(count)]
     columns = [[_cost(g, budget) if g is not None else 0 for g in row] for row in rows]
+    running = {s.position for g in groups for s in g.samples}
     return PoolPlan(
         rank_groups=tuple(tuple(row[r] for row in rows) for r in range(world)),
         global_samples=tuple(sum(g.size for g in row if g is not None) for row in rows),
@@ -161,6 +176,9 @@ def plan_pool(
         max_costs=tuple(max(c) for c in columns),
         cost_sums=tuple(sum(c) for c in columns),
         owners=owners,
+        left=tuple(
+            tuple(s for s in offer if s.position not in running) for offer in offers
+        ),
     )
 
 

@@ -192,6 +192,7 @@ def _run(
                 [w.pool_offer() for w in windows],
                 config.budget,
                 patch_budget=config.patch_budget,
+                positions=plan.pool_positions,
             )
             outcomes = [w.apply_pool(pool) for w in windows]
         else:

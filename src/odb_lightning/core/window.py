@@ -193,6 +193,7 @@ class GroupingWindow:
         # Row costs rounded up to integers, so the sums do not depend on arrival order.
         self._buffered_cost = 0  # of the buffered samples
         self._received_cost = 0  # ... and of every sample received this epoch
+        self._moved_cost = 0  # ... moved in less moved out (pooled rounds)
         self._buffered_bytes = 0  # serialized sizes, for window_max_mib
         self._received_bytes = 0
         self._undealt = shard_size if self.by_need else 0
@@ -398,8 +399,9 @@ class GroupingWindow:
             undealt=self._undealt,
             wanted=wanted,
             full=full,
-            dealt_cost=self._received_cost,
-            dealt_samples=self._num_received - self.num_skipped,
+            dealt_cost=self._received_cost + self._moved_cost,
+            dealt_samples=self._num_received - self.num_skipped + self.num_moved_in
+            - self.num_moved_out,
         )
 
     def _grouped(self) -> list[Group]:
@@ -494,29 +496,40 @@ class GroupingWindow:
 
     def apply_pool(self, plan: PoolPlan) -> RoundOutcome:
         """Act on this rank's row of a pooled round: run its groups (some of their
-        samples offered by other ranks), give the rest of its window away."""
+        samples offered by other ranks), give away those of its samples another rank runs,
+        and keep those no step runs (``PoolPlan.left``)."""
         if self._groups is None:
             raise RuntimeError("apply_pool() needs make_report() first in every round")
         self._groups = None
         self.round_index += 1
-        self._ramp.clear()
+        if self._ramp:
+            self._ramp.popleft()
         local = plan.rank_groups[self.rank]
         received, given = plan.moved(self.rank)
+        left = list(plan.left[self.rank]) if plan.left else []
         held = {s.position for s in self._buffer}
-        if any(s.position not in held for s in given) or any(s.position in held for s in received):
+        if (
+            any(s.position not in held for s in given)
+            or any(s.position in held for s in received)
+            or any(s.position not in held for s in left)
+        ):
             raise AlignmentError(
                 f"rank {self.rank}: the pooled plan moves samples it does not hold"
             )
-        if len(given) + sum(g.size for g in local if g is not None) - len(received) != len(held):
-            raise AlignmentError(f"rank {self.rank}: the pooled plan leaves samples of its window")
+        run = sum(g.size for g in local if g is not None)
+        if len(given) + run - len(received) + len(left) != len(held):
+            raise AlignmentError(f"rank {self.rank}: the pooled plan loses samples of its window")
         self.num_moved_in += len(received)
         self.num_moved_out += len(given)
         self.moved_in_bytes += sum(s.num_bytes for s in received)
+        # The work this rank holds changes by what moved: dealing by need levels it.
+        moved_cost = sum(map(self._row_cost, received)) - sum(map(self._row_cost, given))
+        self._moved_cost += moved_cost
         kept = [g for g in local if g is not None]
-        self._buffer = []
+        self._buffer = left
         self._buffer_changed = True
-        self._buffered_cost = 0
-        self._buffered_bytes = 0
+        self._buffered_cost = sum(map(self._row_cost, left))
+        self._buffered_bytes = sum(s.num_bytes for s in left)
         self.num_emitted += sum(g.size for g in kept)
         self._count_alone(kept)
         costs = list(zip(plan.max_costs, plan.cost_sums, strict=True))
@@ -603,5 +616,10 @@ def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
         return window.apply(plan)
     width = max(r.buffered for r in reports)
     offers = [decode_offer(m) for m in exchange(encode_offer(window.pool_offer(), width))]
-    pool = plan_pool(offers, window.config.budget, patch_budget=window.config.patch_budget)
+    pool = plan_pool(
+        offers,
+        window.config.budget,
+        patch_budget=window.config.patch_budget,
+        positions=plan.pool_positions,
+    )
     return window.apply_pool(pool)

@@ -5,6 +5,7 @@ the ranks that hold them."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -12,10 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import make_rng
+from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.pooling import plan_pool
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch
+from odb_lightning.core.sync import group_cost
 from odb_lightning.core.types import SampleInfo
 
 
@@ -117,18 +121,71 @@ def test_positions_pair_groups_of_like_cost_costliest_first() -> None:
     assert received == sum(len(plan.moved(r)[1]) for r in range(4))
 
 
-def test_a_small_epoch_beats_its_per_rank_floor() -> None:
-    # About 20 budgets of work per rank at 8 ranks: one window, one pooled round.
+def test_a_capped_pool_runs_its_costliest_groups_and_leaves_the_rest_where_they_are() -> None:
+    rng = make_rng(1, "offers")
+    offers = _offer([[rng.randint(10, 400) for _ in range(60)] for _ in range(4)])
+    budget = BatchingConfig.of(token_budget=800).budget
+    whole, capped = plan_pool(offers, budget), plan_pool(offers, budget, positions=3)
+    assert whole.steps > 3 and capped.steps == 3
+    run = [g for groups in capped.rank_groups for g in groups if g is not None]
+    assert len(run) == 3 * 4, "every rank runs a group at every position"
+    # The costliest 12 of the union's groups.
+    union = [s for offer in offers for s in offer]
+    everything = sorted((_cost(g, budget) for g in group_window(union, budget)), reverse=True)
+    assert sorted((_cost(g, budget) for g in run), reverse=True) == everything[:12]
+    ran = {s.position for g in run for s in g.samples}
+    for rank, offer in enumerate(offers):
+        left = {s.position for s in capped.left[rank]}
+        assert left == {s.position for s in offer} - ran, f"rank {rank} keeps what no step runs"
+    assert sorted(ran | {s.position for kept in capped.left for s in kept}) == list(range(240))
+    with pytest.raises(ValueError, match="at least one step position"):
+        plan_pool(offers, budget, positions=0)
+
+
+def _cost(group, budget) -> int:
+    return math.ceil(group_cost(group, budget))
+
+
+def test_a_small_epoch_beats_its_per_rank_floor_with_the_ramp_on_or_off() -> None:
+    # About 20 budgets of work per rank at 8 ranks: the ramp's rounds pool their few
+    # steps, then one round pools the rest.
     lengths = lognormal_lengths(3900, mean=688, cv=0.9, seed=3, max_len=4096)
-    results = {
-        crg: simulate_dealt_epoch(
-            lengths, 8, BatchingConfig.of(token_budget=16384, cross_rank_grouping=crg)
-        )
-        for crg in (False, True)
-    }
-    assert results[True].sync.steps < results[False].sync.steps
-    assert results[True].sync.utilization > results[False].sync.utilization + 0.03
-    assert sum(results[True].moved_samples) > 0 and sum(results[False].moved_samples) == 0
+    oracle = len(plan_epoch(lengths, mode="oracle", token_budget=16384)) / 8
+    for ramp in (2, None):
+        results = {
+            crg: simulate_dealt_epoch(
+                lengths,
+                8,
+                BatchingConfig.of(token_budget=16384, cross_rank_grouping=crg, ramp_budgets=ramp),
+            )
+            for crg in (False, True)
+        }
+        assert results[True].sync.steps < results[False].sync.steps
+        assert results[True].sync.utilization > results[False].sync.utilization + 0.03
+        assert results[True].sync.utilization >= 0.95, ramp
+        assert results[True].sync.steps <= 1.05 * oracle, ramp
+        assert sum(results[True].moved_samples) > 0 and sum(results[False].moved_samples) == 0
+
+
+def test_the_ramp_rounds_pool_and_keep_every_rank_level() -> None:
+    lengths = lognormal_lengths(3900, mean=688, cv=0.9, seed=3, max_len=4096)
+    config = BatchingConfig.of(token_budget=16384, cross_rank_grouping=True)
+    result = simulate_dealt_epoch(lengths, 8, config)
+    last_round = result.steps[0][-1].round_index
+    columns = list(zip(*result.steps, strict=True))
+    ramp_steps = [column for column in columns if column[0].round_index < last_round]
+    assert ramp_steps, "the ramp emitted no step before the last round"
+    plain = simulate_dealt_epoch(lengths, 8, BatchingConfig.of(config, cross_rank_grouping=False))
+    budget = config.budget
+
+    def level(column) -> float:  # the step's sync efficiency: mean cost over the most
+        costs = [_cost(s.group, budget) if s.group else 0 for s in column]
+        return sum(costs) / len(costs) / max(costs)
+
+    # Pooled, the ranks' first steps cost about the same; alone, they do not.
+    first_plain = next(zip(*plain.steps, strict=True))
+    assert level(ramp_steps[0]) > 0.95 > level(first_plain)
+    assert all(level(column) > 0.95 for column in ramp_steps)
 
 
 def test_it_needs_one_dealt_order_and_join() -> None:
