@@ -15,11 +15,14 @@ single-rank oracle, and IDLE steps. Default batching settings except the token b
   the ``r``-th longest; it needs every length up front), each rank's share grouped as a
   window groups it; the most groups of a rank over the oracle. No schedule in which each
   rank groups its own samples does much better.
+* ``--tail``: 16,000 lengths under an 8,192-token budget with a 5 % tail at 16,384
+  (``tail_lengths``): samples over the budget run alone.
 * ``--reference``: the same shards grouped by the reference package's
   ``odb.grouping.grouping_data`` (its real code, ``online-dynamic-batching``), one
   thread per rank, its all-gather served in memory (see ``reference.py``).
 
-    python -m experiments.sync_efficiency.run [--label current] [--worlds 8,64] [--reference]
+    python -m experiments.sync_efficiency.run [--label current] [--worlds 8,64] [--synthetic]
+        [--tail] [--reference] [--sets a,b] [--knobs field=value,...]
 """
 
 from __future__ import annotations
@@ -84,6 +87,19 @@ def synthetic_lengths(real: dict[str, list[int]]) -> dict[str, list[int]]:
         f"synthetic_{name}": lognormal_lengths(n, mean, cv, seed=0, max_len=MAX_SEQ_LEN)
         for name, (mean, cv) in profiles.items()
     }
+
+
+TAIL_BUDGET = 8192
+
+
+def tail_lengths(count: int = 16000) -> list[int]:
+    """Lengths under an 8,192-token budget with a 5 % tail at 16,384 tokens (each such
+    sample runs alone, and their count differs from rank to rank and round to round)."""
+    from odb_lightning.core.order import make_rng
+
+    rng = make_rng(0, "tail")
+    base = lognormal_lengths(count, 1500, 0.9, seed=0, max_len=TAIL_BUDGET)
+    return [2 * TAIL_BUDGET if rng.random() < 0.05 else length for length in base]
 
 
 def epoch_lengths(lengths: list[int], world: int) -> list[int]:
@@ -155,8 +171,9 @@ def _value(text: str) -> int | str | bool | None:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| set | budget | ranks | grouping | utilization | sync eff. | steps / oracle | "
-        "per-rank floor / oracle | IDLE | pad. eff. | groupings / sample | ms / step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "per-rank floor / oracle | IDLE | pad. eff. | groupings / sample | ms / step | "
+        "moved KiB / rank-step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         grouped = r.get("groupings_per_sample")
@@ -167,7 +184,8 @@ def markdown(rows: list[dict]) -> str:
             f"{'-' if floor is None else f'{floor:.3f}'} | "
             f"{100 * r['idle_fraction']:.1f} % | {r['padding_efficiency']:.3f} | "
             f"{'-' if grouped is None else f'{grouped:.2f}'} | "
-            f"{r['simulation_ms_per_step']:.2f} |"
+            f"{r['simulation_ms_per_step']:.2f} | "
+            f"{r.get('moved_bytes_per_rank_step', 0) / 1024:.0f} |"
         )
     return "\n".join(lines)
 
@@ -177,6 +195,9 @@ def main() -> None:
     parser.add_argument("--label", default="current", help="key of this run in results.json")
     parser.add_argument("--worlds", default="8,64")
     parser.add_argument("--synthetic", action="store_true", help="add the synthetic profiles")
+    parser.add_argument(
+        "--tail", action="store_true", help="add 16,000 lengths with a 5 %% tail over 8,192"
+    )
     parser.add_argument("--reference", action="store_true", help="add the reference package")
     parser.add_argument(
         "--reference-buffer", type=int, default=256, help="its buffer_size (window and slots)"
@@ -193,6 +214,9 @@ def main() -> None:
         synthetic = synthetic_lengths(lengths)
         lengths |= synthetic
         cases += [(name, budget) for name in synthetic for budget in (16384, 49152)]
+    if args.tail:
+        lengths["synthetic_tail"] = tail_lengths()
+        cases.append(("synthetic_tail", TAIL_BUDGET))
     if args.sets:
         wanted = set(args.sets.split(","))
         cases = [c for c in cases if c[0] in wanted]

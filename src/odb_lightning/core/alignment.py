@@ -31,6 +31,12 @@ Max-based, bidirectional alignment:
   takes as long as its slowest rank; pairing steps by rank of cost makes the per-step
   maxima as small as any pairing can (for sorted sequences the sum of position-wise maxima
   is minimal). Costs come from the reports, so every rank computes every rank's order.
+* Grouping across ranks (``cross_rank_grouping``, join only): three kinds of emitting
+  round group the union of the windows instead (:mod:`~odb_lightning.core.pooling`) and
+  move samples between ranks: the round that drains every window once nothing is undealt
+  (:func:`pools`), a ramp round (:func:`ramp_pool_positions`) and a round whose aligned
+  steps are :func:`uneven`. The last two run at most their ``T`` positions and leave the
+  rest of the union where it is.
 """
 
 from __future__ import annotations
@@ -53,6 +59,24 @@ def pools(reports: list[RankReport], max_steps: int) -> bool:
         and all(r.full and r.num_groups < max_steps for r in active)
         and any(r.buffered for r in active)
     )
+
+
+UNEVEN_ROUND = 0.97
+"""With ``cross_rank_grouping``, an emitting round whose aligned steps would use less
+than this share of the time its slowest ranks set (:func:`uneven`) groups across ranks
+instead, running at most as many step positions. Rounds of ordinary data align at 0.97
+or better and never pool; a tail of samples over the budget, which run alone and whose
+count differs from rank to rank, makes rounds uneven (experiments/sync_efficiency: 0.95
+moves 48 % of such an epoch's samples and reaches utilization 0.979, 0.97 moves 65 % and
+reaches 0.992)."""
+
+
+def uneven(rank_costs: list[tuple[int, ...]]) -> bool:
+    """Whether a round's aligned steps (per rank, the cost of each step position, IDLE
+    0) sum to less than :data:`UNEVEN_ROUND` of every rank running each position as long
+    as its slowest rank does."""
+    maxima = sum(max(column) for column in zip(*rank_costs, strict=True))
+    return sum(map(sum, rank_costs)) < UNEVEN_ROUND * len(rank_costs) * maxima
 
 
 def ramp_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
@@ -259,8 +283,8 @@ def plan_round(
     """The DGAP rule (see the module docstring) over all ranks' reports.
 
     ``pool_max_steps``: ``Q`` when ``cross_rank_grouping`` is on (join only); a round that
-    :func:`pools`, or a ramp round (:func:`ramp_pool_positions`), then returns a
-    ``pooled`` plan."""
+    :func:`pools`, a ramp round (:func:`ramp_pool_positions`) or an :func:`uneven` round
+    then returns a ``pooled`` plan."""
     if not reports:
         raise AlignmentError("a round needs at least one report")
     failed = [rank for rank, r in enumerate(reports) if r.aborted]
@@ -291,6 +315,8 @@ def plan_round(
         sizes.append(tuple(row_sizes[i] for i in order))
         losses.append(tuple(row_losses[i] for i in order))
         costs.append(tuple(row_costs[i] for i in order))
+    if pool_max_steps is not None and join and uneven(costs):
+        return RoundPlan(target_steps=0, pooled=True, pool_positions=target)
     return RoundPlan(
         target_steps=target,
         rank_sizes=tuple(sizes),

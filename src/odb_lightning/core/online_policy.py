@@ -70,11 +70,13 @@ class OnlinePolicy(Policy):
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
     accumulation) hold long and short samples (experiments/quality)."""
     cross_rank_grouping: bool = False
-    """Group the epoch's tail across ranks: once nothing is undealt and one round drains
-    every window, that round groups the union of the windows and hands the groups out
-    ``W`` at a time in cost order, moving samples between ranks over the metadata channel
-    (``core.pooling``; ``summary.json`` counts ``moved_samples`` and ``moved_bytes``).
-    Needs ``shard_dealing=by_need`` and ``join``."""
+    """Group across ranks where each rank alone groups poorly: the epoch's tail (the round
+    that drains every window once nothing is undealt), the ramp's rounds, and rounds whose
+    aligned steps are uneven (``core.alignment.UNEVEN_ROUND``, such as samples over the
+    budget more on some ranks than others). Such a round groups the union of the windows
+    and hands the groups out ``W`` at a time in cost order, moving samples between ranks
+    over the metadata channel (``core.pooling``; ``summary.json`` counts
+    ``moved_samples`` and ``moved_bytes``). Needs ``shard_dealing=by_need`` and ``join``."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
     epoch at the first finished rank and count the rest as dropped."""

@@ -1,21 +1,28 @@
-"""Cross-rank grouping of an epoch's tail (``batching.policy.cross_rank_grouping``).
+"""Grouping across ranks (``batching.policy.cross_rank_grouping``).
 
 Each rank grouping only its own window cannot go below the per-rank floor: its samples
-grouped alone. Once the epoch's global order is dealt out (nothing undealt) and one
-round drains every window, the round can group the *union* of the windows instead, as
-one window of ``W`` times the samples, and hand the groups out ``W`` at a time: step
-position ``t`` takes the ``t``-th ``W`` groups in cost order, so the ranks' costs at a
-position are as close as the groups allow. On a small epoch (one window per rank) that
-round is the whole epoch after the ramp, and its steps approach the global oracle's.
+grouped alone. A pooled round groups the *union* of the windows instead, as one window of
+``W`` times the samples, and hands the groups out ``W`` at a time: step position ``t``
+takes the ``t``-th ``W`` groups in cost order, so the ranks' costs at a position are as
+close as the groups allow. Three kinds of round pool
+(:func:`~odb_lightning.core.alignment.plan_round`):
+
+* the epoch's tail: nothing is undealt and the ordinary round would drain every window
+  (:func:`~odb_lightning.core.alignment.pools`); every offered sample runs. On a small
+  epoch (one window per rank) that round is the whole epoch after the ramp;
+* a ramp round (:func:`~odb_lightning.core.alignment.ramp_pool_positions`): small windows,
+  whose best groups differ most from rank to rank;
+* an uneven round (:func:`~odb_lightning.core.alignment.uneven`), such as one whose
+  samples over the budget (each run alone) are more on some ranks than on others.
+
+The last two run only the costliest ``T x W`` groups of the union (``T``: the round's
+step positions) and leave the other samples in the windows that hold them
+(``PoolPlan.left``).
 
 Everything here is a pure function of what every rank offered (its window's samples), so
 every rank computes the same :class:`PoolPlan`. A sample a rank runs but did not hold
-is *moved*: it belongs to the rank that runs it (``PoolPlan.moved``).
-
-The round that pools is decided from the ordinary reports
-(:func:`~odb_lightning.core.alignment.pools`): dealt by need
-with join, nothing undealt, every unfinished window full, and every window's groups shown
-whole (fewer than ``Q``), so the ordinary round would drain every window anyway.
+is *moved*: it belongs to the rank that runs it (``PoolPlan.moved``), and it runs in the
+round that moves it.
 """
 
 from __future__ import annotations

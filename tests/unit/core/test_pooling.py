@@ -193,3 +193,38 @@ def test_it_needs_one_dealt_order_and_join() -> None:
         BatchingConfig.of(cross_rank_grouping=True, shard_dealing="fixed")
     with pytest.raises(ValueError, match="join=true"):
         BatchingConfig.of(cross_rank_grouping=True, join=False)
+
+
+def _tailed(n: int, budget: int, seed: int) -> list[int]:
+    """Lengths under ``budget`` with a 5 % tail at twice it (each such sample runs alone)."""
+    rng = make_rng(seed, "tail")
+    base = lognormal_lengths(n, mean=budget // 5, cv=0.9, seed=seed, max_len=budget)
+    return [2 * budget if rng.random() < 0.05 else length for length in base]
+
+
+def test_rounds_uneven_from_samples_over_the_budget_pool_and_level_them() -> None:
+    lengths = _tailed(4000, 2048, seed=0)
+    results = {
+        crg: simulate_dealt_epoch(
+            lengths, 8, BatchingConfig.of(token_budget=2048, cross_rank_grouping=crg)
+        )
+        for crg in (False, True)
+    }
+    assert results[False].sync.utilization < 0.93
+    assert results[True].sync.utilization > 0.97
+    # Every rank runs the same number of over-budget samples at a position: they fill
+    # whole positions, so a position holds W of them or none (but the last).
+    over = [
+        sum(s.group is not None and s.group.longest > 2048 for s in column)
+        for column in zip(*results[True].steps, strict=True)
+    ]
+    assert sum(count not in (0, 8) for count in over) <= 1
+    assert sum(over) == sum(length > 2048 for length in lengths)
+
+
+def test_an_even_round_does_not_pool() -> None:
+    from odb_lightning.core.alignment import uneven
+
+    assert not uneven([(100, 90, 50), (98, 91, 49)])
+    assert uneven([(200, 90, 50), (98, 91, 49)])
+    assert uneven([(100, 90), (0, 0)]), "an IDLE rank beside a busy one"
