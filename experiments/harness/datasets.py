@@ -23,6 +23,7 @@ class SyntheticChatDataset:
         hang_index: ``dataset[hang_index]`` never returns.
         fault_marker: File where the fetch of ``fail_index`` or ``hang_index`` writes its
             ``time.monotonic()`` first (see :func:`read_fault_marker`).
+        delay_s: Every ``dataset[i]`` sleeps this long first (a slow file system).
     """
 
     def __init__(
@@ -32,8 +33,10 @@ class SyntheticChatDataset:
         bad_indices: frozenset[int] = frozenset(),
         hang_index: int | None = None,
         fault_marker: str | None = None,
+        delay_s: float = 0.0,
     ) -> None:
         self.lengths = lengths
+        self.delay_s = delay_s
         self.fail_index = fail_index
         self.bad_indices = bad_indices
         self.hang_index = hang_index
@@ -49,6 +52,8 @@ class SyntheticChatDataset:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if index in (self.fail_index, self.hang_index) and self.fault_marker is not None:
             Path(self.fault_marker).write_text(repr(time.monotonic()))
         if index == self.fail_index:

@@ -11,6 +11,7 @@ caller can check that none of them outlives it, and the ``time.monotonic()`` of 
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import queue
@@ -61,6 +62,7 @@ class RankJob:
         kill: A process to SIGKILL mid-epoch.
         probe_resources: Record each epoch's :func:`resource_sample` (mid-epoch and at
             its end) in the rank's results.
+        rank_delays: Per rank, seconds each of its ``dataset[i]`` sleeps (a slow rank).
     """
 
     dataset: SyntheticChatDataset
@@ -70,6 +72,7 @@ class RankJob:
     epochs: int = 1
     kill: Kill | None = None
     probe_resources: bool = False
+    rank_delays: dict[int, float] = field(default_factory=dict)
 
 
 def _record(batch: Any) -> dict[str, Any]:
@@ -106,9 +109,14 @@ def _run_loader(rank: int, job: RankJob, results: Any) -> list[dict[str, Any]]:
         kwargs.setdefault("shard_dealing", "fixed")
     kill = job.kill if job.kill is not None and job.kill.rank == rank else None
     epochs = []
-    with ODBLoader(job.dataset, **kwargs) as loader:
+    dataset = job.dataset
+    if rank in job.rank_delays:
+        dataset = copy.copy(dataset)
+        dataset.delay_s = job.rank_delays[rank]
+    with ODBLoader(dataset, **kwargs) as loader:
         for epoch in range(job.epochs):
             loader.set_epoch(epoch)
+            started = time.monotonic()
             steps = []
             pids = loader.child_pids()
             resources = {}
@@ -133,6 +141,7 @@ def _run_loader(rank: int, job: RankJob, results: Any) -> list[dict[str, Any]]:
                     "shard": shard,
                     "pids": pids,
                     "resources": resources,
+                    "wall_s": time.monotonic() - started,
                 }
             )
     return epochs

@@ -251,3 +251,21 @@ def test_four_ranks_spawn_persistent() -> None:
     for epoch in range(2):
         _check_epoch(job, outcome.ok, epoch)
         _check_join_coverage(outcome.ok, epoch)
+
+
+def test_dealing_that_sees_fetch_time_hands_a_slow_ranks_share_to_the_fast_one() -> None:
+    # Rank 1's samples take 0.1 s each, rank 0's none: dealt by fetch time, rank 0 runs
+    # more of the epoch; every sample still runs once, on equal step counts.
+    loader = {"shard_dealing": "by_need", "num_workers": 1, "fetch_aware_dealing": True}
+    job = RankJob(
+        SyntheticChatDataset.seeded(N_SAMPLES),
+        {**LOADER, **loader},
+        rank_delays={1: 0.1},
+    )
+    outcome = run_ranks(job, world_size=2)
+    assert outcome.errors == {}
+    _check_join_coverage(outcome.ok, 0)
+    runs = [outcome.ok[rank][0] for rank in range(2)]
+    assert len({len(run["steps"]) for run in runs}) == 1
+    ran = [run["stats"].emitted_samples for run in runs]
+    assert sum(ran) == N_SAMPLES and ran[0] > ran[1], ran

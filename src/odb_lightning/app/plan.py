@@ -120,7 +120,7 @@ KNOB_OPTIONS = (
         "--cross-rank",
         "cross_rank_grouping",
         (OnlinePolicy,),
-        "--ranks: group the epoch's tail across ranks",
+        "--ranks: group the tail, the ramp and uneven rounds across ranks",
     ),
     KnobOption("--buckets", "num_buckets", (BucketedPolicy,), "k for the bucket optimizer"),
     KnobOption("--boundaries", "boundaries", (BucketedPolicy,), "fixed bucket edges, no optimizer"),

@@ -77,6 +77,15 @@ class OnlinePolicy(Policy):
     and hands the groups out ``W`` at a time in cost order, moving samples between ranks
     over the metadata channel (``core.pooling``; ``summary.json`` counts
     ``moved_samples`` and ``moved_bytes``). Needs ``shard_dealing=by_need`` and ``join``."""
+    fetch_aware_dealing: bool = False
+    """Deal by need in proportion to how fast each rank gets its samples, not only to
+    its work: every rank reports how long it waited for its own samples
+    (``core.alignment.fetch_shares``), and a rank whose samples arrive slowly is dealt
+    less of the rest of the epoch, so the fast ranks take over its share and the epoch
+    ends near their time. A rank at its share emits without waiting for more. The steps
+    then depend on timing (the simulator's are those of no waiting); every sample still
+    runs once and resume stays exact. Needs ``shard_dealing=by_need``
+    (experiments/slow_rank)."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
     epoch at the first finished rank and count the rest as dropped."""
@@ -96,6 +105,13 @@ class OnlinePolicy(Policy):
         object.__setattr__(self, "emission_order", emission)
         check_bool(f"{key}.join", self.join)
         check_bool(f"{key}.cross_rank_grouping", self.cross_rank_grouping)
+        check_bool(f"{key}.fetch_aware_dealing", self.fetch_aware_dealing)
+        if self.fetch_aware_dealing and not self.by_need:
+            raise ValueError(
+                f"{key}.fetch_aware_dealing=true needs {key}.shard_dealing=by_need (it "
+                "deals one global order by each rank's fetch speed), got "
+                f"shard_dealing={self.shard_dealing.value}"
+            )
         if self.cross_rank_grouping and not (self.by_need and self.join):
             raise ValueError(
                 f"{key}.cross_rank_grouping=true needs {key}.shard_dealing=by_need and "

@@ -45,6 +45,9 @@ class SimulationResult:
         first_step_cost: Per rank, the row costs of those samples (each rounded up).
         moved_samples: Per rank, samples it ran that another rank's window held
             (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes.
+        fetch_us: With ``fetch_us`` per rank: the epoch's simulated time, each round as
+            long as its slowest rank takes to fetch the samples it was dealt (one at a
+            time; steps take no time).
     """
 
     steps: list[list[Step]]
@@ -58,6 +61,7 @@ class SimulationResult:
     first_step_cost: tuple[int, ...] = ()
     moved_samples: tuple[int, ...] = ()
     moved_bytes: tuple[int, ...] = ()
+    fetch_us: int = 0
 
 
 def _fill(
@@ -67,9 +71,11 @@ def _fill(
     patches: list[int] | None = None,
     patch_squares: list[int] | None = None,
     sample_bytes: list[int] | None = None,
-) -> None:
+) -> int:
     # Requests arrive at once; a window sized in work may ask again once they have.
+    fetched = 0
     while positions := window.request():
+        fetched += len(positions)
         for position in positions:
             window.add(
                 SampleInfo(
@@ -82,6 +88,7 @@ def _fill(
                     num_bytes=0 if sample_bytes is None else sample_bytes[position],
                 )
             )
+    return fetched
 
 
 def simulate_epoch(
@@ -131,10 +138,13 @@ def simulate_dealt_epoch(
     loss_tokens: list[int] | None = None,
     epoch: int = 0,
     sample_bytes: list[int] | None = None,
+    fetch_us: list[int] | None = None,
 ) -> SimulationResult:
     """Simulate one epoch dealt by need from one global order (``lengths`` in that
     order, as the loader's seeded epoch order gives them); sample ids are positions in it.
-    ``sample_bytes``: each sample's serialized size, for ``batching.policy.window_max_mib``."""
+    ``sample_bytes``: each sample's serialized size, for ``batching.policy.window_max_mib``.
+    ``fetch_us``: per rank, microseconds to fetch one sample; the windows then report
+    their waits (``fetch_aware_dealing`` reads them) and the result its ``fetch_us``."""
     if not config.policy.by_need:
         raise ValueError("simulate_dealt_epoch needs shard_dealing=by_need")
     if world_size < 1:
@@ -144,6 +154,8 @@ def simulate_dealt_epoch(
         raise ValueError("loss_tokens must have one entry per sample")
     windows = [GroupingWindow(config, len(lengths), rank=r, epoch=epoch) for r in range(world_size)]
     per_rank = None if sample_bytes is None else [sample_bytes] * world_size
+    if fetch_us is not None and len(fetch_us) != world_size:
+        raise ValueError("fetch_us must have one entry per rank")
     return _run(
         windows,
         [lengths] * world_size,
@@ -151,6 +163,7 @@ def simulate_dealt_epoch(
         config,
         len(lengths),
         sample_bytes=per_rank,
+        fetch_us=fetch_us,
     )
 
 
@@ -164,26 +177,37 @@ def _run(
     patches: list[list[int]] | None = None,
     patch_squares: list[list[int]] | None = None,
     sample_bytes: list[list[int]] | None = None,
+    fetch_us: list[int] | None = None,
 ) -> SimulationResult:
     steps: list[list[Step]] = [[] for _ in windows]
+    clock = 0  # simulated microseconds (fetch_us)
     max_steps = config.policy.max_steps_per_round
     # Every emitting round takes >= 1 sample from some rank, every round that only deals
     # deals >= 1 sample; one more round ends the epoch.
     bound = 2 * num_samples + 2
     first: list[tuple[int, int]] = []  # (samples, cost) received before the first step
     for rounds in range(1, bound + 1):
+        longest = 0
         for rank, (window, lengths, loss) in enumerate(
             zip(windows, rank_lengths, losses, strict=True)
         ):
             rank_patches = None if patches is None else patches[rank]
             squares = None if patch_squares is None else patch_squares[rank]
             sizes = None if sample_bytes is None else sample_bytes[rank]
-            _fill(window, lengths, loss, rank_patches, squares, sizes)
+            fetched = _fill(window, lengths, loss, rank_patches, squares, sizes)
+            if fetch_us is not None:
+                window.wait_us += fetched * fetch_us[rank]
+                longest = max(longest, fetched * fetch_us[rank])
+        if fetch_us is not None:
+            clock += longest
+            for window in windows:
+                window.elapsed_us = clock
         messages = [encode_report(w.make_report(), max_steps) for w in windows]
         plan = plan_round(
             [decode_report(m, max_steps) for m in messages],
             join=config.policy.join,
             pool_max_steps=max_steps if config.policy.cross_rank_grouping else None,
+            fetch_aware=config.policy.fetch_aware_dealing,
         )
         if (plan.target_steps or plan.pooled) and not first:
             first = [(w.num_received, w.received_cost) for w in windows]
@@ -211,6 +235,7 @@ def _run(
                 first_step_cost=tuple(c for _, c in first),
                 moved_samples=tuple(w.num_moved_in for w in windows),
                 moved_bytes=tuple(w.moved_in_bytes for w in windows),
+                fetch_us=clock,
                 sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")

@@ -218,6 +218,10 @@ class GroupingWindow:
         self.moved_in_bytes = 0
         self.epoch_over = False
         self._ramp = deque(ramp_targets(self.policy))  # the targets of the rounds to come
+        # Set by the runtime before each report (``fetch_aware_dealing``): microseconds
+        # waited this epoch for this rank's own samples, and since the epoch started.
+        self.wait_us = 0
+        self.elapsed_us = 0
 
     # -- filling ---------------------------------------------------------------------
     @property
@@ -376,8 +380,9 @@ class GroupingWindow:
         max_steps = self.round_step_cap()
         wanted = self.wanted()
         full = wanted == 0
-        # A window that is not full only asks for samples: the round emits nothing.
-        groups = self._grouped() if full else []
+        # A window that is not full only asks for samples: the round emits nothing
+        # (dealing by fetch time, it may emit if it is at its share: alignment.ready).
+        groups = self._grouped() if full or self.policy.fetch_aware_dealing else []
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
@@ -402,6 +407,8 @@ class GroupingWindow:
             dealt_cost=self._received_cost + self._moved_cost,
             dealt_samples=self._num_received - self.num_skipped + self.num_moved_in
             - self.num_moved_out,
+            wait_us=self.wait_us,
+            elapsed_us=self.elapsed_us,
         )
 
     def _grouped(self) -> list[Group]:
@@ -552,7 +559,7 @@ class GroupingWindow:
 
     def _local_steps(self, groups: list[Group], plan: RoundPlan) -> list[Group | None]:
         target = plan.target_steps
-        if self.is_finished():
+        if self.is_finished() or not self._buffer:  # empty: at its share (fetch_aware)
             local: list[Group | None] = [None] * target
         else:
             kept = (
@@ -611,7 +618,12 @@ def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
     pool_steps = max_steps if window.policy.cross_rank_grouping else None
-    plan = plan_round(reports, join=window.policy.join, pool_max_steps=pool_steps)
+    plan = plan_round(
+        reports,
+        join=window.policy.join,
+        pool_max_steps=pool_steps,
+        fetch_aware=window.policy.fetch_aware_dealing,
+    )
     if not plan.pooled:
         return window.apply(plan)
     width = max(r.buffered for r in reports)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 _HEADER = (
     "version",
     "epoch",
@@ -32,6 +32,8 @@ _HEADER = (
     "full",
     "dealt_cost",
     "dealt_samples",
+    "wait_us",
+    "elapsed_us",
 )
 
 
@@ -64,6 +66,10 @@ class RankReport:
         dealt_cost: The cost (the budget's row cost of each sample, rounded up, summed) of
             every sample this rank received this epoch; ``dealt_samples`` how many. With
             them the deal balances the ranks' work (:func:`alignment.deal_counts`).
+        wait_us: Microseconds this rank has waited this epoch for its own samples to
+            arrive (its fetch backlog); ``elapsed_us`` since the epoch started. Only
+            ``fetch_aware_dealing`` reads them (:func:`alignment.fetch_shares`); the
+            simulator leaves both 0.
     """
 
     epoch: int
@@ -84,6 +90,8 @@ class RankReport:
     full: bool = True
     dealt_cost: int = 0
     dealt_samples: int = 0
+    wait_us: int = 0
+    elapsed_us: int = 0
 
 
 _BODY = (
@@ -123,6 +131,8 @@ def encode_report(report: RankReport, max_steps: int) -> list[int]:
         int(report.full),
         report.dealt_cost,
         report.dealt_samples,
+        report.wait_us,
+        report.elapsed_us,
     ]
     body = [value for name in _BODY for value in _padded(getattr(report, name), max_steps, name)]
     return header + body
@@ -160,6 +170,8 @@ def check_message(message: list[int], max_steps: int) -> None:
         "wanted",
         "dealt_cost",
         "dealt_samples",
+        "wait_us",
+        "elapsed_us",
     ):
         if header[name] < 0:
             raise WireFormatError(f"{name} is {header[name]}, expected >= 0")
@@ -201,5 +213,7 @@ def decode_report(message: list[int], max_steps: int) -> RankReport:
         full=bool(header["full"]),
         dealt_cost=header["dealt_cost"],
         dealt_samples=header["dealt_samples"],
+        wait_us=header["wait_us"],
+        elapsed_us=header["elapsed_us"],
         **columns,
     )

@@ -123,6 +123,7 @@ class _EpochLog:
     image_patches: int = 0  # emitted samples' ViT patches
     moved_samples: int = 0  # samples run here that another rank fetched (pooled rounds)
     moved_bytes: int = 0  # their serialized bytes
+    fetch_wait_s: float = 0.0  # waited for this rank's own samples (fetch_aware_dealing)
 
     def finish(self, window: GroupingWindow) -> EpochStats:
         return EpochStats(
@@ -225,7 +226,9 @@ class EpochRunner:
             self._request(window, indices)  # also refills the room a skipped sample left
             if window.is_ready():
                 break
+            waiting = time.monotonic()
             result = self._source.receive()
+            log.fetch_wait_s += time.monotonic() - waiting
             if isinstance(result, FetchedSample):
                 info = SampleInfo(
                     result.dataset_index,
@@ -267,6 +270,8 @@ class EpochRunner:
             log.round_latency_s.append(time.monotonic() - started)
             return gathered
 
+        window.wait_us = round(1e6 * log.fetch_wait_s)
+        window.elapsed_us = round(1e6 * (time.monotonic() - log.started))
         outcome = exchange_round(window, exchange)
         if outcome.pooled:  # every rank's outcome is pooled alike: all take this call
             self._move(outcome, log, f"{context} (moved samples)")

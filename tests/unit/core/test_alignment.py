@@ -129,9 +129,18 @@ def test_wire_round_trip(max_steps: int) -> None:
         peel_costs=[11, 12, 13, 14][:num_peels],
         peel_savings=[30, 30, 20, 40][:num_peels],
     )
-    original = replace(original, undealt=40, wanted=7, full=False, dealt_cost=950, dealt_samples=9)
+    original = replace(
+        original,
+        undealt=40,
+        wanted=7,
+        full=False,
+        dealt_cost=950,
+        dealt_samples=9,
+        wait_us=1_500_000,
+        elapsed_us=2_000_000,
+    )
     message = encode_report(original, max_steps)
-    assert len(message) == 13 + 6 * max_steps
+    assert len(message) == 15 + 6 * max_steps
     assert decode_report(message, max_steps) == original
 
 
