@@ -65,7 +65,10 @@ from odb_lightning.runtime.batch import pad_collate
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2
-ARMS = ("odb", "reference", "standard")  # and, on request, odb_no_ramp (the ramp off)
+ARMS = ("odb", "reference", "standard")
+"""The default arms; on request also ``odb_no_ramp`` (the ramp off) and
+``odb_cross_rank`` (``cross_rank_grouping=true``: samples move between the ranks)."""
+ODB_ARMS = ("odb", "odb_no_ramp", "odb_cross_rank")
 DEFAULT_SAMPLES = {"whole": 128, "first_exchange": 352, "mix": 192, "chitchat": 224}
 STANDARD_BATCH = 8
 
@@ -96,6 +99,8 @@ class RankRecord:
     compute_s: list[float] = field(default_factory=list)  # per job step; 0 when IDLE
     padded: list[int] = field(default_factory=list)  # per job step; 0 when IDLE
     lengths: list[int] = field(default_factory=list)  # every sample trained, in order
+    moved_samples: int = 0  # run here, fetched by the other rank (odb_cross_rank)
+    moved_bytes: int = 0
 
 
 def _sampler(data: BenchData, rank: int, seed: int) -> DistributedSampler:
@@ -106,10 +111,11 @@ def _sampler(data: BenchData, rank: int, seed: int) -> DistributedSampler:
     return sampler
 
 
-def _batches(arm: str, data: BenchData, settings: Settings, rank: int):
-    """Model inputs of one epoch of ``arm`` on this rank (``None`` for an IDLE step)."""
+def _batches(arm: str, data: BenchData, settings: Settings, rank: int, record: RankRecord):
+    """Model inputs of one epoch of ``arm`` on this rank (``None`` for an IDLE step); an
+    ODB arm's moved samples go into ``record`` at the epoch's end."""
     collate = functools.partial(pad_collate, pad_id=settings.pad_id)
-    if arm in ("odb", "odb_no_ramp"):
+    if arm in ODB_ARMS:
         from odb_lightning.runtime import ODBLoader
 
         config = _odb_config(settings, arm, num_workers=settings.num_workers)
@@ -118,6 +124,8 @@ def _batches(arm: str, data: BenchData, settings: Settings, rank: int):
         ) as loader:
             for batch in loader:
                 yield None if batch.meta.is_idle else batch.inputs
+            stats = loader.last_epoch_stats
+            record.moved_samples, record.moved_bytes = stats.moved_samples, stats.moved_bytes
         return
     if arm == "reference":
         yield from reference_batches(data, settings, _sampler(data, rank, settings.seed))
@@ -136,9 +144,11 @@ def _batches(arm: str, data: BenchData, settings: Settings, rank: int):
 
 def _odb_config(settings: Settings, arm: str, **knobs: Any) -> BatchingConfig:
     """Our loader's settings: the defaults with the study's budget and depth
-    (``odb_no_ramp``: the window ramp off)."""
+    (``odb_no_ramp``: the window ramp off; ``odb_cross_rank``: grouping across ranks)."""
     if arm == "odb_no_ramp":
         knobs["ramp_budgets"] = None
+    if arm == "odb_cross_rank":
+        knobs["cross_rank_grouping"] = True
     return BatchingConfig.of(
         mode="odb",
         token_budget=settings.token_budget,
@@ -173,7 +183,7 @@ def train_rank(arm: str, data: BenchData, settings: Settings, rank: int) -> Rank
     data.dataset[0]
     dist.barrier()
     started = time.perf_counter()
-    batches = _batches(arm, data, settings, rank)
+    batches = _batches(arm, data, settings, rank, record)
     exhausted = False
     while True:
         waited = time.perf_counter()
@@ -289,6 +299,8 @@ def job_figures(ranks: list[dict], data: BenchData) -> dict[str, Any]:
         ),
         "utilization": real / (WORLD * sum(max(p) for p in padded)),
         "padding_efficiency": real / sum(sum(p) for p in padded),
+        "moved_samples": sum(r["moved_samples"] for r in ranks),
+        "moved_bytes": sum(r["moved_bytes"] for r in ranks),
     }
 
 
@@ -315,7 +327,7 @@ def predictions(data: BenchData, settings: Settings) -> dict[str, dict[str, floa
 
     lengths = data.lengths
     predicted = {}
-    for arm in ("odb", "odb_no_ramp"):
+    for arm in ODB_ARMS:
         config = _odb_config(settings, arm)
         order = epoch_permutation(len(lengths), config.seed, 0)
         result = simulate_dealt_epoch([lengths[i] for i in order], WORLD, config)
@@ -361,6 +373,8 @@ def summarize(runs: dict[str, list[dict]], predicted: dict[str, dict]) -> dict[s
             statistics.median(job["loader_wait_s"][r] for job in jobs) for r in range(WORLD)
         ]
         row["idle_steps"] = jobs[0]["idle_steps"]
+        row["moved_samples"] = jobs[0].get("moved_samples", 0)
+        row["moved_bytes"] = jobs[0].get("moved_bytes", 0)
         row["predicted"] = predicted[arm]
         arms[arm] = row
     for arm, jobs in runs.items():
@@ -453,7 +467,7 @@ def main() -> None:
                 f"  {arm:9s} {row['samples_per_s']:6.2f} samples/s {row['real_tokens_per_s']:7.0f}"
                 f" tok/s  steps {row['steps']} (pred {pred['steps']})  util "
                 f"{row['utilization']:.3f} (pred {pred['utilization']:.3f})  sync "
-                f"{row['measured_sync_efficiency']:.3f}  "
+                f"{row['measured_sync_efficiency']:.3f}  moved {row['moved_samples']}  "
                 f"vs ref {ratio_text(row.get('vs_reference'))}"
                 f"  vs std {ratio_text(row.get('vs_standard'))}"
             )
