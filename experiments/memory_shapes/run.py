@@ -5,8 +5,8 @@
 Each preset is composed as ``train.py`` composes it; its data module is set up (for the
 length-pass modes that measures every training sample), and the shapes are those
 :class:`~odb_lightning.lit.memory.MemoryWarmup` runs at fit start: the batching config,
-``data.max_seq_len``, the data module's ``length_range`` and ``largest_image``. Nothing is trained; prints a
-Markdown table and writes ``results.json`` next to this script.
+``data.max_seq_len``, the data module's ``length_range`` and ``largest_image``. Nothing is
+trained; prints a Markdown table and writes ``results.json`` next to this script.
 """
 
 from __future__ import annotations

@@ -226,6 +226,11 @@ def _check_in_step(reports: list[RankReport]) -> None:
             )
 
 
+MIN_US_PER_COST = 1e-6
+"""The least time per unit of work :func:`fetch_shares` credits a rank with, so a rank
+that never waited and a common part of 0 give a finite share."""
+
+
 def fetch_shares(reports: list[RankReport]) -> list[float] | None:
     """Each rank's share of the epoch's work when dealing sees fetch time
     (``fetch_aware_dealing``), or ``None`` (equal shares) before any rank waited.
@@ -247,11 +252,6 @@ def fetch_shares(reports: list[RankReport]) -> list[float] | None:
     speeds = [1 / max(MIN_US_PER_COST, per_work.get(rank, typical)) for rank in range(len(reports))]
     total = sum(speeds)
     return [speed / total for speed in speeds]
-
-
-MIN_US_PER_COST = 1e-6
-"""The least time per unit of work :func:`fetch_shares` credits a rank with, so a rank
-that never waited and a common part of 0 give a finite share."""
 
 
 def deal_caps(reports: list[RankReport], *, fetch_aware: bool = False) -> list[int]:

@@ -183,9 +183,7 @@ def plan_pool(
         max_costs=tuple(max(c) for c in columns),
         cost_sums=tuple(sum(c) for c in columns),
         owners=owners,
-        left=tuple(
-            tuple(s for s in offer if s.position not in running) for offer in offers
-        ),
+        left=tuple(tuple(s for s in offer if s.position not in running) for offer in offers),
     )
 
 

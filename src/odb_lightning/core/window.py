@@ -405,11 +405,15 @@ class GroupingWindow:
             wanted=wanted,
             full=full,
             dealt_cost=self._received_cost + self._moved_cost,
-            dealt_samples=self._num_received - self.num_skipped + self.num_moved_in
-            - self.num_moved_out,
+            dealt_samples=self._num_received - self.num_skipped + self._moved_balance,
             wait_us=self.wait_us,
             elapsed_us=self.elapsed_us,
         )
+
+    @property
+    def _moved_balance(self) -> int:
+        """Samples moved in less moved out (pooled rounds)."""
+        return self.num_moved_in - self.num_moved_out
 
     def _grouped(self) -> list[Group]:
         """The buffer's groups, oldest first; grouped again only if the buffer changed."""

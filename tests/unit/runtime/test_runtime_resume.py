@@ -72,8 +72,9 @@ def _fixed_plan(batch_size: int, n: int):
         {},
         {"window_budgets": 3, "shard_dealing": "by_need"},
         {"window_budgets": 3, "shard_dealing": "by_need", "emission_order": "paired"},
+        {"window_budgets": 3, "shard_dealing": "by_need", "fetch_aware_dealing": True},
     ],
-    ids=["samples", "work_by_need", "paired"],
+    ids=["samples", "work_by_need", "paired", "fetch_aware"],
 )
 def test_odb_resume_emits_the_rest_of_the_epoch_once(
     num_workers: int, epoch: int, window: dict
