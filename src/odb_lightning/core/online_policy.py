@@ -80,7 +80,7 @@ class OnlinePolicy(Policy):
     fetch_aware_dealing: bool = False
     """Deal by need in proportion to how fast each rank gets its samples, not only to
     its work: every rank reports how long it waited for its own samples
-    (``core.alignment.fetch_shares``), and a rank whose samples arrive slowly is dealt
+    (``core.dealing.fetch_shares``), and a rank whose samples arrive slowly is dealt
     less of the rest of the epoch, so the fast ranks take over its share and the epoch
     ends near their time. A rank at its share emits without waiting for more. The steps
     then depend on timing (the simulator's are those of no waiting); every sample still

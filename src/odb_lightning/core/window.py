@@ -168,7 +168,7 @@ class GroupingWindow:
     With fixed shards (``shard_dealing=fixed``) the window owns positions
     ``0..shard_size - 1`` of its shard. Dealt by need, ``shard_size`` is the length of the
     epoch's global order and the window owns the positions the rounds deal to it
-    (:func:`~odb_lightning.core.alignment.deal_counts`).
+    (:func:`~odb_lightning.core.dealing.deal_counts`).
 
     Args:
         config: Job-wide batching settings (identical on every rank).
@@ -381,7 +381,7 @@ class GroupingWindow:
         wanted = self.wanted()
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing
-        # (dealing by fetch time, it may emit if it is at its share: alignment.ready).
+        # (dealing by fetch time, it may emit if it is at its share: dealing.ready).
         groups = self._grouped() if full or self.policy.fetch_aware_dealing else []
         self._groups = groups
         shown = groups[:max_steps]

@@ -65,10 +65,10 @@ class RankReport:
         full: The window holds its work (or cannot get more): it may emit.
         dealt_cost: The cost (the budget's row cost of each sample, rounded up, summed) of
             every sample this rank received this epoch; ``dealt_samples`` how many. With
-            them the deal balances the ranks' work (:func:`alignment.deal_counts`).
+            them the deal balances the ranks' work (:func:`dealing.deal_counts`).
         wait_us: Microseconds this rank has waited this epoch for its own samples to
             arrive (its fetch backlog); ``elapsed_us`` since the epoch started. Only
-            ``fetch_aware_dealing`` reads them (:func:`alignment.fetch_shares`); the
+            ``fetch_aware_dealing`` reads them (:func:`dealing.fetch_shares`); the
             simulator leaves both 0.
     """
 

@@ -11,11 +11,10 @@ from odb_lightning.core.alignment import (
     PeerFailedError,
     aligned_steps,
     cost_order,
-    deal_caps,
-    deal_counts,
     peel_order,
     plan_round,
 )
+from odb_lightning.core.dealing import deal_caps, deal_counts
 from odb_lightning.core.wire import RankReport, decode_report, encode_report
 
 

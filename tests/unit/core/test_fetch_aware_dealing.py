@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb_lightning.core.alignment import deal_caps, fetch_shares, plan_round
+from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.dealing import deal_caps, fetch_shares
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch
 from odb_lightning.core.wire import RankReport
