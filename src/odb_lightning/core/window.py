@@ -534,8 +534,7 @@ class GroupingWindow:
         self.num_moved_out += len(given)
         self.moved_in_bytes += sum(s.num_bytes for s in received)
         # The work this rank holds changes by what moved: dealing by need levels it.
-        moved_cost = sum(map(self._row_cost, received)) - sum(map(self._row_cost, given))
-        self._moved_cost += moved_cost
+        self._moved_cost += sum(map(self._row_cost, received)) - sum(map(self._row_cost, given))
         kept = [g for g in local if g is not None]
         self._buffer = left
         self._buffer_changed = True
