@@ -160,12 +160,17 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     }
 
 
-def _value(text: str) -> int | str | bool | None:
+def _value(text: str) -> int | float | str | bool | None:
     if text == "null":
         return None
     if text in ("true", "false"):
         return text == "true"
-    return int(text) if text.lstrip("-").isdigit() else text
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def markdown(rows: list[dict]) -> str:

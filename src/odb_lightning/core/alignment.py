@@ -63,22 +63,12 @@ def pools(reports: list[RankReport], max_steps: int) -> bool:
     )
 
 
-UNEVEN_ROUND = 0.97
-"""With ``cross_rank_grouping``, an emitting round whose aligned steps would use less
-than this share of the time its slowest ranks set (:func:`uneven`) groups across ranks
-instead, running at most as many step positions. Rounds of ordinary data align at 0.97
-or better and never pool; a tail of samples over the budget, which run alone and whose
-count differs from rank to rank, makes rounds uneven (experiments/sync_efficiency: 0.95
-moves 48 % of such an epoch's samples and reaches utilization 0.979, 0.97 moves 65 % and
-reaches 0.992)."""
-
-
-def uneven(rank_costs: list[tuple[int, ...]]) -> bool:
+def uneven(rank_costs: list[tuple[int, ...]], below: float) -> bool:
     """Whether a round's aligned steps (per rank, the cost of each step position, IDLE
-    0) sum to less than :data:`UNEVEN_ROUND` of every rank running each position as long
-    as its slowest rank does."""
+    0) sum to less than ``below`` (``pool_below_sync``) of every rank running each
+    position as long as its slowest rank does."""
     maxima = sum(max(column) for column in zip(*rank_costs, strict=True))
-    return sum(map(sum, rank_costs)) < UNEVEN_ROUND * len(rank_costs) * maxima
+    return sum(map(sum, rank_costs)) < below * len(rank_costs) * maxima
 
 
 def ramp_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
@@ -243,13 +233,14 @@ def plan_round(
     *,
     join: bool,
     pool_max_steps: int | None = None,
+    pool_below: float | None = None,
     fetch_aware: bool = False,
 ) -> RoundPlan:
     """The DGAP rule (see the module docstring) over all ranks' reports.
 
     ``pool_max_steps``: ``Q`` when ``cross_rank_grouping`` is on (join only); a round that
-    :func:`pools`, a ramp round (:func:`ramp_pool_positions`) or an :func:`uneven` round
-    then returns a ``pooled`` plan. ``fetch_aware``: dealing sees fetch time
+    :func:`pools`, a ramp round (:func:`ramp_pool_positions`) or a round :func:`uneven`
+    below ``pool_below`` then returns a ``pooled`` plan. ``fetch_aware``: dealing sees fetch time
     (:mod:`~odb_lightning.core.dealing`)."""
     if not reports:
         raise AlignmentError("a round needs at least one report")
@@ -281,7 +272,7 @@ def plan_round(
         sizes.append(tuple(row_sizes[i] for i in order))
         losses.append(tuple(row_losses[i] for i in order))
         costs.append(tuple(row_costs[i] for i in order))
-    if pool_max_steps is not None and join and uneven(costs):
+    if pool_max_steps is not None and join and pool_below and uneven(costs, pool_below):
         return RoundPlan(target_steps=0, pooled=True, pool_positions=target)
     return RoundPlan(
         target_steps=target,

@@ -45,6 +45,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "emission_order": lambda order: list(EmissionOrder).index(order),
     "join": int,
     "cross_rank_grouping": int,
+    "pool_below_sync": _billionths,
     "fetch_aware_dealing": int,
     "seed": int,
     "attention_weight": _billionths,

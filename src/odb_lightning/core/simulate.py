@@ -207,6 +207,7 @@ def _run(
             [decode_report(m, max_steps) for m in messages],
             join=config.policy.join,
             pool_max_steps=max_steps if config.policy.cross_rank_grouping else None,
+            pool_below=config.policy.pool_below_sync,
             fetch_aware=config.policy.fetch_aware_dealing,
         )
         if (plan.target_steps or plan.pooled) and not first:

@@ -625,6 +625,7 @@ def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
         reports,
         join=window.policy.join,
         pool_max_steps=pool_steps,
+        pool_below=window.policy.pool_below_sync,
         fetch_aware=window.policy.fetch_aware_dealing,
     )
     if not plan.pooled:

@@ -40,6 +40,7 @@ def dealt_jobs(draw: st.DrawFn) -> dict:
             "max_steps_per_round": draw(st.integers(1, 64)),
             "emission_order": draw(st.sampled_from(["shuffled", "paired"])),
             "cross_rank_grouping": True,
+            "pool_below_sync": draw(st.sampled_from([0.5, 0.97, 1.0])),
             "seed": seed,
         },
     }
@@ -225,6 +226,33 @@ def test_rounds_uneven_from_samples_over_the_budget_pool_and_level_them() -> Non
 def test_an_even_round_does_not_pool() -> None:
     from odb_lightning.core.alignment import uneven
 
-    assert not uneven([(100, 90, 50), (98, 91, 49)])
-    assert uneven([(200, 90, 50), (98, 91, 49)])
-    assert uneven([(100, 90), (0, 0)]), "an IDLE rank beside a busy one"
+    assert not uneven([(100, 90, 50), (98, 91, 49)], 0.97)
+    assert uneven([(100, 90, 50), (98, 91, 49)], 1.0), "1.0: any round not exactly level"
+    assert not uneven([(100, 90, 50), (100, 90, 50)], 1.0)
+    assert uneven([(200, 90, 50), (98, 91, 49)], 0.97)
+    assert uneven([(100, 90), (0, 0)], 0.97), "an IDLE rank beside a busy one"
+
+
+def test_pooling_every_uneven_round_groups_the_ranks_as_one_window() -> None:
+    # An epoch of several windows per rank: at 0.97 only the ramp and the tail pool; at
+    # 1.0 every round that is not exactly level does, and the steps approach the oracle's.
+    lengths = lognormal_lengths(6000, mean=900, cv=1.0, seed=5, max_len=4096)
+    oracle = len(plan_epoch(lengths, mode="oracle", token_budget=8192)) / 4
+    results = {
+        below: simulate_dealt_epoch(
+            lengths,
+            4,
+            BatchingConfig.of(token_budget=8192, cross_rank_grouping=True, pool_below_sync=below),
+        )
+        for below in (0.97, 1.0)
+    }
+    assert sum(results[1.0].moved_samples) > 2 * sum(results[0.97].moved_samples)
+    assert results[1.0].sync.utilization > results[0.97].sync.utilization
+    assert results[1.0].sync.steps < results[0.97].sync.steps
+    assert results[1.0].sync.steps <= 1.005 * oracle
+
+
+@pytest.mark.parametrize("value", [0, -0.5, 1.5, "high", None])
+def test_pool_below_sync_is_a_sync_efficiency(value: object) -> None:
+    with pytest.raises(ValueError, match=r"pool_below_sync must be a number in \(0, 1\]"):
+        BatchingConfig.of(pool_below_sync=value)
