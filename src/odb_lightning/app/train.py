@@ -98,8 +98,10 @@ def reap_job(trainer: pl.Trainer) -> None:
     Lightning's launcher, already ending, and its loader processes) has exited and been
     reaped."""
     if trainer.is_global_zero:
-        launched = getattr(trainer.strategy, "launcher", None)
-        left = reap_children(REAP_TIMEOUT_S, [p.pid for p in getattr(launched, "procs", [])])
+        launcher = trainer.strategy.launcher  # Lightning's; None when it starts nothing
+        # Its launchers that start processes keep them in ``procs``.
+        started = getattr(launcher, "procs", [])
+        left = reap_children(REAP_TIMEOUT_S, [p.pid for p in started])
         if left:
             log.error("processes %s of the job still run %gs after the fit", left, REAP_TIMEOUT_S)
 

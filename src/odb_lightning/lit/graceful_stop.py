@@ -51,6 +51,7 @@ import psutil
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from odb_lightning.lit.checkpointing import replace_link, stop_checkpoint_name
@@ -260,7 +261,8 @@ def _checkpoint_dir(trainer: pl.Trainer) -> Path:
 def launched_child(trainer: pl.Trainer) -> bool:
     """This rank is one that Lightning's launcher started beside the node's first process
     (``LOCAL_RANK`` set, not by torchrun or SLURM)."""
-    environment = getattr(trainer.strategy, "cluster_environment", None)
+    strategy = trainer.strategy
+    environment = strategy.cluster_environment if isinstance(strategy, ParallelStrategy) else None
     return isinstance(environment, LightningEnvironment) and trainer.local_rank > 0
 
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
+from lightning.pytorch.strategies import DDPStrategy
 
 from odb_lightning.lit.graceful_stop import (
     GracefulStop,
@@ -111,7 +112,7 @@ def test_a_stopped_rank_of_lightnings_launcher_exits_0(
     exited with a status other than 0: such a child leaves a stop with 0, so the job's own
     status stays 143."""
     trainer = SimpleNamespace(
-        strategy=SimpleNamespace(cluster_environment=environment()), local_rank=local_rank
+        strategy=DDPStrategy(cluster_environment=environment()), local_rank=local_rank
     )
     stop = GracefulStop()
     stop._launched_child = launched_child(trainer)  # what on_train_start records
