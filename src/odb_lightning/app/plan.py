@@ -21,6 +21,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,10 @@ class KnobOption:
             parser.add_argument(self.flag, dest=self.knob, action="store_true", help=self.help)
             return
         choices = [m.value for m in type(default)] if isinstance(default, Enum) else None
-        parse = _int_list if isinstance(default, tuple) else (str if choices else int)
+        if isinstance(default, tuple):
+            parse: Callable[[str], object] = _int_list
+        else:
+            parse = str if choices else (float if isinstance(default, float) else int)
         shown = f"default: the config's, {getattr(default, 'value', default)}"
         parser.add_argument(
             self.flag,
@@ -121,6 +125,12 @@ KNOB_OPTIONS = (
         "cross_rank_grouping",
         (OnlinePolicy,),
         "--ranks: group the tail, the ramp and uneven rounds across ranks",
+    ),
+    KnobOption(
+        "--pool-below-sync",
+        "pool_below_sync",
+        (OnlinePolicy,),
+        "--cross-rank: pool rounds whose sync efficiency would be below this (1.0: every round)",
     ),
     KnobOption("--buckets", "num_buckets", (BucketedPolicy,), "k for the bucket optimizer"),
     KnobOption("--boundaries", "boundaries", (BucketedPolicy,), "fixed bucket edges, no optimizer"),
@@ -270,6 +280,7 @@ def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) ->
         "utilization": result.sync.utilization,
         "idle_fraction": result.sync.idle_fraction,
         "cross_rank_grouping": policy.cross_rank_grouping,
+        "pool_below_sync": policy.pool_below_sync,
         "moved_samples": sum(result.moved_samples),
     }
 

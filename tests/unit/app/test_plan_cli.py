@@ -223,3 +223,20 @@ def test_batching_options_come_from_the_policy_fields():
         assert given.shard_dealing == dealing.value
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--synthetic", "1000,0.5,10", "--dealing", "round_robin"])
+
+
+def test_ranks_with_cross_rank_grouping_take_its_threshold(tmp_path, capsys) -> None:
+    lengths = lognormal_lengths(6000, 900.0, 1.0, seed=5, max_len=4096)
+    np.save(path := tmp_path / "lengths.npy", np.array(lengths))
+    base = ["--lengths", str(path), "--modes", "odb", "--ranks", "4", "--budget", "8192"]
+    ordered = [lengths[i] for i in epoch_permutation(len(lengths), 0, 0)]
+    for below in (0.97, 1.0):
+        argv = [*base, "--cross-rank", "--pool-below-sync", str(below)]
+        ranks = _run_json(capsys, *argv)["budgets"][0]["ranks"]
+        config = BatchingConfig.of(
+            token_budget=8192, cross_rank_grouping=True, pool_below_sync=below
+        )
+        expected = simulate_dealt_epoch(ordered, 4, config)
+        assert ranks["pool_below_sync"] == below and ranks["cross_rank_grouping"]
+        assert ranks["steps_per_rank"] == len(expected.steps[0])
+        assert ranks["moved_samples"] == sum(expected.moved_samples) > 0
