@@ -45,7 +45,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from odb_lightning.core.dealing import deal_counts, ready
+from odb_lightning.core.dealing import deal_caps, deal_counts, ready
 from odb_lightning.core.types import Group
 from odb_lightning.core.wire import RankReport
 
@@ -253,8 +253,9 @@ def plan_round(
         return RoundPlan(target_steps=0, epoch_over=True)
     if any(r.free_slots <= 0 for r in reports):
         return RoundPlan(target_steps=0, skipped=True)
-    deals = deal_counts(reports, fetch_aware=fetch_aware)
-    if not ready(reports, fetch_aware=fetch_aware):
+    caps = deal_caps(reports, fetch_aware=fetch_aware)  # once: both read them
+    deals = deal_counts(reports, fetch_aware=fetch_aware, caps=caps)
+    if not ready(reports, fetch_aware=fetch_aware, caps=caps):
         return RoundPlan(target_steps=0, deals=deals)
     if pool_max_steps is not None and join:
         if pools(reports, pool_max_steps):

@@ -73,16 +73,19 @@ def deal_caps(reports: list[RankReport], *, fetch_aware: bool = False) -> list[i
     ]
 
 
-def deal_counts(reports: list[RankReport], *, fetch_aware: bool = False) -> tuple[int, ...]:
+def deal_counts(
+    reports: list[RankReport], *, fetch_aware: bool = False, caps: list[int] | None = None
+) -> tuple[int, ...]:
     """Samples each rank is dealt: what it wanted, within its :func:`deal_caps` (so a
     window bigger than the data cannot starve the ranks after it, and the ranks' work
     stays level), in rank order while any are left. If that deals nothing while some
     rank wants samples (the ranks below their share have full windows), each rank that
     wants one gets one: every round that only deals deals a sample. Dealing by fetch
     time (``fetch_aware``), a rank at its share is ready instead (:func:`ready`) and
-    gets none."""
+    gets none. ``caps``: this round's :func:`deal_caps`, when the caller has them."""
     left = reports[0].undealt
-    caps = deal_caps(reports, fetch_aware=fetch_aware)
+    if caps is None:
+        caps = deal_caps(reports, fetch_aware=fetch_aware)
     if not fetch_aware and not any(
         min(r.wanted, cap) for r, cap in zip(reports, caps, strict=True)
     ):
@@ -95,15 +98,18 @@ def deal_counts(reports: list[RankReport], *, fetch_aware: bool = False) -> tupl
     return tuple(deals)
 
 
-def ready(reports: list[RankReport], *, fetch_aware: bool = False) -> bool:
+def ready(
+    reports: list[RankReport], *, fetch_aware: bool = False, caps: list[int] | None = None
+) -> bool:
     """Whether the round may emit: every unfinished window is full, or, dealing by fetch
     time, at its share (its :func:`deal_caps` is 0: waiting for more would be dealt
     nothing; an empty one runs IDLE steps). The caps sum to at least the undealt
     samples' need, so some rank is below its share: it is full, or the round deals it a
-    sample."""
-    caps = deal_caps(reports, fetch_aware=True) if fetch_aware else None
+    sample. ``caps``: this round's :func:`deal_caps`, when the caller has them."""
+    if fetch_aware and caps is None:
+        caps = deal_caps(reports, fetch_aware=True)
     return all(
-        r.full or (caps is not None and caps[rank] == 0)
+        r.full or (fetch_aware and caps is not None and caps[rank] == 0)
         for rank, r in enumerate(reports)
         if not r.finished
     )
