@@ -157,6 +157,8 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
         "moved_samples": sum(result.moved_samples),
         "moved_bytes": sum(result.moved_bytes),
         "moved_bytes_per_rank_step": sum(result.moved_bytes) / (world * max(1, steps)),
+        "pooled_rounds": len(result.pool_plan_s),
+        "pool_plan_ms_max": 1e3 * max(result.pool_plan_s, default=0.0),
     }
 
 

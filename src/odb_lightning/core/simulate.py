@@ -9,6 +9,7 @@ instantly; the runtime waits for them instead, which changes timing but not the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import plan_round
@@ -48,6 +49,9 @@ class SimulationResult:
         fetch_us: With ``fetch_us`` per rank: the epoch's simulated time, each round as
             long as its slowest rank takes to fetch the samples it was dealt (one at a
             time; steps take no time).
+        pool_plan_s: Per pooled round (``cross_rank_grouping``), the seconds
+            :func:`~odb_lightning.core.pooling.plan_pool` took: what every rank spends
+            planning that round in production (a timing, not part of the steps).
     """
 
     steps: list[list[Step]]
@@ -62,6 +66,7 @@ class SimulationResult:
     moved_samples: tuple[int, ...] = ()
     moved_bytes: tuple[int, ...] = ()
     fetch_us: int = 0
+    pool_plan_s: tuple[float, ...] = ()
 
 
 def _fill(
@@ -181,6 +186,7 @@ def _run(
 ) -> SimulationResult:
     steps: list[list[Step]] = [[] for _ in windows]
     clock = 0  # simulated microseconds (fetch_us)
+    pool_plan_s: list[float] = []
     max_steps = config.policy.max_steps_per_round
     # Every emitting round takes >= 1 sample from some rank, every round that only deals
     # deals >= 1 sample; one more round ends the epoch.
@@ -213,12 +219,14 @@ def _run(
         if (plan.target_steps or plan.pooled) and not first:
             first = [(w.num_received, w.received_cost) for w in windows]
         if plan.pooled:
+            started = time.perf_counter()
             pool = plan_pool(
                 [w.pool_offer() for w in windows],
                 config.budget,
                 patch_budget=config.patch_budget,
                 positions=plan.pool_positions,
             )
+            pool_plan_s.append(time.perf_counter() - started)
             outcomes = [w.apply_pool(pool) for w in windows]
         else:
             outcomes = [w.apply(plan) for w in windows]
@@ -237,6 +245,7 @@ def _run(
                 moved_samples=tuple(w.num_moved_in for w in windows),
                 moved_bytes=tuple(w.moved_in_bytes for w in windows),
                 fetch_us=clock,
+                pool_plan_s=tuple(pool_plan_s),
                 sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")

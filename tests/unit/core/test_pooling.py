@@ -166,6 +166,7 @@ def test_a_small_epoch_beats_its_per_rank_floor_with_the_ramp_on_or_off() -> Non
         assert results[True].sync.utilization >= 0.95, ramp
         assert results[True].sync.steps <= 1.05 * oracle, ramp
         assert sum(results[True].moved_samples) > 0 and sum(results[False].moved_samples) == 0
+        assert results[True].pool_plan_s and not results[False].pool_plan_s, "timed per round"
 
 
 def test_the_ramp_rounds_pool_and_keep_every_rank_level() -> None:
