@@ -66,6 +66,16 @@ class PoolPlan:
     def steps(self) -> int:
         return len(self.global_samples)
 
+    def runners(self) -> dict[int, int]:
+        """The rank that runs each sample of the round's steps, by position."""
+        return {
+            s.position: rank
+            for rank, groups in enumerate(self.rank_groups)
+            for g in groups
+            if g is not None
+            for s in g.samples
+        }
+
     def moved(self, rank: int) -> tuple[list[SampleInfo], list[SampleInfo]]:
         """``(received, given)``: the samples ``rank`` runs but did not offer, and those
         it offered that another rank runs."""

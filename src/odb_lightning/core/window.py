@@ -107,7 +107,8 @@ class RoundOutcome:
         dropped: Samples of this rank's shard never emitted (non-join end of epoch).
         pooled: The round grouped across ranks; every rank then moves samples.
         moved_in: Positions (in the epoch's order) of the samples this rank runs but
-            another rank holds; ``moved_out``: those it holds and another rank runs.
+            another rank holds; ``moved_out``: those it holds and another rank runs;
+            ``moved_to``: the rank that runs each of ``moved_out``.
     """
 
     steps: tuple[Step, ...] = ()
@@ -116,6 +117,7 @@ class RoundOutcome:
     pooled: bool = False
     moved_in: tuple[int, ...] = ()
     moved_out: tuple[int, ...] = ()
+    moved_to: tuple[int, ...] = ()
 
 
 def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
@@ -536,6 +538,7 @@ class GroupingWindow:
         # The work this rank holds changes by what moved: dealing by need levels it.
         self._moved_cost += sum(map(self._row_cost, received)) - sum(map(self._row_cost, given))
         kept = [g for g in local if g is not None]
+        runners = plan.runners() if given else {}
         self._buffer = left
         self._buffer_changed = True
         self._buffered_cost = sum(map(self._row_cost, left))
@@ -548,6 +551,7 @@ class GroupingWindow:
             pooled=True,
             moved_in=tuple(s.position for s in received),
             moved_out=tuple(s.position for s in given),
+            moved_to=tuple(runners[s.position] for s in given),
         )
 
     def _receive_deal(self, deals: tuple[int, ...]) -> None:

@@ -86,7 +86,7 @@ class WorkerQueues:
 
 
 class ProgressChannel:
-    """A channel that counts every completed all-gather as progress."""
+    """A channel that counts every completed exchange as progress."""
 
     def __init__(self, channel: Channel, progress: ProgressCounter) -> None:
         self._channel = channel
@@ -97,10 +97,10 @@ class ProgressChannel:
         count_progress(self._progress)
         return gathered
 
-    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
-        gathered = self._channel.allgather_bytes(payload, context)
+    def send_bytes(self, to: dict[int, bytes], context: str) -> list[bytes]:
+        received = self._channel.send_bytes(to, context)
         count_progress(self._progress)
-        return gathered
+        return received
 
     def close(self) -> None:
         self._channel.close()

@@ -278,22 +278,26 @@ class EpochRunner:
         return outcome
 
     def _move(self, outcome: RoundOutcome, log: _EpochLog, context: str) -> None:
-        """Send the payloads of the samples another rank runs, receive those this rank
-        runs but another held (a pooled round, ``cross_rank_grouping``)."""
-        given = b"".join(
-            _MOVED.pack(position, len(payload)) + payload
-            for position in outcome.moved_out
-            for payload in (log.payloads.pop(position),)
-        )
+        """Send the payloads of the samples another rank runs to that rank, receive those
+        this rank runs but another held (a pooled round, ``cross_rank_grouping``)."""
+        outgoing: dict[int, list[bytes]] = {}
+        for position, rank in zip(outcome.moved_out, outcome.moved_to, strict=True):
+            payload = log.payloads.pop(position)
+            outgoing.setdefault(rank, []).extend((_MOVED.pack(position, len(payload)), payload))
+        to = {rank: b"".join(parts) for rank, parts in outgoing.items()}
         wanted = set(outcome.moved_in)
-        for blob in self._channel.allgather_bytes(given, context):
+        for source, blob in enumerate(self._channel.send_bytes(to, context)):
             offset = 0
             while offset < len(blob):
                 position, size = _MOVED.unpack_from(blob, offset)
                 offset += _MOVED.size
-                if position in wanted:
-                    log.payloads[position] = blob[offset : offset + size]
-                    log.moved_bytes += size
+                if position not in wanted or offset + size > len(blob):
+                    raise AlignmentError(
+                        f"rank {self._rank} at {context}: rank {source} sent position "
+                        f"{position} ({size} bytes), which the pooled plan does not move here"
+                    )
+                log.payloads[position] = blob[offset : offset + size]
+                log.moved_bytes += size
                 offset += size
         missing = sorted(wanted - log.payloads.keys())
         if missing:

@@ -1,4 +1,5 @@
-"""The per-round metadata exchange: an all-gather of one fixed-size integer message.
+"""The per-round metadata exchange: an all-gather of one fixed-size integer message (and,
+in a pooled round, an all-to-all of the moved samples' bytes).
 
 One rank: the exchange is local. Several: a ``ProcessGroupGloo`` built directly on a
 ``PrefixStore`` of the job's store (``runtime/rendezvous.py``), owned by whichever
@@ -29,14 +30,16 @@ from odb_lightning.runtime.store_keys import FramedStore
 
 
 class Channel(Protocol):
-    """An all-gather of equal-length integer messages across ranks."""
+    """An all-gather of equal-length integer messages across ranks, and point-to-point
+    bytes (a pooled round's moved samples)."""
 
     def allgather(self, message: list[int], context: str) -> list[list[int]]:
         """Every rank's ``message``, by rank; ``context`` names the round in errors."""
         ...
 
-    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
-        """Every rank's ``payload`` (of any size), by rank."""
+    def send_bytes(self, to: dict[int, bytes], context: str) -> list[bytes]:
+        """Send ``to[r]`` (of any size) to rank ``r``, each rank only what is meant for
+        it; return what every rank sent this one, by rank (``b""``: nothing)."""
         ...
 
     def close(self) -> None: ...
@@ -48,8 +51,8 @@ class LocalChannel:
     def allgather(self, message: list[int], context: str) -> list[list[int]]:
         return [list(message)]
 
-    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
-        return [payload]
+    def send_bytes(self, to: dict[int, bytes], context: str) -> list[bytes]:
+        return [to.get(0, b"")]
 
     def close(self) -> None:
         """Nothing to release."""
@@ -102,17 +105,44 @@ class GlooChannel:
         check_messages(messages, message, context, f"{self._where} on rank {self._rendezvous.rank}")
         return messages
 
-    def allgather_bytes(self, payload: bytes, context: str) -> list[bytes]:
-        """The sizes in one all-gather, then the payloads padded to the largest."""
-        sizes = [size for (size,) in self.allgather([len(payload)], context)]
-        width = max(sizes)
-        if width == 0:
-            return [b"" for _ in sizes]
-        local = torch.zeros(width, dtype=torch.uint8)
-        if payload:
-            local[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        gathered = self._gather(local, context)
-        return [t[:size].numpy().tobytes() for t, size in zip(gathered, sizes, strict=True)]
+    def send_bytes(self, to: dict[int, bytes], context: str) -> list[bytes]:
+        """Two all-to-alls: the sizes, then the bytes, so each rank receives only what
+        it is sent (not ``W`` times the largest, as an all-gather would)."""
+        world = self._rendezvous.world_size
+        if not set(to) <= set(range(world)):
+            raise ValueError(f"send_bytes to ranks {sorted(to)} of a world of {world}")
+        outgoing = [to.get(rank, b"") for rank in range(world)]
+        sent = [len(payload) for payload in outgoing]
+        ones = [1] * world
+        sizes = torch.tensor(sent, dtype=torch.int64)
+        received = self._alltoall(sizes, ones, ones, context).tolist()
+        joined = b"".join(outgoing)
+        local = (
+            torch.frombuffer(bytearray(joined), dtype=torch.uint8)
+            if joined
+            else torch.empty(0, dtype=torch.uint8)
+        )
+        flat = self._alltoall(local, received, sent, context).numpy().tobytes()
+        offsets = [0]
+        for size in received:
+            offsets.append(offsets[-1] + size)
+        return [flat[a:b] for a, b in zip(offsets, offsets[1:], strict=False)]
+
+    def _alltoall(
+        self, local: torch.Tensor, out_sizes: list[int], in_sizes: list[int], context: str
+    ) -> torch.Tensor:
+        if self._group is None:
+            raise MetadataChannelError(f"{self._where} is closed")
+        out = torch.empty(sum(out_sizes), dtype=local.dtype)
+        try:
+            options = dist.AllToAllOptions()
+            self._group.alltoall_base(out, local, out_sizes, in_sizes, options).wait()
+        except (RuntimeError, MemoryError) as error:
+            raise MetadataChannelError(
+                f"{self._where} failed on rank {self._rendezvous.rank} at {context} "
+                f"(a peer rank died, hangs or is out of step): {error}"
+            ) from error
+        return out
 
     def _gather(self, local: torch.Tensor, context: str) -> list[torch.Tensor]:
         if self._group is None:
