@@ -126,7 +126,7 @@ def measure(ordered: list[int], world: int, config: BatchingConfig) -> dict:
     started, cpu_started = time.perf_counter(), time.process_time()
     if config.policy.by_need:
         # Moved bytes at the measured 16.2 serialized bytes per ShareGPT token (README).
-        moving = config.policy.cross_rank_grouping
+        moving = config.policy.groups_across_ranks
         sizes = [round(BYTES_PER_TOKEN * n) for n in ordered] if moving else None
         result = simulate_dealt_epoch(ordered, world, config, sample_bytes=sizes)
     else:

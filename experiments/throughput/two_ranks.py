@@ -66,9 +66,11 @@ from odb_lightning.runtime.batch import pad_collate
 HERE = Path(__file__).resolve().parent
 WORLD = 2
 ARMS = ("odb", "reference", "standard")
-"""The default arms; on request also ``odb_no_ramp`` (the ramp off) and
-``odb_cross_rank`` (``cross_rank_grouping=true``: samples move between the ranks)."""
-ODB_ARMS = ("odb", "odb_no_ramp", "odb_cross_rank")
+"""The default arms; on request also ``odb_no_ramp`` (the ramp off), ``odb_per_rank``
+(``cross_rank_grouping=false``: each rank groups only its own samples) and
+``odb_cross_rank`` (``cross_rank_grouping=true``, which the defaults apply to two ranks
+dealt by need: samples move between the ranks)."""
+ODB_ARMS = ("odb", "odb_no_ramp", "odb_per_rank", "odb_cross_rank")
 DEFAULT_SAMPLES = {"whole": 128, "first_exchange": 352, "mix": 192, "chitchat": 224}
 STANDARD_BATCH = 8
 
@@ -144,9 +146,12 @@ def _batches(arm: str, data: BenchData, settings: Settings, rank: int, record: R
 
 def _odb_config(settings: Settings, arm: str, **knobs: Any) -> BatchingConfig:
     """Our loader's settings: the defaults with the study's budget and depth
-    (``odb_no_ramp``: the window ramp off; ``odb_cross_rank``: grouping across ranks)."""
+    (``odb_no_ramp``: the window ramp off; ``odb_per_rank``: no grouping across ranks;
+    ``odb_cross_rank``: grouping across ranks named explicitly)."""
     if arm == "odb_no_ramp":
         knobs["ramp_budgets"] = None
+    if arm == "odb_per_rank":
+        knobs["cross_rank_grouping"] = False
     if arm == "odb_cross_rank":
         knobs["cross_rank_grouping"] = True
     return BatchingConfig.of(

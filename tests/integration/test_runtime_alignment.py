@@ -170,10 +170,13 @@ def test_window_sized_in_work_matches_simulation(world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_dealt_by_need_matches_simulation(world_size: int, emission_order: str) -> None:
     # One global order dealt to windows of 4 budgets' worth of work: several deals a
-    # round, rounds that only deal, and ranks topped up by need.
+    # round, rounds that only deal, and ranks topped up by need; each rank groups only
+    # its own samples (test_cross_rank_grouping_moves_samples_and_matches_simulation
+    # covers the default, which groups the tail across ranks).
     loader = {
         "window_budgets": 4,
         "shard_dealing": "by_need",
+        "cross_rank_grouping": False,
         "num_workers": 1,
         "emission_order": emission_order,
     }
@@ -201,16 +204,19 @@ def _dealt_epochs_match_simulation(job: RankJob, world_size: int) -> list[list[d
     return epochs
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_cross_rank_grouping_moves_samples_and_matches_simulation(world_size: int) -> None:
-    # Windows of 4 budgets' worth and up to 16 steps a round: the epoch's last round
-    # pools the windows, and the samples it hands to other ranks travel between them.
+@pytest.mark.parametrize(("world_size", "max_steps"), [(2, 16), (4, 16), (2, 2)])
+def test_cross_rank_grouping_moves_samples_and_matches_simulation(
+    world_size: int, max_steps: int
+) -> None:
+    # The defaults group across ranks. Windows of 4 budgets' worth and up to 16 steps a
+    # round: the epoch's last round pools the windows, and the samples it hands to other
+    # ranks travel between them. Up to 2 steps a round: the tail's windows hold more than
+    # 2 groups, so it pools in capped rounds.
     loader = {
         "window_budgets": 4,
         "shard_dealing": "by_need",
         "num_workers": 1,
-        "max_steps_per_round": 16,
-        "cross_rank_grouping": True,
+        "max_steps_per_round": max_steps,
     }
     for runs in _dealt_epochs_match_simulation(
         _job(loader=loader, weights=None, epochs=2), world_size

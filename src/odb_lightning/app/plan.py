@@ -93,6 +93,15 @@ class KnobOption:
         if isinstance(default, bool):
             parser.add_argument(self.flag, dest=self.knob, action="store_true", help=self.help)
             return
+        if default is None and "bool" in str(field.type):  # on, off, or where it applies
+            parser.add_argument(
+                self.flag,
+                dest=self.knob,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{self.help} (default: where it applies)",
+            )
+            return
         choices = [m.value for m in type(default)] if isinstance(default, Enum) else None
         if isinstance(default, tuple):
             parse: Callable[[str], object] = _int_list
@@ -279,7 +288,7 @@ def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) ->
         "sync_efficiency": result.sync.sync_efficiency,
         "utilization": result.sync.utilization,
         "idle_fraction": result.sync.idle_fraction,
-        "cross_rank_grouping": policy.cross_rank_grouping,
+        "cross_rank_grouping": policy.groups_across_ranks,
         "pool_below_sync": policy.pool_below_sync,
         "moved_samples": sum(result.moved_samples),
     }

@@ -34,10 +34,10 @@ Max-based, bidirectional alignment:
   is minimal). Costs come from the reports, so every rank computes every rank's order.
 * Grouping across ranks (``cross_rank_grouping``, join only): three kinds of emitting
   round group the union of the windows instead (:mod:`~odb_lightning.core.pooling`) and
-  move samples between ranks: the round that drains every window once nothing is undealt
-  (:func:`pools`), a ramp round (:func:`ramp_pool_positions`) and a round whose aligned
-  steps are :func:`uneven`. The last two run at most their ``T`` positions and leave the
-  rest of the union where it is.
+  move samples between ranks: every round once nothing is undealt (:func:`pools`, the
+  epoch's tail), a ramp round (:func:`ramp_pool_positions`) and a round whose aligned
+  steps are :func:`uneven`. Each runs at most ``T`` positions (a tail round ``Q``) and
+  leaves the rest of the union where it is.
 """
 
 from __future__ import annotations
@@ -50,17 +50,27 @@ from odb_lightning.core.types import Group
 from odb_lightning.core.wire import RankReport
 
 
-def pools(reports: list[RankReport], max_steps: int) -> bool:
-    """Whether an emitting round groups the whole union across ranks: nothing is undealt,
-    every unfinished window is full and shows all its groups (fewer than ``max_steps``),
-    so the ordinary round would drain every window anyway (:mod:`~odb_lightning.core.pooling`)."""
+def pools(reports: list[RankReport]) -> bool:
+    """Whether an emitting round is the epoch's tail, which groups across ranks: nothing
+    is undealt and every unfinished window is full, so what the windows hold is all the
+    epoch has left (:mod:`~odb_lightning.core.pooling`). It runs the whole union when
+    every window shows fewer than ``Q`` groups (:func:`tail_pool_positions`), else its
+    costliest ``Q x W`` groups, and the next round pools what is left."""
     active = [r for r in reports if not r.finished]
     return (
         bool(active)
         and all(r.undealt == 0 for r in reports)
-        and all(r.full and r.num_groups < max_steps for r in active)
+        and all(r.full for r in active)
         and any(r.buffered for r in active)
     )
+
+
+def tail_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
+    """The step positions of a pooled tail round: ``None`` (every offered sample runs)
+    when every unfinished window shows fewer than ``max_steps`` groups, so the ordinary
+    round would drain them all; else ``max_steps``."""
+    drains = all(r.num_groups < max_steps for r in reports if not r.finished)
+    return None if drains else max_steps
 
 
 def uneven(rank_costs: list[tuple[int, ...]], below: float) -> bool:
@@ -113,9 +123,10 @@ class RoundPlan:
         pooled: This round groups the union of the windows across ranks
             (:mod:`~odb_lightning.core.pooling`): every rank offers its window and acts on
             :func:`~odb_lightning.core.pooling.plan_pool` instead.
-        pool_positions: The most step positions a pooled round runs (a ramp round's cap;
-            the samples of the groups it does not run stay where they are); ``None``:
-            every offered sample runs.
+        pool_positions: The most step positions a pooled round runs (a ramp round's
+            cap, ``Q`` for a tail round whose windows hold more, an uneven round's
+            ``T``; the samples of the groups it does not run stay where they are);
+            ``None``: every offered sample runs.
     """
 
     target_steps: int
@@ -258,8 +269,9 @@ def plan_round(
     if not ready(reports, fetch_aware=fetch_aware, caps=caps):
         return RoundPlan(target_steps=0, deals=deals)
     if pool_max_steps is not None and join:
-        if pools(reports, pool_max_steps):
-            return RoundPlan(target_steps=0, pooled=True)
+        if pools(reports):
+            positions = tail_pool_positions(reports, pool_max_steps)
+            return RoundPlan(target_steps=0, pooled=True, pool_positions=positions)
         positions = ramp_pool_positions(reports, pool_max_steps)
         if positions is not None:
             # Every window is full, so nothing is dealt (a full window wants nothing).

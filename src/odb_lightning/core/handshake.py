@@ -34,6 +34,11 @@ def _billionths(weight: float) -> int:
     return round(weight * 1e9)
 
 
+def _tristate(on: bool | None) -> int:
+    """``None`` (on where it applies) apart from ``false``: 2, 1, 0."""
+    return 2 if on is None else int(on)
+
+
 SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "token_budget": int,
     "outstanding_depth": int,
@@ -44,7 +49,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "max_steps_per_round": int,
     "emission_order": lambda order: list(EmissionOrder).index(order),
     "join": int,
-    "cross_rank_grouping": int,
+    "cross_rank_grouping": _tristate,
     "pool_below_sync": _billionths,
     "fetch_aware_dealing": int,
     "seed": int,
@@ -55,6 +60,8 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
 """The knobs (by their flat names, :meth:`BatchingConfig.knob`) that change what a round
 plans, each with its integer encoding: ranks that differ in one of them would diverge.
 The row layouts' entries are theirs (:data:`~odb_lightning.core.rows.ROW_SETTINGS`)."""
+_ENCODES_NONE = frozenset({"cross_rank_grouping"})
+"""Knobs whose ``None`` is a setting of its own, not an absent field (encoded as such)."""
 HANDSHAKE_FIELDS = tuple(SHARED_SETTINGS)
 """The names of the settings part of the handshake message, in order."""
 
@@ -62,8 +69,11 @@ HANDSHAKE_FIELDS = tuple(SHARED_SETTINGS)
 def settings_message(config: Knobs) -> list[int]:
     """The shared settings of ``config`` as integers (weights in 1e-9, MiB in KiB; 0 for a
     knob its mode does not have, such as a planned policy's window)."""
-    values = ((config.knob(name), encode) for name, encode in SHARED_SETTINGS.items())
-    return [0 if value is None else encode(value) for value, encode in values]
+    values = ((name, config.knob(name), encode) for name, encode in SHARED_SETTINGS.items())
+    return [
+        encode(value) if value is not None or name in _ENCODES_NONE else 0
+        for name, value, encode in values
+    ]
 
 
 def check_settings_agree(messages: list[list[int]]) -> None:

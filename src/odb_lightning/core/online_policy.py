@@ -75,22 +75,24 @@ class OnlinePolicy(Policy):
     sawtooth; ``paired``: the same, with the longest step next to the shortest, so the
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
     accumulation) hold long and short samples (experiments/quality)."""
-    cross_rank_grouping: bool = False
+    cross_rank_grouping: bool | None = None
     """Group across ranks where each rank alone groups poorly: the epoch's tail (the round
     that drains every window once nothing is undealt), the ramp's rounds, and rounds whose
     aligned steps are uneven (below ``pool_below_sync``, such as samples over the budget
     more on some ranks than others). Such a round groups the union of the windows and
     hands the groups out ``W`` at a time in cost order, moving samples between ranks over
-    the metadata channel (``core.pooling``; ``summary.json`` counts ``moved_samples`` and
-    ``moved_bytes``). Needs ``shard_dealing=by_need`` and ``join``."""
+    the metadata channel, each only to the rank that runs it (``core.pooling``;
+    ``summary.json`` counts ``moved_samples`` and ``moved_bytes``). ``None`` (the
+    default): on where it applies, with ``shard_dealing=by_need`` and ``join`` (the
+    defaults), off otherwise; ``true``: on, refused without those two; ``false``: off,
+    each rank groups only its own samples (``groups_across_ranks`` is the outcome)."""
     pool_below_sync: float = 0.97
-    """With ``cross_rank_grouping``: an emitting round whose aligned steps would reach a
-    sync efficiency below this (the ranks' costs summed over ``W`` times the positions'
-    maxima, ``core.alignment.uneven``) groups across ranks instead. 0.97: rounds of
-    ordinary data never pool this way, a tail over the budget does; 1.0: every round that
-    is not exactly level pools, so the ranks group as one window (at 8 ranks ShareGPT
-    whole 0.985 -> 0.996 and the mix profile 0.980 -> 0.995 utilization, with 74-77 % of
-    their samples moving; experiments/sync_efficiency). In ``(0, 1]``."""
+    """When rounds group across ranks (``cross_rank_grouping``): an emitting round whose
+    aligned steps would reach a sync efficiency below this (the ranks' costs summed over
+    ``W`` times the positions' maxima, ``core.alignment.uneven``) groups across ranks
+    instead. 0.97: rounds of ordinary data never pool this way, a tail over the budget
+    does; 1.0: every round that is not exactly level pools, so the ranks group as one
+    window (experiments/sync_efficiency). In ``(0, 1]``."""
     fetch_aware_dealing: bool = False
     """Deal by need in proportion to how fast each rank gets its samples, not only to
     its work: every rank reports how long it waited for its own samples
@@ -118,7 +120,8 @@ class OnlinePolicy(Policy):
         emission = enum_member(EmissionOrder, f"{key}.emission_order", self.emission_order)
         object.__setattr__(self, "emission_order", emission)
         check_bool(f"{key}.join", self.join)
-        check_bool(f"{key}.cross_rank_grouping", self.cross_rank_grouping)
+        if self.cross_rank_grouping is not None:
+            check_bool(f"{key}.cross_rank_grouping", self.cross_rank_grouping)
         check_bool(f"{key}.fetch_aware_dealing", self.fetch_aware_dealing)
         if not (is_number(self.pool_below_sync) and 0 < self.pool_below_sync <= 1):
             raise ValueError(
@@ -131,7 +134,7 @@ class OnlinePolicy(Policy):
                 "deals one global order by each rank's fetch speed), got "
                 f"shard_dealing={self.shard_dealing.value}"
             )
-        if self.cross_rank_grouping and not (self.by_need and self.join):
+        if self.cross_rank_grouping is True and not (self.by_need and self.join):
             raise ValueError(
                 f"{key}.cross_rank_grouping=true needs {key}.shard_dealing=by_need and "
                 f"{key}.join=true (it moves samples of one dealt order between ranks and "
@@ -148,3 +151,11 @@ class OnlinePolicy(Policy):
     def by_need(self) -> bool:
         """Samples are dealt by need from one global order."""
         return self.shard_dealing is ShardDealing.BY_NEED
+
+    @property
+    def groups_across_ranks(self) -> bool:
+        """Rounds may group across ranks: ``cross_rank_grouping``, where ``None`` means
+        wherever it applies (``by_need`` with ``join``)."""
+        if self.cross_rank_grouping is None:
+            return self.by_need and self.join
+        return self.cross_rank_grouping

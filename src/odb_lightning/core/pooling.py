@@ -7,17 +7,20 @@ takes the ``t``-th ``W`` groups in cost order, so the ranks' costs at a position
 close as the groups allow. Three kinds of round pool
 (:func:`~odb_lightning.core.alignment.plan_round`):
 
-* the epoch's tail: nothing is undealt and the ordinary round would drain every window
-  (:func:`~odb_lightning.core.alignment.pools`); every offered sample runs. On a small
-  epoch (one window per rank) that round is the whole epoch after the ramp;
+* the epoch's tail: every round once nothing is undealt
+  (:func:`~odb_lightning.core.alignment.pools`). When the ordinary round would drain every
+  window, every offered sample runs; when a window holds ``Q`` groups or more, the round
+  runs the union's costliest ``Q x W`` and the next round pools the rest, so the tail's
+  last remnant is grouped over every rank, not per rank. On a small epoch (one window
+  per rank) the tail is the whole epoch after the ramp;
 * a ramp round (:func:`~odb_lightning.core.alignment.ramp_pool_positions`): small windows,
   whose best groups differ most from rank to rank;
 * an uneven round (:func:`~odb_lightning.core.alignment.uneven`), such as one whose
   samples over the budget (each run alone) are more on some ranks than on others.
 
-The last two run only the costliest ``T x W`` groups of the union (``T``: the round's
-step positions) and leave the other samples in the windows that hold them
-(``PoolPlan.left``).
+A capped round (a tail round over ``Q``, and the last two kinds) runs only the costliest
+``T x W`` groups of the union (``T``: the round's step positions) and leaves the other
+samples in the windows that hold them (``PoolPlan.left``).
 
 Everything here is a pure function of what every rank offered (its window's samples), so
 every rank computes the same :class:`PoolPlan`. A sample a rank runs but did not hold

@@ -212,7 +212,7 @@ def _run(
         plan = plan_round(
             [decode_report(m, max_steps) for m in messages],
             join=config.policy.join,
-            pool_max_steps=max_steps if config.policy.cross_rank_grouping else None,
+            pool_max_steps=max_steps if config.policy.groups_across_ranks else None,
             pool_below=config.policy.pool_below_sync,
             fetch_aware=config.policy.fetch_aware_dealing,
         )

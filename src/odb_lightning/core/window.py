@@ -624,7 +624,7 @@ def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
     max_steps = window.policy.max_steps_per_round
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
-    pool_steps = max_steps if window.policy.cross_rank_grouping else None
+    pool_steps = max_steps if window.policy.groups_across_ranks else None
     plan = plan_round(
         reports,
         join=window.policy.join,

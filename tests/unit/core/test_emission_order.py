@@ -49,9 +49,11 @@ def test_paired_emits_the_costliest_next_to_the_cheapest(n: int) -> None:
     assert len(firsts) < 3 or firsts != sorted(firsts)
 
 
-def _dealt(world_size: int, emission: str):
+def _dealt(world_size: int, emission: str, cross_rank: bool | None = None):
     lengths = lognormal_lengths(6000, mean=300, cv=0.9, seed=4, max_len=4096)
-    config = BatchingConfig.of(token_budget=8192, emission_order=emission, seed=2)
+    config = BatchingConfig.of(
+        token_budget=8192, emission_order=emission, seed=2, cross_rank_grouping=cross_rank
+    )
     return simulate_dealt_epoch(lengths, world_size, config, epoch=1)
 
 
@@ -81,8 +83,13 @@ def test_paired_emission_keeps_the_groups_and_the_utilization(world_size: int) -
     assert figures[0].sync_efficiency == pytest.approx(figures[1].sync_efficiency, abs=1e-12)
 
 
-def test_paired_rounds_put_the_longest_step_next_to_the_shortest() -> None:
-    result = _dealt(8, "paired")
+@pytest.mark.parametrize(("cross_rank", "rounds"), [(False, 2), (None, 1)])
+def test_paired_rounds_put_the_longest_step_next_to_the_shortest(
+    cross_rank: bool | None, rounds: int
+) -> None:
+    # Per rank, two rounds of more than 2 steps; grouped across ranks (the default here),
+    # the ramp's pooled rounds run 1 step each and the tail's pooled round the other 28.
+    result = _dealt(8, "paired", cross_rank)
     by_round: dict[int, list[float]] = defaultdict(list)
     for step in result.steps[0]:
         # What every rank knows alike: supervised tokens per sample over all ranks.
@@ -96,7 +103,7 @@ def test_paired_rounds_put_the_longest_step_next_to_the_shortest() -> None:
         if n % 2 == 0:
             assert pairs == expected
             checked += n > 2
-    assert checked >= 2
+    assert checked >= rounds
 
 
 def test_paired_by_lengths_pairs_the_longest_with_the_shortest() -> None:

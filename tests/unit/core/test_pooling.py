@@ -6,6 +6,7 @@ the ranks that hold them."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 
 import pytest
@@ -167,6 +168,34 @@ def test_a_small_epoch_beats_its_per_rank_floor_with_the_ramp_on_or_off() -> Non
         assert results[True].sync.steps <= 1.05 * oracle, ramp
         assert sum(results[True].moved_samples) > 0 and sum(results[False].moved_samples) == 0
         assert results[True].pool_plan_s and not results[False].pool_plan_s, "timed per round"
+
+
+def test_a_tail_over_q_groups_pools_in_capped_rounds_and_beats_the_per_rank_floor() -> None:
+    # The mix profile at 16,384 on 8 ranks: once nothing is undealt the windows hold more
+    # than Q = 128 groups, so the tail runs the union's costliest 128 x 8 groups and the
+    # next round pools the rest (per rank: 128 steps, then 3 steps at sync 0.86).
+    from odb_lightning.core.grouping import group_lengths
+    from odb_lightning.data.synthetic import LENGTH_PROFILES
+
+    lengths = LENGTH_PROFILES["sharegpt_mix"].lengths(17483, seed=0, max_len=4096)
+    config = BatchingConfig.of(token_budget=16384)
+    assert config.policy.groups_across_ranks  # the defaults group across ranks
+    result = simulate_dealt_epoch(lengths, 8, config)
+    ordered = sorted(lengths, reverse=True)
+    floor = max(len(group_lengths(ordered[rank::8], config.budget)) for rank in range(8))
+    plain = simulate_dealt_epoch(lengths, 8, BatchingConfig.of(config, cross_rank_grouping=False))
+    assert len(result.steps[0]) < floor < len(plain.steps[0])
+    per_round = Counter(s.round_index for s in result.steps[0])
+    *_, capped, last = sorted(per_round)
+    assert per_round[capped] == config.policy.max_steps_per_round
+    assert per_round[last] < 3
+
+    def level(column) -> float:
+        costs = [_cost(s.group, config.budget) if s.group else 0 for s in column]
+        return sum(costs) / len(costs) / max(costs)
+
+    capped_columns = [c for c in zip(*result.steps, strict=True) if c[0].round_index == capped]
+    assert statistics.fmean(map(level, capped_columns)) > 0.998
 
 
 def test_the_ramp_rounds_pool_and_keep_every_rank_level() -> None:

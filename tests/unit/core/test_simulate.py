@@ -264,8 +264,14 @@ def test_dealt_by_need_ends_the_epoch_with_level_work(world: int) -> None:
     # before the first step: only the deal decides each rank's work. Heavy tail:
     # lognormal, CV 1.5.
     lengths = lognormal_lengths(40 * world, 600, 1.5, seed=world, max_len=4096)
+    # The deal alone: the tail is not grouped across ranks (that hands its groups out
+    # level in padded cost, not in real tokens).
     config = BatchingConfig.of(
-        token_budget=8192, window_budgets=64, ramp_budgets=None, shard_dealing="by_need"
+        token_budget=8192,
+        window_budgets=64,
+        ramp_budgets=None,
+        shard_dealing="by_need",
+        cross_rank_grouping=False,
     )
     result = simulate_dealt_epoch(lengths, world, config)
     work = [
