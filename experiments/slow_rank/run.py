@@ -4,10 +4,12 @@ Two Gloo ranks run one epoch of 120 synthetic samples (the harness's
 ``SyntheticChatDataset``, lengths 2-299, token budget 1,024, two workers per rank), dealt
 by need from one order. Rank 1's ``dataset[i]`` sleeps 0.15 s (a slow file system);
 rank 0's returns at once. Arms: ``by_work`` (the default dealing, which levels the ranks'
-work) and ``fetch_aware`` (``batching.policy.fetch_aware_dealing=true``), alternated
-``--repeats`` times in one run. Per run: the samples each rank ran, each rank's epoch
-wall time (first batch requested to the last one), the epoch's time (the later rank's),
-and that every sample ran exactly once. Figures are medians over the repeats.
+work) and ``fetch_aware`` (``batching.policy.fetch_aware_dealing=true``), both with the
+defaults' grouping across ranks, and the same two with ``cross_rank_grouping=false``
+(``*_per_rank``: each rank runs what it fetched), alternated ``--repeats`` times in one
+run. Per run: the samples each rank fetched and ran, each rank's epoch wall time (first
+batch requested to the last one), the epoch's time (the later rank's), and that every
+sample ran exactly once. Figures are medians over the repeats.
 
     python -m experiments.slow_rank.run [--repeats 3] [--delay 0.15]
 """
@@ -32,7 +34,12 @@ LOADER = {
     "shard_dealing": "by_need",
     "multiprocessing_context": "fork",
 }
-ARMS = {"by_work": {}, "fetch_aware": {"fetch_aware_dealing": True}}
+ARMS = {
+    "by_work": {},
+    "fetch_aware": {"fetch_aware_dealing": True},
+    "by_work_per_rank": {"cross_rank_grouping": False},
+    "fetch_aware_per_rank": {"fetch_aware_dealing": True, "cross_rank_grouping": False},
+}
 
 
 def run_once(arm: str, delay_s: float) -> dict:
@@ -50,6 +57,7 @@ def run_once(arm: str, delay_s: float) -> dict:
     return {
         "arm": arm,
         "samples_per_rank": [run["stats"].emitted_samples for run in runs],
+        "fetched_per_rank": [run["stats"].fetched_samples for run in runs],
         "steps_per_rank": [len(run["steps"]) for run in runs],
         "idle_steps_per_rank": [run["stats"].idle_steps for run in runs],
         "wall_s_per_rank": [run["wall_s"] for run in runs],
@@ -69,7 +77,8 @@ def main() -> None:
             runs.append(run_once(arm, args.delay) | {"repeat": repeat})
             r = runs[-1]
             print(
-                f"{arm:12s} samples {r['samples_per_rank']} steps {r['steps_per_rank']} "
+                f"{arm:20s} fetched {r['fetched_per_rank']} ran {r['samples_per_rank']} "
+                f"steps {r['steps_per_rank']} "
                 f"epoch {r['epoch_s']:.2f} s once {r['every_sample_once']}",
                 flush=True,
             )
@@ -81,11 +90,16 @@ def main() -> None:
             "median_samples_per_rank": [
                 statistics.median(r["samples_per_rank"][k] for r in mine) for k in range(2)
             ],
+            "median_fetched_per_rank": [
+                statistics.median(r["fetched_per_rank"][k] for r in mine) for k in range(2)
+            ],
             "every_sample_once": all(r["every_sample_once"] for r in mine),
         }
-    summary["epoch_time_ratio"] = (
-        summary["fetch_aware"]["median_epoch_s"] / summary["by_work"]["median_epoch_s"]
-    )
+    for suffix in ("", "_per_rank"):
+        summary[f"epoch_time_ratio{suffix}"] = (
+            summary[f"fetch_aware{suffix}"]["median_epoch_s"]
+            / summary[f"by_work{suffix}"]["median_epoch_s"]
+        )
     out = {"meta": results_meta(), "delay_s": args.delay, "runs": runs, "summary": summary}
     (HERE / "results.json").write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

@@ -143,6 +143,7 @@ class _EpochLog:
             image_tokens=self.image_tokens,
             image_patches=self.image_patches,
             moved_samples=self.moved_samples,
+            fetched_samples=window.num_received - window.num_skipped,
             moved_bytes=self.moved_bytes,
         )
 

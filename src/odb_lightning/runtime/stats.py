@@ -36,6 +36,8 @@ class EpochStats:
             ``batching.rows.max_patches``.
         moved_samples: Samples this rank ran that another rank fetched
             (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes.
+        fetched_samples: Samples this rank's workers fetched this epoch (skipped ones
+            not counted); with moves, not the samples it ran.
     """
 
     epoch: int
@@ -56,3 +58,4 @@ class EpochStats:
     over_patch_budget: int = 0
     moved_samples: int = 0
     moved_bytes: int = 0
+    fetched_samples: int = 0

@@ -240,3 +240,11 @@ def test_ranks_with_cross_rank_grouping_take_its_threshold(tmp_path, capsys) -> 
         assert ranks["pool_below_sync"] == below and ranks["cross_rank_grouping"]
         assert ranks["steps_per_rank"] == len(expected.steps[0])
         assert ranks["moved_samples"] == sum(expected.moved_samples) > 0
+    # Without the flag the defaults group across ranks; --no-cross-rank turns it off.
+    assert _run_json(capsys, *base)["budgets"][0]["ranks"]["cross_rank_grouping"]
+    alone = _run_json(capsys, *base, "--no-cross-rank")["budgets"][0]["ranks"]
+    plain = simulate_dealt_epoch(
+        ordered, 4, BatchingConfig.of(token_budget=8192, cross_rank_grouping=False)
+    )
+    assert not alone["cross_rank_grouping"] and alone["moved_samples"] == 0
+    assert alone["steps_per_rank"] == len(plain.steps[0])

@@ -118,6 +118,26 @@ def test_handshake_names_the_first_setting_that_differs() -> None:
     check_settings_agree([one.handshake(), BatchingConfig.of(one, num_workers=0).handshake()])
 
 
+def test_grouping_across_ranks_applies_where_it_can_and_the_handshake_tells_its_three_values() -> (
+    None
+):
+    default = BatchingConfig.of(token_budget=1024)
+    assert default.policy.cross_rank_grouping is None and default.policy.groups_across_ranks
+    # Unset, it follows the dealing: fixed shards or no join leave each rank alone.
+    assert not BatchingConfig.of(default, shard_dealing="fixed").policy.groups_across_ranks
+    assert not BatchingConfig.of(default, join=False).policy.groups_across_ranks
+    assert not BatchingConfig.of(default, cross_rank_grouping=False).policy.groups_across_ranks
+    with pytest.raises(ValueError, match="cross_rank_grouping must be a bool, got 'yes'"):
+        BatchingConfig.of(default, cross_rank_grouping="yes")
+    messages = {
+        value: BatchingConfig.of(default, cross_rank_grouping=value).handshake()
+        for value in (None, True, False)
+    }
+    for a, b in [(None, False), (None, True), (True, False)]:
+        with pytest.raises(SettingsMismatchError, match="'cross_rank_grouping'"):
+            check_settings_agree([messages[a], messages[b]])
+
+
 def _data_messages(*data: DataHandshake | None) -> list[list[int]]:
     config = BatchingConfig.of(token_budget=64)
     return [handshake_message(config, d) for d in data]
