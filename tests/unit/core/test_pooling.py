@@ -144,6 +144,30 @@ def test_a_capped_pool_runs_its_costliest_groups_and_leaves_the_rest_where_they_
         plan_pool(offers, budget, positions=0)
 
 
+def test_a_capped_pool_runs_whole_positions_and_over_budget_samples_w_at_a_time() -> None:
+    # 4 ranks, budget 800: 6 samples of 1,000 tokens (over the budget, each alone) and
+    # 68 of 200 (4 to a group: 17 groups). Capped at 8 positions, a round runs
+    # over-budget samples in fours and whole positions only: 4 of the 6 over the budget
+    # and 16 groups of 200s (5 positions of 4); the other 2 over the budget and the
+    # 17th group stay where they are.
+    two, one = [1000, 1000, *[200] * 17], [1000, *[200] * 17]
+    offers = _offer([two, two, one, one])
+    budget = BatchingConfig.of(token_budget=800).budget
+    capped = plan_pool(offers, budget, positions=8)
+    run = [g for groups in capped.rank_groups for g in groups if g is not None]
+    assert len(run) == 4 * capped.steps, "no position holds an IDLE rank"
+    over = [g for g in run if g.size == 1 and budget.is_over_budget(g.longest)]
+    assert len(over) == 4 and capped.max_costs[0] == capped.cost_sums[0] // 4
+    assert all(c * 4 == total for c, total in zip(capped.max_costs, capped.cost_sums, strict=True))
+    left = [s for kept in capped.left for s in kept]
+    assert capped.steps == 5
+    assert sorted(s.length for s in left) == [200] * 4 + [1000] * 2
+    assert len(left) + sum(g.size for g in run) == sum(map(len, offers))
+    # The epoch's last round (no cap) runs everything, mixed or not.
+    whole = plan_pool(offers, budget)
+    assert sum(g.size for gs in whole.rank_groups for g in gs if g) == sum(map(len, offers))
+
+
 def _cost(group, budget) -> int:
     return math.ceil(group_cost(group, budget))
 
