@@ -181,9 +181,11 @@ def plan_pool(
     the earliest position) fill the positions ``W`` at a time, and within a position each
     rank gets the group it holds most of (:func:`_assign`); the rest run IDLE.
 
-    ``positions``: the most step positions (a ramp round's cap). When ``P`` is larger,
-    only the costliest ``positions x W`` groups run and the samples of the others stay
-    with the rank that offered them (``PoolPlan.left``).
+    ``positions``: the most step positions (a ramp round's cap, a tail round's ``Q``, an
+    uneven round's ``T``): a round that may leave samples where they are. It holds back
+    the cheapest samples over the budget beyond a multiple of ``W`` and runs whole
+    positions only, at most ``positions``: the costliest ``k x W`` groups; the samples of
+    the others stay with the rank that offered them (``PoolPlan.left``).
     """
     world = len(offers)
     owners = {s.position: rank for rank, offer in enumerate(offers) for s in offer}
