@@ -49,6 +49,12 @@ from odb_lightning.core.dealing import deal_caps, deal_counts, ready
 from odb_lightning.core.types import Group
 from odb_lightning.core.wire import RankReport
 
+MAX_POOL_SAMPLES = 131_072
+"""Most samples the windows may hold together for a round to group across ranks. Every
+rank plans a pooled round over the whole union (:func:`~odb_lightning.core.pooling.plan_pool`):
+about 1 s on one core at this size (64 ranks of 2,000 short samples), 4.6 s at 524,288
+(1,024 ranks of 512; experiments/sync_efficiency), so larger jobs group per rank."""
+
 
 def pools(reports: list[RankReport]) -> bool:
     """Whether an emitting round is the epoch's tail, which groups across ranks: nothing
@@ -249,7 +255,8 @@ def plan_round(
 ) -> RoundPlan:
     """The DGAP rule (see the module docstring) over all ranks' reports.
 
-    ``pool_max_steps``: ``Q`` when ``cross_rank_grouping`` is on (join only); a round that
+    ``pool_max_steps``: ``Q`` when rounds group across ranks (join only, more than one
+    rank); a round that
     :func:`pools`, a ramp round (:func:`ramp_pool_positions`) or a round :func:`uneven`
     below ``pool_below`` then returns a ``pooled`` plan. ``fetch_aware``: dealing sees fetch time
     (:mod:`~odb_lightning.core.dealing`)."""
@@ -268,7 +275,15 @@ def plan_round(
     deals = deal_counts(reports, fetch_aware=fetch_aware, caps=caps)
     if not ready(reports, fetch_aware=fetch_aware, caps=caps):
         return RoundPlan(target_steps=0, deals=deals)
-    if pool_max_steps is not None and join:
+    # One rank has nothing to group across, and a union over MAX_POOL_SAMPLES would cost
+    # every rank too long to plan: those rounds stay ordinary.
+    pooling = (
+        pool_max_steps is not None
+        and join
+        and len(reports) > 1
+        and sum(r.buffered for r in reports) <= MAX_POOL_SAMPLES
+    )
+    if pooling:
         if pools(reports):
             positions = tail_pool_positions(reports, pool_max_steps)
             return RoundPlan(target_steps=0, pooled=True, pool_positions=positions)
@@ -285,7 +300,7 @@ def plan_round(
         sizes.append(tuple(row_sizes[i] for i in order))
         losses.append(tuple(row_losses[i] for i in order))
         costs.append(tuple(row_costs[i] for i in order))
-    if pool_max_steps is not None and join and pool_below and uneven(costs, pool_below):
+    if pooling and pool_below and uneven(costs, pool_below):
         return RoundPlan(target_steps=0, pooled=True, pool_positions=target)
     return RoundPlan(
         target_steps=target,

@@ -243,6 +243,25 @@ def test_the_ramp_rounds_pool_and_keep_every_rank_level() -> None:
     assert all(level(column) > 0.95 for column in ramp_steps)
 
 
+def test_one_rank_or_a_union_too_large_to_plan_groups_per_rank(monkeypatch) -> None:
+    from odb_lightning.core import alignment
+
+    lengths = lognormal_lengths(3900, mean=688, cv=0.9, seed=3, max_len=4096)
+    config = BatchingConfig.of(token_budget=16384)
+    alone = BatchingConfig.of(config, cross_rank_grouping=False)
+
+    def steps(result) -> list:
+        return [[s.group for s in rank] for rank in result.steps]
+
+    one = simulate_dealt_epoch(lengths, 1, config)
+    assert not one.pool_plan_s and steps(one) == steps(simulate_dealt_epoch(lengths, 1, alone))
+    assert simulate_dealt_epoch(lengths, 8, config).pool_plan_s  # the same job pools at 8
+    monkeypatch.setattr(alignment, "MAX_POOL_SAMPLES", 300)  # below every round's union
+    capped = simulate_dealt_epoch(lengths, 8, config)
+    assert not capped.pool_plan_s and sum(capped.moved_samples) == 0
+    assert steps(capped) == steps(simulate_dealt_epoch(lengths, 8, alone))
+
+
 def test_it_needs_one_dealt_order_and_join() -> None:
     with pytest.raises(ValueError, match="cross_rank_grouping=true needs .*shard_dealing=by_need"):
         BatchingConfig.of(cross_rank_grouping=True, shard_dealing="fixed")
