@@ -49,11 +49,12 @@ from odb_lightning.core.dealing import deal_caps, deal_counts, ready
 from odb_lightning.core.types import Group
 from odb_lightning.core.wire import RankReport
 
-MAX_POOL_SAMPLES = 131_072
+MAX_POOL_SAMPLES = 262_144
 """Most samples the windows may hold together for a round to group across ranks. Every
 rank plans a pooled round over the whole union (:func:`~odb_lightning.core.pooling.plan_pool`):
-about 1 s on one core at this size (64 ranks of 2,000 short samples), 4.6 s at 524,288
-(1,024 ranks of 512; experiments/sync_efficiency), so larger jobs group per rank."""
+about 2.4 s on one core at this size (128 ranks of 2,048 samples), 4.6 s at 524,288
+(1,024 ranks of 512), so larger jobs group per rank. Every 64-rank cell of
+experiments/sync_efficiency (at most 139,840 samples) pools."""
 
 
 def pools(reports: list[RankReport]) -> bool:

@@ -15,7 +15,9 @@ close as the groups allow. Three kinds of round pool
   per rank) the tail is the whole epoch after the ramp;
 * a ramp round (:func:`~odb_lightning.core.alignment.ramp_pool_positions`): small windows,
   whose best groups differ most from rank to rank;
-* an uneven round (:func:`~odb_lightning.core.alignment.uneven`), such as one whose
+* an uneven round (:func:`~odb_lightning.core.alignment.uneven`): at the default
+  ``pool_below_sync=1.0`` every round whose aligned steps are not exactly level, so the
+  ranks group as one window; at 0.97 only rounds clearly uneven, such as one whose
   samples over the budget (each run alone) are more on some ranks than on others.
 
 A capped round (a tail round over ``Q``, and the last two kinds) runs only the costliest
