@@ -76,10 +76,9 @@ class OnlinePolicy(Policy):
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
     accumulation) hold long and short samples (experiments/quality)."""
     cross_rank_grouping: bool | None = None
-    """Group across ranks where each rank alone groups poorly: the epoch's tail (the round
-    that drains every window once nothing is undealt), the ramp's rounds, and rounds whose
-    aligned steps are uneven (below ``pool_below_sync``, such as samples over the budget
-    more on some ranks than others). Such a round groups the union of the windows and
+    """Group across ranks where each rank alone groups poorly: the epoch's tail (every
+    round once nothing is undealt), the ramp's rounds, and rounds whose aligned steps are
+    not level (below ``pool_below_sync``). Such a round groups the union of the windows and
     hands the groups out ``W`` at a time in cost order, moving samples between ranks over
     the metadata channel, each only to the rank that runs it (``core.pooling``;
     ``summary.json`` counts ``moved_samples`` and ``moved_bytes``). ``None`` (the
