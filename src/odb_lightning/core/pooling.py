@@ -149,22 +149,19 @@ def _cost_ranked(groups: list[Group], owners: dict[int, int], budget: Budget) ->
     return [group for _, group in keyed]
 
 
-def _held_over_budget(
-    groups: list[Group], owners: dict[int, int], budget: Budget, world: int
-) -> list[Group]:
-    """``groups`` less the cheapest samples over the budget beyond a multiple of
-    ``world`` (when at least ``world`` other groups remain), for a round that may leave
-    samples where they are. Each runs alone at a cost above every group under the
-    budget, so a step position mixing the two holds most ranks to the time of a few;
+def _held_over_budget(ranked: list[Group], budget: Budget, world: int) -> list[Group]:
+    """``ranked`` (in cost order) less its cheapest samples over the budget beyond a
+    multiple of ``world`` (when at least ``world`` other groups remain), for a round that
+    may leave samples where they are. Each runs alone at a cost above every group under
+    the budget, so a step position mixing the two holds most ranks to the time of a few;
     the ones held back stay in their windows, and a later round pools them with those
     that arrive meanwhile (the epoch's last round runs whatever is left)."""
-    ranked = _cost_ranked(groups, owners, budget)
     over = [g for g in ranked if g.size == 1 and budget.is_over_budget(g.longest)]
     extra = len(over) % world
-    if not extra or len(groups) - extra < world:
-        return groups
+    if not extra or len(ranked) - extra < world:
+        return ranked
     held = {id(g) for g in over[-extra:]}
-    return [g for g in groups if id(g) not in held]
+    return [g for g in ranked if id(g) not in held]
 
 
 def plan_pool(
@@ -197,15 +194,14 @@ def plan_pool(
     if positions is not None and positions < 1:
         raise ValueError(f"a pooled round runs at least one step position, got {positions}")
     groups = group_window(union, budget, patch_budget=patch_budget)
-    if positions is not None:
-        groups = _held_over_budget(groups, owners, budget, world)
-    count = math.ceil(len(groups) / world)
     if positions is not None and len(groups) >= world:
+        ranked = _held_over_budget(_cost_ranked(groups, owners, budget), budget, world)
         # Whole positions only: the cheapest groups beyond a multiple of W stay too.
-        count = min(positions, len(groups) // world)
-        groups = _cost_ranked(groups, owners, budget)[: count * world]
+        count = min(positions, len(ranked) // world)
+        groups = ranked[: count * world]
     else:
-        wanted = min(count * world, sum(g.size for g in groups))
+        count = math.ceil(len(groups) / world)
+        wanted = min(count * world, len(union))
         if wanted > len(groups):
             groups = split_groups(groups, wanted - len(groups))
         groups = _cost_ranked(groups, owners, budget)
