@@ -15,8 +15,9 @@ from omegaconf import DictConfig
 from odb_lightning.app.run_dir import srun_tasks
 from odb_lightning.core.checks import is_int
 from odb_lightning.data.sizes import check_size
+from odb_lightning.runtime.binding import gloo_binding
 from odb_lightning.runtime.errors import MetadataChannelError
-from odb_lightning.runtime.rendezvous import gloo_binding, job_store_address
+from odb_lightning.runtime.rendezvous import job_store_address
 
 
 class ConfigError(ValueError):

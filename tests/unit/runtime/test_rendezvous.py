@@ -14,12 +14,11 @@ import socket
 import pytest
 import torch.distributed as dist
 
+from odb_lightning.runtime.binding import GlooBinding, gloo_binding
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import (
-    GlooBinding,
     JobRendezvous,
     MetadataStore,
-    gloo_binding,
     job_store_address,
     numeric_address,
 )
