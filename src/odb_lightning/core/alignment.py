@@ -52,9 +52,9 @@ from odb_lightning.core.wire import RankReport
 MAX_POOL_SAMPLES = 262_144
 """Most samples the windows may hold together for a round to group across ranks. Every
 rank plans a pooled round over the whole union (:func:`~odb_lightning.core.pooling.plan_pool`):
-about 2.4 s on one core at this size (128 ranks of 2,048 samples), 4.6 s at 524,288
-(1,024 ranks of 512), so larger jobs group per rank. Every 64-rank cell of
-experiments/sync_efficiency (at most 139,840 samples) pools."""
+1.5 s of CPU at this size (128 ranks of 2,048 samples), 3.5 s at 524,288 (1,024 ranks of
+512; ``python -m experiments.planner_cost.pool_plan``), so larger jobs group per rank.
+Every 64-rank cell of experiments/sync_efficiency (at most 139,840 samples) pools."""
 
 
 def pools(reports: list[RankReport]) -> bool:
