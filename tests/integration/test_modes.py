@@ -12,7 +12,7 @@ import pytest
 
 from helpers.train_run import read_audit, train
 from odb_lightning.core.order import epoch_permutation
-from odb_lightning.data.length_cache import read_length_columns
+from odb_lightning.data.length_file import read_length_columns
 
 BUDGET = 4096  # experiment=sharegpt_odb's token budget
 

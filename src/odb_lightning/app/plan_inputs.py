@@ -44,7 +44,7 @@ def read_lengths_file(path: Path) -> list[int]:
     if not path.is_file():
         raise PlanCliError(f"--lengths: no such file {path}")
     if path.suffix == ".arrow":
-        from odb_lightning.data.length_cache import CorruptCacheError, read_length_columns
+        from odb_lightning.data.length_file import CorruptCacheError, read_length_columns
 
         try:
             return read_length_columns(path)[1].tolist()

@@ -6,7 +6,8 @@ everything that changes lengths: source and version, record count, tokenizer, te
 ``max_seq_len``, augmentation. Augmented datasets are refused: their lengths change every
 epoch, so any cache would be stale from the second epoch on.
 
-File format (one file per fingerprint, ``lengths-<fingerprint[:16]>.arrow``): an Arrow
+File format (:mod:`~odb_lightning.data.length_file`; one file per fingerprint,
+``lengths-<fingerprint[:16]>.arrow``): an Arrow
 IPC file of two ``int32`` columns, ``length`` and ``num_loss_tokens``, one row per sample
 in dataset order, whose schema metadata holds a JSON header (format, fingerprint, parts,
 count, build time). It is memory-mapped on load: the columns are numpy views of the file
@@ -21,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,24 +32,23 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from odb_lightning.data.augment import Augmentation
+from odb_lightning.data.length_file import (
+    CACHE_FORMAT,
+    CorruptCacheError,
+    read_header,
+    read_length_columns,
+    write_length_file,
+)
 from odb_lightning.data.sources.source_records import source_version
 from odb_lightning.sample import inspect_sample
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = "odb-length-cache/2"
-HEADER_KEY = b"odb_length_cache"
-"""The schema metadata key of a cache file's JSON header."""
-LENGTH_COLUMNS = ("length", "num_loss_tokens")
 _HEADERS_COMPARED = 16  # newest cache files whose headers a miss compares against
 AUGMENTATION_REFUSED = (
     "augmentation changes lengths every epoch, so a length cache would be stale; use "
     "batching=odb (online) or disable augmentation"
 )
-
-
-class CorruptCacheError(ValueError):
-    """A cache file that cannot be trusted (unreadable, truncated or inconsistent)."""
 
 
 def length_fingerprint(**parts: object) -> str:
@@ -124,47 +122,6 @@ def _augmentation_of(dataset: Dataset[Any]) -> Augmentation | None:
 def changed_parts(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
     """Names of the parts that differ (added, removed or changed), sorted."""
     return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
-
-
-def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a cache file (its schema only is read).
-
-    Raises:
-        CorruptCacheError: Not a readable cache file of this format.
-    """
-    import pyarrow as pa
-
-    try:
-        metadata = pa.ipc.open_file(pa.memory_map(str(path))).schema.metadata or {}
-        header = json.loads(metadata[HEADER_KEY])
-    except (OSError, ValueError, KeyError, pa.ArrowException) as error:
-        raise CorruptCacheError(f"{path}: unreadable ({error})") from error
-    if not isinstance(header, dict) or header.get("format") != CACHE_FORMAT:
-        raise CorruptCacheError(f"{path}: not a {CACHE_FORMAT} file")
-    return header
-
-
-def read_length_columns(path: Path) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """A cache file's header and its two columns, memory-mapped, checked against the
-    header (a sample has at least one token; a damaged file fails here).
-
-    Raises:
-        CorruptCacheError: Unreadable, truncated or inconsistent.
-    """
-    import pyarrow as pa
-
-    header = read_header(path)
-    count = header.get("num_samples")
-    try:
-        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        columns = [table.column(name).combine_chunks().to_numpy() for name in LENGTH_COLUMNS]
-    except (OSError, KeyError, pa.ArrowException) as error:
-        raise CorruptCacheError(f"{path}: unreadable ({error})") from error
-    for name, values, least in zip(LENGTH_COLUMNS, columns, (1, 0), strict=True):
-        ok = values.dtype == np.int32 and len(values) == count
-        if not ok or (count and int(values.min()) < least):
-            raise CorruptCacheError(f"{path}: {name} is not {count} int32 >= {least}")
-    return header, columns[0], columns[1]
 
 
 def _read_cache(path: Path, fingerprint: str) -> tuple[np.ndarray, np.ndarray]:
@@ -321,31 +278,10 @@ class LengthCache:
         build_s, path = time.perf_counter() - start, self.path_for(fingerprint)
         header = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "parts": dict(parts)}
         header.update(num_samples=count, build_s=round(build_s, 3))
-        self._write(path, header, lengths, num_loss_tokens)
+        try:  # a directory that cannot be written costs the cache, not the run
+            write_length_file(self.cache_dir, path, header, lengths, num_loss_tokens)
+        except OSError as error:
+            logger.warning("length cache not stored (%s); the lengths are used uncached", error)
         done = "length cache built: %d lengths in %.2f s (%.0f samples/s, %d workers): %s"
         logger.info(done, count, build_s, count / max(build_s, 1e-9), num_workers, path)
         return CachedLengths(lengths, num_loss_tokens, fingerprint, False, build_s, 0.0, path)
-
-    def _write(
-        self, path: Path, header: dict[str, Any], lengths: np.ndarray, num_loss_tokens: np.ndarray
-    ) -> None:
-        """Write atomically (a temp file in the same directory, then ``os.replace``); a
-        directory that cannot be written costs the cache, not the run."""
-        import pyarrow as pa
-
-        metadata = {HEADER_KEY: json.dumps(header, default=str).encode()}
-        table = pa.table(dict(zip(LENGTH_COLUMNS, (lengths, num_loss_tokens), strict=True)))
-        table = table.replace_schema_metadata(metadata)
-        temp: Path | None = None
-        try:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(dir=self.cache_dir, prefix=".lengths-", suffix=".tmp")
-            temp = Path(name)
-            with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
-            os.replace(temp, path)
-        except OSError as error:
-            logger.warning("length cache not stored (%s); the lengths are used uncached", error)
-        finally:
-            if temp is not None:
-                temp.unlink(missing_ok=True)  # already gone after a successful replace
