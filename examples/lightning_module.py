@@ -28,8 +28,8 @@ from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import IGNORE_INDEX, load_tokenizer
-from odb_lightning.lit.datamodule import ODBDataModule
-from odb_lightning.lit.loss import TokenWeightedLossMixin
+from odb_lightning.lit.data.datamodule import ODBDataModule
+from odb_lightning.lit.model.loss import TokenWeightedLossMixin
 
 
 class MyCausalLM(TokenWeightedLossMixin, pl.LightningModule):

@@ -14,7 +14,7 @@ import torch
 from transformers import PretrainedConfig
 
 from experiments.common import ROOT
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.module import CausalLMModule
 
 PRESET = "cpu_bench"
 """``conf/model/cpu_bench.yaml``."""

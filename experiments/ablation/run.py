@@ -190,7 +190,7 @@ def train_ablation(args: argparse.Namespace) -> dict[str, Any]:
 
 def flops_per_token_of(runs: dict[int, list[dict]]) -> dict[str, float]:
     """FLOPs per token of the cpu_bench model (body with attention, head)."""
-    from odb_lightning.lit.flops import flops_per_token
+    from odb_lightning.lit.model.flops import flops_per_token
 
     first = next(iter(runs.values()))[0]
     return flops_per_token(

@@ -204,7 +204,7 @@ def compile_knob_exists() -> bool:
     """The model config has the ``compile`` knob (``model.runtime.compile=true``)."""
     import dataclasses
 
-    from odb_lightning.lit.model_config import ModelRuntime
+    from odb_lightning.lit.model.config import ModelRuntime
 
     return "compile" in {field.name for field in dataclasses.fields(ModelRuntime)}
 

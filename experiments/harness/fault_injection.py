@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from experiments.harness.processes import descendants, listening_sockets
 from odb_lightning.data.qwen_bpe import QwenTokenizer
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.module import CausalLMModule
 
 FAULT_MOMENTS = ("step", "backward", "batch_end")
 """When in its step the fault fires: at ``training_step``'s start, as the backward

@@ -7,7 +7,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from odb_lightning.lit.fsdp2 import FSDP2Strategy
+from odb_lightning.lit.model.fsdp2 import FSDP2Strategy
 
 
 def one_batch_loader() -> DataLoader:

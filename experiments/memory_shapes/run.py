@@ -4,7 +4,7 @@
 
 Each preset is composed as ``train.py`` composes it; its data module is set up (for the
 length-pass modes that measures every training sample), and the shapes are those
-:class:`~odb_lightning.lit.memory.MemoryWarmup` runs at fit start: the batching config,
+:class:`~odb_lightning.lit.memory.warmup.MemoryWarmup` runs at fit start: the batching config,
 ``data.max_seq_len``, the data module's ``length_range`` and ``largest_image``. Nothing is
 trained; prints a Markdown table and writes ``results.json`` next to this script.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from experiments.common import results_meta
 from odb_lightning.app.components import build_data
 from odb_lightning.app.preview import compose_train_config
-from odb_lightning.lit.memory_probe import worst_case_shapes
+from odb_lightning.lit.memory.probe import worst_case_shapes
 
 HERE = Path(__file__).resolve().parent
 PRESETS = ("sharegpt_standard", "sharegpt_oracle", "sharegpt_odb", "sharegpt_packed", "llava_odb")

@@ -50,7 +50,7 @@ def _rss_mib() -> tuple[float, float]:
 
 def eager(out: Path) -> None:
     """The whole model in this process (what ``configure_model`` does without sharding)."""
-    from odb_lightning.lit.module import CausalLMModule
+    from odb_lightning.lit.model.module import CausalLMModule
 
     module = CausalLMModule(**_arguments())
     module.configure_model()
@@ -63,7 +63,7 @@ def eager(out: Path) -> None:
 def sharded(out_dir: Path) -> None:
     """One rank of a 2-rank FSDP2 job: Lightning's setup, stopped before the first batch."""
     from experiments.harness.sharded_setup import fit_setup_only, one_batch_loader
-    from odb_lightning.lit.module import CausalLMModule
+    from odb_lightning.lit.model.module import CausalLMModule
 
     class Probe(CausalLMModule):
         def on_fit_start(self) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from experiments.common import results_meta, run_train
 from experiments.cpu_bench import cpu_bench_config
-from odb_lightning.lit.flops import flops_per_token
+from odb_lightning.lit.model.flops import flops_per_token
 
 HERE = Path(__file__).resolve().parent
 # The window is the online policy's knob: only its arm sets it.

@@ -17,7 +17,7 @@ from odb_lightning.core.loss_weights import token_target_boundaries
 from odb_lightning.core.order import shard_indices
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.simulate import simulate
-from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.model.lr_schedule import LRSchedule, lr_factor
 from odb_lightning.sample import inspect_sample
 
 

@@ -51,7 +51,7 @@ def probe(path: Path, cache_dir: Path) -> dict[str, Any]:
 
     from odb_lightning.core.config import BatchingConfig
     from odb_lightning.data import QwenTokenizer
-    from odb_lightning.lit.datamodule import ODBDataModule
+    from odb_lightning.lit.data.datamodule import ODBDataModule
 
     batching = BatchingConfig.of(mode="odb", token_budget=16384, num_workers=0)
     kwargs: dict[str, Any] = {"path": str(path), "max_seq_len": 4096, "val_samples": 0.05}

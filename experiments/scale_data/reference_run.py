@@ -68,7 +68,7 @@ class JsonlChats(Dataset):
 def build_model() -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    from odb_lightning.lit.model_config import Architecture
+    from odb_lightning.lit.model.config import Architecture
 
     sizes = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1}
     config = Architecture(**sizes, intermediate_size=512, token_id_fold=FOLD).random_init()

@@ -44,8 +44,8 @@ from experiments.throughput.throughput_report import (
 )
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.loss_weights import rank_loss_scale
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.planned_mode import epoch_plan
+from odb_lightning.lit.data.planned_mode import epoch_plan
+from odb_lightning.lit.model.module import CausalLMModule
 
 HERE = Path(__file__).resolve().parent
 # Samples per regime: about the same compute per regime (more of the short ones).

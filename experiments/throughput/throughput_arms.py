@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, Subset
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import ChatDataset, LengthStats, load_source, load_tokenizer
-from odb_lightning.lit.planned_mode import epoch_plan
+from odb_lightning.lit.data.planned_mode import epoch_plan
 from odb_lightning.runtime import ODBLoader
 from odb_lightning.runtime.batch import pad_collate
 from odb_lightning.runtime.planned import PlannedLoader

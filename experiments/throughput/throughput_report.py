@@ -9,14 +9,14 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from odb_lightning.lit.flops import flops_per_token
+from odb_lightning.lit.model.flops import flops_per_token
 
 BASELINE, REFERENCE = "standard_bs8", "reference"
 
 
 @dataclass(frozen=True)
 class FlopModel:
-    """Training FLOPs of the stand-in, from ``odb_lightning.lit.flops.flops_per_token``.
+    """Training FLOPs of the stand-in, from ``odb_lightning.lit.model.flops.flops_per_token``.
 
     Attributes:
         body_linear: Body FLOPs per token without attention scores (the ``6 N`` part).

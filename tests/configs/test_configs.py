@@ -197,7 +197,7 @@ def test_model_preset_composes_and_instantiates(
 
 
 def test_model_defaults_are_the_dataclasses_and_typos_fail(compose_cfg: ComposeConfig) -> None:
-    from odb_lightning.lit.model_config import Architecture, ModelRuntime, StepPolicy
+    from odb_lightning.lit.model.config import Architecture, ModelRuntime, StepPolicy
 
     cfg = compose_cfg(["model=tiny_qwen2"])
     assert cfg.model.architecture.hidden_size == Architecture.hidden_size

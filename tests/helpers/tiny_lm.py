@@ -16,15 +16,15 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import vector_to_parameters
 from torch.utils.data import DataLoader
 
-from odb_lightning.lit.lr_schedule import WarmupSchedule
-from odb_lightning.lit.model_config import (
+from odb_lightning.lit.model.config import (
     Architecture,
     Finetuning,
     LoraSettings,
     ModelRuntime,
     StepPolicy,
 )
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.lr_schedule import WarmupSchedule
+from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
 
 VOCAB = 256  # differs from every other dimension, so [*, VOCAB] tensors are logits

@@ -12,7 +12,7 @@ import torch
 from helpers.tiny_lm import module_arguments
 from odb_lightning.data.vision import ImageSettings, VisionTokens
 from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
-from odb_lightning.lit.vlm_module import VisionLanguageModule
+from odb_lightning.lit.model.vlm_module import VisionLanguageModule
 
 SMALL_IMAGES = ImageSettings(min_pixels=56 * 56, max_pixels=112 * 112)
 """At most 16 LLM tokens (64 patches) per image: fast model tests."""

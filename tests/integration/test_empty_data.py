@@ -17,8 +17,11 @@ from torch.utils.data import DataLoader, IterableDataset
 from helpers.configs import ComposeConfig
 from helpers.train_run import ROOT
 from odb_lightning.app.components import build_parts
-from odb_lightning.lit.checkpointing import AtomicLinkModelCheckpoint, UntrainedCheckpointError
-from odb_lightning.lit.train_records import NoTrainingRecordsError
+from odb_lightning.lit.callbacks.checkpointing import (
+    AtomicLinkModelCheckpoint,
+    UntrainedCheckpointError,
+)
+from odb_lightning.lit.data.train_records import NoTrainingRecordsError
 
 EXAMPLE = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
 

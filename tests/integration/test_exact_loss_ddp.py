@@ -49,7 +49,7 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch
 
 WORLD_SIZE = 2

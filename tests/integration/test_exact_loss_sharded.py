@@ -4,7 +4,7 @@ SPEC 3.3 again (``test_exact_loss_ddp.py`` holds it for full fine-tuning under D
 N-rank dynamic run with accumulation produces the gradient of one process on the union
 batch (relative error <= 1e-5 in float64), here
 
-- under FSDP2 (:class:`~odb_lightning.lit.fsdp2.FSDP2Strategy`: every decoder layer and
+- under FSDP2 (:class:`~odb_lightning.lit.model.fsdp2.FSDP2Strategy`: every decoder layer and
   the LightningModule sharded, parameters and gradients ``DTensor`` shards), full
   fine-tuning and LoRA;
 - with LoRA adapters under DDP (only the adapters train; the frozen base weights are part
@@ -56,9 +56,9 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from odb_lightning.lit.fsdp2 import FSDP2Strategy
-from odb_lightning.lit.loss import GradientScaling, check_loss_scaling_trainer
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.fsdp2 import FSDP2Strategy
+from odb_lightning.lit.model.loss import GradientScaling, check_loss_scaling_trainer
+from odb_lightning.lit.model.module import CausalLMModule
 
 MICRO_BATCHES = len(SAMPLES[0])
 LORA = {"r": 4, "alpha": 8.0}

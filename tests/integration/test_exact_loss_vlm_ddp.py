@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from helpers.tiny_lm import flat_grad, flat_params, hand_over, quiet_trainer, rel_err
 from helpers.vlm import model_sample, tiny_vlm_arguments
-from odb_lightning.lit.vlm_module import VisionLanguageModule
+from odb_lightning.lit.model.vlm_module import VisionLanguageModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_samples, pad_collate
 
 WORLD_SIZE = 2

@@ -1,4 +1,4 @@
-"""The progress bar (``lit/progress.py``) in a real fit: the step total of a planned epoch
+"""The progress bar (``lit/callbacks/progress.py``) in a real fit: the step total of a planned epoch
 from its first step, an ODB estimate that ends on the real count, and tokens/s and
 samples/s in the bar from the first step.
 
@@ -19,11 +19,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.counters import StepCounters
-from odb_lightning.lit.datamodule import ODBDataModule
-from odb_lightning.lit.progress import ODBProgressBar, SteadyRateTqdm
+from odb_lightning.lit.callbacks.counters import StepCounters
+from odb_lightning.lit.callbacks.progress import ODBProgressBar, SteadyRateTqdm
+from odb_lightning.lit.callbacks.step_metrics import StepMetricsCallback
+from odb_lightning.lit.data.datamodule import ODBDataModule
 from odb_lightning.lit.run_context import RunContext
-from odb_lightning.lit.step_metrics import StepMetricsCallback
 
 NUM_TRAIN = 32
 BATCH_SIZE = 4

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.datamodule import ODBDataModule
+from odb_lightning.lit.data.datamodule import ODBDataModule
 
 NUM_TRAIN = 32
 

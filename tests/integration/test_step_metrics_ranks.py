@@ -23,8 +23,8 @@ from typing_extensions import override
 from helpers.metered import CONFIG, MeteredModule, metered_batches
 from helpers.tiny_lm import hand_over, quiet_trainer
 from helpers.torchrun import leave_ranks, run_script_on_ranks
-from odb_lightning.lit.flops import ModelFlops
-from odb_lightning.lit.step_metrics import StepMetricsCallback, Window
+from odb_lightning.lit.callbacks.step_metrics import StepMetricsCallback, Window
+from odb_lightning.lit.model.flops import ModelFlops
 
 WORLD_SIZE = 2
 LOG_EVERY = 2

@@ -1,7 +1,7 @@
 """The exact token-weighted loss under Lightning's FSDP (FSDP1) and DeepSpeed, on one GPU.
 
 Neither strategy runs on CPU, so these tests are skipped without CUDA. They cover the two
-places where :class:`~odb_lightning.lit.loss.TokenWeightedLossMixin` adapts to a
+places where :class:`~odb_lightning.lit.model.loss.TokenWeightedLossMixin` adapts to a
 strategy:
 
 - FSDP1: gradients are in ``param.grad`` (``use_orig_params``), so ``1 / N`` scales them
@@ -44,8 +44,8 @@ from helpers.tiny_lm import (
     tiny_arguments,
     union_gradient,
 )
-from odb_lightning.lit.loss import GradientScaling
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.loss import GradientScaling
+from odb_lightning.lit.model.module import CausalLMModule
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from helpers.tiny_lm import qwen2_linears
 from helpers.train_run import train
-from odb_lightning.lit.summary_table import print_summary
+from odb_lightning.lit.callbacks.summary_table import print_summary
 
 LORA_R = 4
 

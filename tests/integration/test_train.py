@@ -16,7 +16,7 @@ import pytest
 
 from helpers.train_run import ROOT, read_audit, train
 from odb_lightning.core.order import epoch_permutation, shard_indices
-from odb_lightning.lit.id_audit import IdAudit
+from odb_lightning.lit.callbacks.id_audit import IdAudit
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_single_process_run_writes_an_exact_summary(experiment: str, tmp_path: P
     assert summary["step_time_s_per_rank"] == [summary["step_time_max_s"]]
     assert summary["mfu"] is None and summary["peak_tflops_per_device"] is None
     # One ODB group a step holds neighbouring lengths of the sorted window; fixed batches
-    # of a shuffled epoch mix them (lit/length_mix.py).
+    # of a shuffled epoch mix them (lit/callbacks/length_mix.py).
     if experiment == "sharegpt_odb":
         assert 0 < summary["step_length_cv"] < 0.3
     if experiment == "sharegpt_standard":

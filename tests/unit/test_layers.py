@@ -177,3 +177,53 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nfrom odb_lightning.lit import module\n")
     assert imported_roots(bad) == {"torch", "odb_lightning.lit"}
+
+
+# The rooms of ``lit``, lowest first: a room imports only the rooms before it (and
+# itself). ``callbacks`` and ``memory`` stand side by side: neither imports the other.
+LIT_ROOMS = {
+    "root": {"root"},
+    "model": {"root", "model"},
+    "callbacks": {"root", "model", "callbacks"},
+    "memory": {"root", "model", "memory"},
+    "data": {"root", "model", "callbacks", "data"},
+}
+LIT = SRC / "lit"
+
+
+def lit_room(name: str) -> str:
+    """The room of a module under ``odb_lightning.lit`` (``root`` for the files beside
+    the rooms)."""
+    parts = name.split(".")[2:]
+    return parts[0] if parts and parts[0] in LIT_ROOMS else "root"
+
+
+def lit_room_violations() -> list[str]:
+    found = []
+    for path in sorted(LIT.rglob("*.py")):
+        room = lit_room(module_name(path))
+        for name in imported_roots(path):
+            if name.startswith("odb_lightning.lit.") and lit_room(name) not in LIT_ROOMS[room]:
+                found.append(f"{path.relative_to(SRC)} ({room}) imports {name}")
+    return found
+
+
+def test_lit_rooms_import_only_earlier_rooms() -> None:
+    assert sorted(
+        p.name for p in LIT.iterdir() if p.is_dir() and p.name != "__pycache__"
+    ) == sorted(set(LIT_ROOMS) - {"root"})
+    assert lit_room_violations() == []
+
+
+def test_lit_room_of_a_module() -> None:
+    assert lit_room("odb_lightning.lit.model.loss") == "model"
+    assert lit_room("odb_lightning.lit.run_context") == "root"
+    assert lit_room("odb_lightning.lit.data") == "data"  # `from odb_lightning.lit.data import x`
+    assert "callbacks" not in LIT_ROOMS["memory"] and "data" not in LIT_ROOMS["model"]
+
+
+def test_app_imports_lit_only_through_its_rooms() -> None:
+    """``app`` may take any room; nothing in ``lit`` imports ``app``."""
+    for path in sorted(LIT.rglob("*.py")):
+        app = [n for n in imported_roots(path) if n.startswith("odb_lightning.app")]
+        assert app == [], f"{path.relative_to(SRC)} imports {app}"

@@ -24,19 +24,19 @@ from omegaconf import DictConfig
 from odb_lightning.app.validation import ConfigError, instantiate_checked
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.vision_family import Qwen2VLFamily
-from odb_lightning.lit.counters import StepCounters
-from odb_lightning.lit.idle_steps import check_weights_idle_steps
-from odb_lightning.lit.run_context import RunContext
-from odb_lightning.lit.run_report import (
+from odb_lightning.lit.callbacks.counters import StepCounters
+from odb_lightning.lit.callbacks.run_report import (
     AddsToSummary,
     CountsParameters,
     ReportsCompile,
     ReportsRun,
 )
-from odb_lightning.lit.summary import SummaryBuilder
-from odb_lightning.lit.supervision import SupervisionCheck
-from odb_lightning.lit.token_target import few_groups_advice
-from odb_lightning.lit.vlm_module import VisionLanguageModule
+from odb_lightning.lit.callbacks.summary import SummaryBuilder
+from odb_lightning.lit.callbacks.supervision import SupervisionCheck
+from odb_lightning.lit.model.idle_steps import check_weights_idle_steps
+from odb_lightning.lit.model.token_target import few_groups_advice
+from odb_lightning.lit.model.vlm_module import VisionLanguageModule
+from odb_lightning.lit.run_context import RunContext
 
 log = logging.getLogger(__name__)
 

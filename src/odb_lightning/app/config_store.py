@@ -24,10 +24,10 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES, Mode
 from odb_lightning.core.nodes import node_of, target_of
 from odb_lightning.data.vision_family import VisionTower
-from odb_lightning.lit.graceful_stop import StopSettings
-from odb_lightning.lit.model_config import Architecture, Finetuning, ModelRuntime, StepPolicy
-from odb_lightning.lit.module import CausalLMModule
-from odb_lightning.lit.vlm_module import VisionLanguageModule
+from odb_lightning.lit.callbacks.graceful_stop import StopSettings
+from odb_lightning.lit.model.config import Architecture, Finetuning, ModelRuntime, StepPolicy
+from odb_lightning.lit.model.module import CausalLMModule
+from odb_lightning.lit.model.vlm_module import VisionLanguageModule
 
 
 def register_configs() -> None:

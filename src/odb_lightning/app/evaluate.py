@@ -31,7 +31,7 @@ from odb_lightning.app.components import build_parts, launched_accelerator
 from odb_lightning.app.run_config import config_for_resume
 from odb_lightning.app.run_log import full_error_requested, is_user_error, route_library_logs
 from odb_lightning.app.validation import ConfigError, validate_config
-from odb_lightning.lit.evaluation_split import check_split
+from odb_lightning.lit.data.evaluation_split import check_split
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``odb-export``: a training checkpoint as a Hugging Face ``save_pretrained`` directory.
 
-Rebuilds the :class:`~odb_lightning.lit.module.CausalLMModule` from the checkpoint's
+Rebuilds the :class:`~odb_lightning.lit.model.module.CausalLMModule` from the checkpoint's
 hyperparameters, loads its weights and writes them for ``transformers``/``peft``:
 
 - a full fine-tune: the whole model (``AutoModelForCausalLM.from_pretrained(DIR)``);
@@ -50,8 +50,8 @@ from odb_lightning.app.run_config import saved_run_config
 from odb_lightning.core.nodes import target_of
 from odb_lightning.data import HFTokenizer, QwenTokenizer
 from odb_lightning.data.hf_tokenizer import export_hf_tokenizer
-from odb_lightning.lit.model_config import Architecture, FinetuningMethod
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.config import Architecture, FinetuningMethod
+from odb_lightning.lit.model.module import CausalLMModule
 
 
 class ExportError(Exception):

@@ -31,9 +31,9 @@ from odb_lightning.app.run_dir import RunDirError
 from odb_lightning.app.validation import ConfigError
 from odb_lightning.core.handshake import SettingsMismatchError
 from odb_lightning.data.conversation import BadRecordError
-from odb_lightning.lit.memory_report import MemoryBudgetError
-from odb_lightning.lit.run_report import NoSupervisedTokensError
-from odb_lightning.lit.summary_table import print_summary
+from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
+from odb_lightning.lit.callbacks.summary_table import print_summary
+from odb_lightning.lit.memory.report import MemoryBudgetError
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.sample import BadSampleError
 

@@ -42,15 +42,15 @@ from odb_lightning.app.validation import (
     validate_config,
 )
 from odb_lightning.app.wandb_run import wandb_run_ids
-from odb_lightning.lit.graceful_stop import (
+from odb_lightning.lit.callbacks.graceful_stop import (
     EXIT_CODES,
     GracefulStop,
     reap_children,
     requeue_slurm_job,
 )
+from odb_lightning.lit.callbacks.summary_table import print_summary
 from odb_lightning.lit.job_store import bind_job_store
-from odb_lightning.lit.memory import enable_expandable_segments
-from odb_lightning.lit.summary_table import print_summary
+from odb_lightning.lit.memory.warmup import enable_expandable_segments
 
 # conf/train.yaml's run directory and Hydra file names use these resolvers: whoever runs
 # the application composes that config after importing this module.
@@ -155,7 +155,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     enable_expandable_segments()
     parts = build_parts(cfg, *launched_world(cfg.trainer))
     wired = build_callbacks(cfg.get("callbacks"), parts)
-    # Always on: stop signals are agreed on at step boundaries (lit/graceful_stop.py).
+    # Always on: stop signals are agreed on at step boundaries (lit/callbacks/graceful_stop.py).
     stop = GracefulStop(instantiate_checked(cfg.stop, "stop"))
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     saves_config = RunConfigCheckpoint(cfg, overrides)

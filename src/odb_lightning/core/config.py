@@ -29,7 +29,7 @@ GROUP = "batching"
 """The Hydra config group of :class:`BatchingConfig`: every message names ``batching.<key>``."""
 
 TOKEN_BUDGET_AUTO = "auto"
-"""``batching.token_budget=auto``: found at fit start on the GPU (``lit/memory.py``)."""
+"""``batching.token_budget=auto``: found at fit start on the GPU (``lit/memory/warmup.py``)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class BatchingConfig:
     token_budget: int | str = 16384
     """``L_max``: most tokens per step, as the row layout counts them; ``auto``: the
     largest budget whose worst-case step fits the GPU, measured at fit start
-    (:class:`~odb_lightning.lit.memory.MemoryWarmup`). The fixed-size modes ignore it."""
+    (:class:`~odb_lightning.lit.memory.warmup.MemoryWarmup`). The fixed-size modes ignore it."""
     seed: int = 0
     """Seed of the shard order, the step order in a round and the planned shuffles."""
     eval_batch_size: int = 8
@@ -78,7 +78,7 @@ class BatchingConfig:
         if self.token_budget == TOKEN_BUDGET_AUTO:
             raise ValueError(
                 f"{GROUP}.token_budget=auto is resolved at fit start on a CUDA device "
-                "(odb_lightning.lit.memory.MemoryWarmup, in the default callbacks); "
+                "(odb_lightning.lit.memory.warmup.MemoryWarmup, in the default callbacks); "
                 "without it, set an integer"
             )
         return self.rows.budget(self.token_budget)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ processor (``transformers``' own, PIL backend), the rotary position rule (M-RoPE
 model's ``get_rope_index``), the model config and class of a random init, the multimodal
 body and the zero-weight dummy pass that keeps the vision tower in every step. The data
 layer (:class:`~odb_lightning.data.vision_dataset.VisionChatDataset`) and the module
-(:class:`~odb_lightning.lit.vlm_module.VisionLanguageModule`) ask it; the runtime's
+(:class:`~odb_lightning.lit.model.vlm_module.VisionLanguageModule`) ask it; the runtime's
 collates (:mod:`odb_lightning.runtime.vlm_batch`) only concatenate what it produced. A
 second family is a second class with the same methods.
 """

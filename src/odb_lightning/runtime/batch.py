@@ -182,7 +182,7 @@ def pad_collate(
         and ``labels`` (``-100`` on padding; ``input_ids`` where a sample has none),
         each a long ``[batch, longest]``. Padding is on the right only, so a causal
         model computes the real tokens' states without the mask
-        (:class:`~odb_lightning.lit.module.CausalLMModule` leaves it out).
+        (:class:`~odb_lightning.lit.model.module.CausalLMModule` leaves it out).
     """
     longest = round_up(max(s["input_ids"].numel() for s in samples), pad_to_multiple_of)
     # int64 whatever the samples hold: a narrower first sample would wrap the others' ids.

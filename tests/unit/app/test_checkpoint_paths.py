@@ -116,7 +116,7 @@ def test_auto_keeps_the_run_directory_and_a_requeued_slurm_job_finds_its_own() -
 def test_a_sharded_directory_under_a_single_file_strategy_names_the_fix(tmp_path: Path) -> None:
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
-    from odb_lightning.lit.fsdp2 import FSDP2Strategy
+    from odb_lightning.lit.model.fsdp2 import FSDP2Strategy
 
     directory = tmp_path / "epoch0-step3.ckpt"
     directory.mkdir()

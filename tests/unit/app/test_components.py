@@ -9,14 +9,14 @@ from omegaconf import OmegaConf
 from helpers.configs import ComposeConfig
 from odb_lightning.app.components import build_callbacks, build_parts, launched_world
 from odb_lightning.app.validation import ConfigError
-from odb_lightning.lit.counters import StepCounters
-from odb_lightning.lit.id_audit import IdAudit
-from odb_lightning.lit.length_mix import StepLengthMix
-from odb_lightning.lit.memory import MemoryWarmup
-from odb_lightning.lit.progress import ODBProgressBar
-from odb_lightning.lit.step_metrics import StepMetricsCallback
-from odb_lightning.lit.summary import SummaryBuilder
-from odb_lightning.lit.supervision import SupervisionCheck
+from odb_lightning.lit.callbacks.counters import StepCounters
+from odb_lightning.lit.callbacks.id_audit import IdAudit
+from odb_lightning.lit.callbacks.length_mix import StepLengthMix
+from odb_lightning.lit.callbacks.progress import ODBProgressBar
+from odb_lightning.lit.callbacks.step_metrics import StepMetricsCallback
+from odb_lightning.lit.callbacks.summary import SummaryBuilder
+from odb_lightning.lit.callbacks.supervision import SupervisionCheck
+from odb_lightning.lit.memory.warmup import MemoryWarmup
 
 
 @pytest.mark.parametrize(

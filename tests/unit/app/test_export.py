@@ -33,7 +33,7 @@ from odb_lightning.app.export import (
     save_tokenizer,
 )
 from odb_lightning.data import HFTokenizer, QwenTokenizer, export_hf_tokenizer
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.module import CausalLMModule
 
 LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0}  # every attention and MLP projection
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -10,7 +10,7 @@ import pytest
 from helpers.configs import ComposeConfig
 from odb_lightning.app.components import build_parts
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.token_target import few_groups_advice
+from odb_lightning.lit.model.token_target import few_groups_advice
 
 
 def test_a_budget_far_above_the_step_tokens_is_advised_against() -> None:

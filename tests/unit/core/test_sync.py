@@ -11,8 +11,8 @@ from odb_lightning.core.rows import PaddedRows
 from odb_lightning.core.simulate import simulate_epoch
 from odb_lightning.core.sync import group_cost, sync_figures
 from odb_lightning.core.types import Group, SampleInfo
-from odb_lightning.lit.counters import RankTotals
-from odb_lightning.lit.summary import summary_sync_figures
+from odb_lightning.lit.callbacks.counters import RankTotals
+from odb_lightning.lit.callbacks.summary import summary_sync_figures
 from odb_lightning.runtime.batch import make_step_meta
 
 

@@ -13,7 +13,7 @@ from odb_lightning.app.validation import ConfigError, validate_config
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import QwenTokenizer
 from odb_lightning.data.sizes import check_size, kept_records, validation_count
-from odb_lightning.lit.datamodule import ODBDataModule
+from odb_lightning.lit.data.datamodule import ODBDataModule
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from odb_lightning.data.sources.chitchat import chitchat_source
 from odb_lightning.data.sources.llava import llava_source
 from odb_lightning.data.sources.sharegpt import sharegpt_source
 from odb_lightning.data.sources.source_records import SourceReader, SourceRecords
-from odb_lightning.lit.resume_state import data_identity
+from odb_lightning.lit.data.resume_state import data_identity
 
 TURNS = [{"role": "human", "content": "hi"}, {"role": "gpt", "content": "yo"}]
 

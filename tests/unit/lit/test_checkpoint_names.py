@@ -11,7 +11,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from helpers.configs import ComposeConfig
-from odb_lightning.lit.checkpointing import (
+from odb_lightning.lit.callbacks.checkpointing import (
     AtomicLinkModelCheckpoint,
     ckpt_path_override,
     stop_checkpoint_name,

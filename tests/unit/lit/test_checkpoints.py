@@ -17,8 +17,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from odb_lightning.app.checkpoints import NoValidCheckpointError, resolve_resume_checkpoint
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.checkpointing import AtomicLinkModelCheckpoint, replace_link
-from odb_lightning.lit.resume_state import (
+from odb_lightning.lit.callbacks.checkpointing import AtomicLinkModelCheckpoint, replace_link
+from odb_lightning.lit.data.resume_state import (
     batching_settings,
     pack_state,
     resume_changes,

@@ -16,7 +16,7 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
-from odb_lightning.lit.graceful_stop import (
+from odb_lightning.lit.callbacks.graceful_stop import (
     GracefulStop,
     launched_child,
     reap_children,

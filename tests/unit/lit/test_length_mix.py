@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from odb_lightning.lit.length_mix import StepLengthMix, length_cv
+from odb_lightning.lit.callbacks.length_mix import StepLengthMix, length_cv
 
 
 def batch(*lengths: int, idle: bool = False) -> SimpleNamespace:

@@ -31,7 +31,7 @@ from helpers.tiny_lm import (
     tiny_module,
     union_gradient,
 )
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
 
 ARGUMENTS = {"loss_chunk_tokens": 5, "lr": 1e-3}

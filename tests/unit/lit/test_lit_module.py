@@ -23,11 +23,11 @@ from helpers.tiny_lm import (
     seeded_samples,
     tiny_module,
 )
-from odb_lightning.lit.flops import flops_per_token
-from odb_lightning.lit.lm_head import chunked_lm_loss
-from odb_lightning.lit.lr_schedule import LRSchedule, lr_factor
-from odb_lightning.lit.model_config import Architecture
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.config import Architecture
+from odb_lightning.lit.model.flops import flops_per_token
+from odb_lightning.lit.model.lm_head import chunked_lm_loss
+from odb_lightning.lit.model.lr_schedule import LRSchedule, lr_factor
+from odb_lightning.lit.model.module import CausalLMModule
 
 
 def padded_batch(
@@ -262,8 +262,8 @@ def test_the_vocabulary_the_loaders_check_is_the_architectures(tmp_path: Path) -
 def test_the_modules_take_their_configuration_by_concern() -> None:
     import inspect
 
-    from odb_lightning.lit import module as module_file
-    from odb_lightning.lit.vlm_module import VisionLanguageModule
+    from odb_lightning.lit.model import module as module_file
+    from odb_lightning.lit.model.vlm_module import VisionLanguageModule
 
     for cls in (CausalLMModule, VisionLanguageModule):
         parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]

@@ -12,15 +12,15 @@ from lightning.pytorch.plugins.precision import Precision
 
 from helpers.tiny_lm import tiny_module
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.lit.memory import ALLOCATOR_ENV, MemoryWarmup, enable_expandable_segments
-from odb_lightning.lit.memory_probe import (
+from odb_lightning.lit.memory.probe import (
     GIB,
     SavedTensorsProbe,
     StepShape,
     run_shape,
     worst_case_shapes,
 )
-from odb_lightning.lit.memory_report import MemoryBudgetError, format_bytes
+from odb_lightning.lit.memory.report import MemoryBudgetError, format_bytes
+from odb_lightning.lit.memory.warmup import ALLOCATOR_ENV, MemoryWarmup, enable_expandable_segments
 
 MAX_SEQ_LEN = 64
 
@@ -228,7 +228,7 @@ def test_planned_modes_are_checked_at_the_runs_lengths_and_every_planned_batch_f
     and padded tokens)."""
     import random
 
-    from odb_lightning.lit.planned_mode import epoch_plan
+    from odb_lightning.lit.data.planned_mode import epoch_plan
 
     rng = random.Random(0)
     lengths = [min(900, max(12, int(rng.lognormvariate(5.0, 0.8)))) for _ in range(600)]

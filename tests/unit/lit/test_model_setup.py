@@ -9,8 +9,8 @@ import torch
 
 from helpers.configs import ComposeConfig
 from helpers.tiny_lm import module_arguments, tiny_module
-from odb_lightning.lit.model_config import FinetuningMethod, LoraSettings, ModelDType
-from odb_lightning.lit.model_setup import check_master_weights, data_parallel_mesh
+from odb_lightning.lit.model.config import FinetuningMethod, LoraSettings, ModelDType
+from odb_lightning.lit.model.setup import check_master_weights, data_parallel_mesh
 
 Finetuning = FinetuningMethod
 
@@ -92,7 +92,7 @@ def test_the_model_is_built_by_configure_model_once() -> None:
     model = module.model
     module.configure_model()  # Lightning may call it again (fit, then validate)
     assert module.model is model
-    from odb_lightning.lit.module import CausalLMModule
+    from odb_lightning.lit.model.module import CausalLMModule
 
     with pytest.raises(RuntimeError, match="configure_model"):
         CausalLMModule(**module_arguments(vocab_size=64, hidden_size=16, num_attention_heads=2))(
@@ -126,7 +126,7 @@ def test_gradient_checkpointing_recomputes_without_changing_the_gradient(monkeyp
 
 
 def test_enum_arguments_name_their_key() -> None:
-    from odb_lightning.lit.module import CausalLMModule
+    from odb_lightning.lit.model.module import CausalLMModule
 
     with pytest.raises(
         ValueError, match=r"^model.finetuning.method must be one of full, lora, got 'lorax'"

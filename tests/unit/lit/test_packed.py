@@ -11,9 +11,9 @@ from torch import Tensor
 from helpers.tiny_lm import VOCAB, grads_of, loss_tokens, rel_err, seeded_samples, tiny_module
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import QwenTokenizer
-from odb_lightning.lit.attention_inputs import body_inputs
-from odb_lightning.lit.datamodule import ODBDataModule
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.data.datamodule import ODBDataModule
+from odb_lightning.lit.model.attention_inputs import body_inputs
+from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import StepMeta, idle_sample, pack_collate, pad_collate
 from odb_lightning.sample import IGNORE_INDEX
 

@@ -7,7 +7,7 @@ import io
 import pytest
 from tqdm import tqdm
 
-from odb_lightning.lit.progress import SteadyRateTqdm
+from odb_lightning.lit.callbacks.progress import SteadyRateTqdm
 
 
 class FakeClock:

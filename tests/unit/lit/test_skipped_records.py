@@ -16,9 +16,9 @@ from odb_lightning.app.components import build_data
 from odb_lightning.app.validation import validate_config
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data import QwenTokenizer
-from odb_lightning.lit.datamodule import ODBDataModule
+from odb_lightning.lit.data.datamodule import ODBDataModule
+from odb_lightning.lit.data.skipped_records import NO_ASSISTANT_TURN, SKIPPED_RECORDS_FILE
 from odb_lightning.lit.run_context import RunContext
-from odb_lightning.lit.skipped_records import NO_ASSISTANT_TURN, SKIPPED_RECORDS_FILE
 
 
 def chat(record_id: object, *, answer: bool = True) -> dict:

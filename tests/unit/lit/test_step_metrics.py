@@ -8,8 +8,8 @@ from torch.utils.data import DataLoader
 
 from helpers.metered import CONFIG, MeteredModule, metered_batches
 from helpers.tiny_lm import hand_over, quiet_trainer
-from odb_lightning.lit.flops import ModelFlops, peak_bf16_flops
-from odb_lightning.lit.step_metrics import StepMetricsCallback, Window, reduce_windows
+from odb_lightning.lit.callbacks.step_metrics import StepMetricsCallback, Window, reduce_windows
+from odb_lightning.lit.model.flops import ModelFlops, peak_bf16_flops
 
 # Lengths of a few steps (None: IDLE) and their hand counts under CONFIG.
 STEPS = [[3, 5], None, [7], [2, 2, 2]]

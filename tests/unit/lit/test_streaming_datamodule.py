@@ -11,7 +11,7 @@ import pytest
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.stream import stream_fingerprint, write_chat_stream
-from odb_lightning.lit.datamodule import ODBDataModule
+from odb_lightning.lit.data.datamodule import ODBDataModule
 
 FIXED = {"shard_dealing": "fixed", "token_budget": 4096}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from odb_lightning.lit.summary_table import print_summary
+from odb_lightning.lit.callbacks.summary_table import print_summary
 
 
 def table_rows(summary: dict) -> dict[str, str]:

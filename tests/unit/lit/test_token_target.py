@@ -28,7 +28,7 @@ from helpers.tiny_lm import (
     union_gradient,
 )
 from odb_lightning.core.loss_weights import token_target_boundaries
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch
 
 TOKENS_PER_STEP = 12

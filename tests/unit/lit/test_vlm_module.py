@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from helpers.vlm import model_sample, tiny_vlm, tiny_vlm_arguments
 from odb_lightning.core.rows import PaddedRows
-from odb_lightning.lit.vlm_module import VisionLanguageModule, fold_vlm_ids
+from odb_lightning.lit.model.vlm_module import VisionLanguageModule, fold_vlm_ids
 from odb_lightning.runtime.batch import build_step_meta, idle_samples, pack_collate, pad_collate
 
 # (image sizes, prompt tokens, answer tokens, seed): two images, one, none, one.

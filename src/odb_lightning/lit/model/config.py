@@ -260,7 +260,7 @@ class StepPolicy:
 
     tokens_per_step: int | None = None
     """Step the optimizer once the global supervised tokens since the last step reach this
-    (token-target steps, :mod:`odb_lightning.lit.token_target`); ``None`` steps every
+    (token-target steps, :mod:`odb_lightning.lit.model.token_target`); ``None`` steps every
     ``trainer.accumulate_grad_batches`` micro-batches. Build each step from several
     groups, or its samples are of nearly one length and quality drops as under sorted
     batches: a ``batching.token_budget`` at or below the step's supervised tokens, with

@@ -13,7 +13,7 @@ from odb_lightning.core.order import epoch_permutation
 from odb_lightning.data.sizes import validation_count
 
 EVALUATION_SPLITS = ("val", "train", "all")
-"""What :meth:`~odb_lightning.lit.datamodule.ODBDataModule.evaluation_loader` evaluates:
+"""What :meth:`~odb_lightning.lit.data.datamodule.ODBDataModule.evaluation_loader` evaluates:
 the held-out records, the training records, or every record read."""
 
 

@@ -1,8 +1,8 @@
 """The run summary (``summary.json``, whose keys ``docs/summary.md`` defines): one builder
 that collects from the providers the app hands it, on every rank at the end of training.
 
-The providers are typed (:mod:`odb_lightning.lit.run_report`): the step counters, the data
-module's :class:`~odb_lightning.lit.run_report.RunReport`, the module's parameter counts
+The providers are typed (:mod:`odb_lightning.lit.callbacks.run_report`): the step counters, the data
+module's :class:`~odb_lightning.lit.callbacks.run_report.RunReport`, the module's parameter counts
 and compile report, and callbacks with entries of their own. Their gathers are
 collectives, so every rank builds the summary; rank 0's copy is the one the app writes.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from odb_lightning.lit.counters import RankTotals, StepCounters
-from odb_lightning.lit.rank_gather import gather_rows
-from odb_lightning.lit.run_report import (
+from odb_lightning.lit.callbacks.counters import RankTotals, StepCounters
+from odb_lightning.lit.callbacks.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.run_report import (
     AddsToSummary,
     CountsParameters,
     LoaderCounters,
@@ -28,7 +28,7 @@ from odb_lightning.lit.run_report import (
     ReportsRun,
     RunReport,
 )
-from odb_lightning.lit.summary_table import is_fixed_size
+from odb_lightning.lit.callbacks.summary_table import is_fixed_size
 from odb_lightning.runtime.resume import gather_objects
 
 

@@ -2,8 +2,8 @@
 a token budget that does not fit fails at step 0 with a budget that would, not hours in on
 the epoch's worst batch; and ``batching.token_budget=auto``, the largest budget that fits.
 
-What is run and how its memory is read is :mod:`odb_lightning.lit.memory_probe`; what
-the peaks say against the capacity, and the errors, :mod:`odb_lightning.lit.memory_report`;
+What is run and how its memory is read is :mod:`odb_lightning.lit.memory.probe`; what
+the peaks say against the capacity, and the errors, :mod:`odb_lightning.lit.memory.report`;
 this module runs the check at fit start, extrapolates a budget that fits, and hands a
 resolved ``auto`` budget to whoever applies it (the data module, wired by the app).
 """
@@ -24,7 +24,7 @@ from typing_extensions import override
 
 from odb_lightning.core.config import TOKEN_BUDGET_AUTO, BatchingConfig
 from odb_lightning.core.rows import ImageExtent, LengthRange
-from odb_lightning.lit.memory_probe import (
+from odb_lightning.lit.memory.probe import (
     GIB,
     CappedProbe,
     CudaMemoryProbe,
@@ -34,7 +34,7 @@ from odb_lightning.lit.memory_probe import (
     run_shape,
     worst_case_shapes,
 )
-from odb_lightning.lit.memory_report import (
+from odb_lightning.lit.memory.report import (
     BUDGET_QUANTUM,
     MemoryBudgetError,
     ShapeMeasurement,
@@ -80,15 +80,15 @@ class MemoryWarmup(pl.Callback):
         max_seq_len: The run's ``data.max_seq_len``.
         vocab_size: Rows of the model's input embedding: the warm-up draws ids below it.
         apply_token_budget: Takes the budget ``auto`` resolved to (the data module's
-            :meth:`~odb_lightning.lit.datamodule.ODBDataModule.apply_token_budget`);
+            :meth:`~odb_lightning.lit.data.datamodule.ODBDataModule.apply_token_budget`);
             required with ``token_budget=auto``.
         length_range: The shortest and longest training sample where the data module's
             length pass measured them (its
-            :meth:`~odb_lightning.lit.datamodule.ODBDataModule.length_range`, read at fit
+            :meth:`~odb_lightning.lit.data.datamodule.ODBDataModule.length_range`, read at fit
             start): the planned modes' steps are checked at the lengths the run has.
         largest_image: The largest image of an image-text run (the data module's
-            :meth:`~odb_lightning.lit.vlm_datamodule.VisionDataModule.largest_image`):
-            its steps are checked too (:func:`~odb_lightning.lit.memory_probe.image_shapes`).
+            :meth:`~odb_lightning.lit.data.vlm_datamodule.VisionDataModule.largest_image`):
+            its steps are checked too (:func:`~odb_lightning.lit.memory.probe.image_shapes`).
     """
 
     def __init__(

@@ -20,8 +20,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from odb_lightning.core.loss_weights import gradient_scale, rank_loss_scale
-from odb_lightning.lit.idle_steps import zero_weight
-from odb_lightning.lit.token_target import (
+from odb_lightning.lit.model.idle_steps import zero_weight
+from odb_lightning.lit.model.token_target import (
     HOLD_ACCUMULATE_GRAD_BATCHES,
     check_token_target_trainer,
     check_tokens_per_step,
@@ -75,12 +75,12 @@ class TokenWeightedLossMixin(pl.LightningModule):
 
     Args:
         tokens_per_step: Step the optimizer once the global supervised tokens since the
-            last step reach this (:mod:`odb_lightning.lit.token_target`; needs
+            last step reach this (:mod:`odb_lightning.lit.model.token_target`; needs
             ``ODBBatch`` batches and ``trainer.accumulate_grad_batches=1``); ``None``
             steps every ``trainer.accumulate_grad_batches`` micro-batches.
     """
 
-    weights_idle_steps = True  # see odb_lightning.lit.idle_steps
+    weights_idle_steps = True  # see odb_lightning.lit.model.idle_steps
 
     def __init__(self, *args: object, tokens_per_step: int | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)

@@ -10,7 +10,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from odb_lightning.data import ChatDataset
-from odb_lightning.lit.run_report import NoSupervisedTokensError
+from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
 
 
 def count_train_records(

@@ -4,7 +4,7 @@ gradient collective stays aligned across ranks, and its loss counts zero.
 The LightningModule is the one place that weights them, because it is what every
 strategy runs (DDP, FSDP2, FSDP, DeepSpeed): the dummy goes through the whole model, so
 each all-reduce, all-gather and reduce-scatter of the step is issued on every rank.
-:class:`~odb_lightning.lit.loss.TokenWeightedLossMixin` does it; a module of one's own
+:class:`~odb_lightning.lit.model.loss.TokenWeightedLossMixin` does it; a module of one's own
 returns :func:`zero_weight` of its loss when ``batch.meta.is_idle`` and sets
 ``weights_idle_steps = True``.
 """
@@ -42,6 +42,6 @@ def check_weights_idle_steps(module: Any) -> None:
         raise TypeError(
             f"{type(module).__name__} does not weight IDLE batches 0: with several ranks the "
             "ODB loader gives a rank whose shard is exhausted one-token dummy batches "
-            "(batch.meta.is_idle). Subclass odb_lightning.lit.loss.TokenWeightedLossMixin, "
+            "(batch.meta.is_idle). Subclass odb_lightning.lit.model.loss.TokenWeightedLossMixin, "
             "or return zero_weight(loss) for them and set weights_idle_steps = True"
         )

@@ -2,7 +2,7 @@
 capacity (:class:`WarmupReport`), the error that stops a budget that does not fit, naming
 one that would (:func:`check_fits`, :func:`fitting_budget`), and why
 ``batching.token_budget=auto`` cannot be resolved where it is refused
-(:func:`auto_refusal`). The callback that measures is :mod:`odb_lightning.lit.memory`.
+(:func:`auto_refusal`). The callback that measures is :mod:`odb_lightning.lit.memory.warmup`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from odb_lightning.lit.memory_probe import GIB, StepShape
+from odb_lightning.lit.memory.probe import GIB, StepShape
 
 BUDGET_QUANTUM = 256
 """``token_budget=auto`` and the suggested budgets are multiples of this many tokens."""

@@ -3,7 +3,7 @@ samples/s and padding efficiency (from the step counters), MFU from each step's 
 shapes, tokens/s and samples/s per device, step and forward time mean/max over ranks;
 logged every few steps and in ``summary.json``.
 
-A step's model FLOPs come from its samples' own lengths (:class:`~odb_lightning.lit.flops.
+A step's model FLOPs come from its samples' own lengths (:class:`~odb_lightning.lit.model.flops.
 ModelFlops`): ``6 N`` per real token, attention within each sample, the LM head on the
 supervised tokens. Padding, attention across the samples of one row under a dense mask
 and IDLE dummy batches are work the device does, not model FLOPs, so they lower the MFU.
@@ -33,9 +33,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from odb_lightning.lit.counters import StepCounters
-from odb_lightning.lit.flops import ModelFlops, peak_bf16_flops
-from odb_lightning.lit.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.counters import StepCounters
+from odb_lightning.lit.callbacks.rank_gather import gather_rows
+from odb_lightning.lit.model.flops import ModelFlops, peak_bf16_flops
 
 
 class StepClock:
@@ -151,7 +151,7 @@ class StepMetricsCallback(pl.Callback):
     Args:
         log_every_n_steps: Training batches between logged windows (one all-gather each).
         peak_tflops: Dense bf16 peak of one device, TFLOP/s; ``None`` looks the device
-            name up in :data:`~odb_lightning.lit.flops.PEAK_BF16_FLOPS`.
+            name up in :data:`~odb_lightning.lit.model.flops.PEAK_BF16_FLOPS`.
         counters: The run's step counters (the app hands them), whose whole-run rates are
             logged (one reduction each time); ``None`` logs the windows only. They must
             count a step before this callback sees it (the counters come first in the

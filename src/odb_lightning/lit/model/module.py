@@ -17,12 +17,12 @@ from transformers import PreTrainedModel
 from typing_extensions import override
 
 from odb_lightning.core.nodes import plain
-from odb_lightning.lit.attention_inputs import body_inputs
-from odb_lightning.lit.lm_head import chunked_lm_loss, loss_token_mismatch
-from odb_lightning.lit.loss import TokenWeightedLossMixin
-from odb_lightning.lit.lr_schedule import WarmupSchedule
-from odb_lightning.lit.model_config import Architecture, Finetuning, ModelRuntime, StepPolicy
-from odb_lightning.lit.model_setup import build_model, compile_counts
+from odb_lightning.lit.model.attention_inputs import body_inputs
+from odb_lightning.lit.model.config import Architecture, Finetuning, ModelRuntime, StepPolicy
+from odb_lightning.lit.model.lm_head import chunked_lm_loss, loss_token_mismatch
+from odb_lightning.lit.model.loss import TokenWeightedLossMixin
+from odb_lightning.lit.model.lr_schedule import WarmupSchedule
+from odb_lightning.lit.model.setup import build_model, compile_counts
 from odb_lightning.lit.run_context import RunContext
 from odb_lightning.runtime.batch import ODBBatch, StepMeta
 from odb_lightning.sample import IGNORE_INDEX
@@ -98,10 +98,10 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
 
     Builds a random init of ``architecture`` (any ``transformers`` model type) or loads its
     ``pretrained_path``, in :meth:`configure_model`, which the trainer calls on the
-    training device (deferred and sharded under FSDP2: :mod:`~odb_lightning.lit.model_setup`);
+    training device (deferred and sharded under FSDP2: :mod:`~odb_lightning.lit.model.setup`);
     without a trainer, call it once yourself. The decoder body gets every input but
-    ``labels`` (:func:`~odb_lightning.lit.attention_inputs.body_inputs`); the LM head scores
-    only supervised positions (:func:`~odb_lightning.lit.lm_head.chunked_lm_loss`).
+    ``labels`` (:func:`~odb_lightning.lit.model.attention_inputs.body_inputs`); the LM head scores
+    only supervised positions (:func:`~odb_lightning.lit.model.lm_head.chunked_lm_loss`).
 
     The hyperparameters saved in checkpoints are the arguments as plain nodes
     (:func:`~odb_lightning.core.nodes.plain`), which ``hydra.utils.instantiate`` turns back
@@ -113,15 +113,15 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
             vectors (never decayed).
         scheduler: ``model.scheduler``, a partial LR scheduler called with the optimizer
             and stepped once per optimizer step (a
-            :class:`~odb_lightning.lit.lr_schedule.WarmupSchedule` learns the run's length
+            :class:`~odb_lightning.lit.model.lr_schedule.WarmupSchedule` learns the run's length
             at the start when it needs one).
-        architecture: What is built (:class:`~odb_lightning.lit.model_config.Architecture`;
+        architecture: What is built (:class:`~odb_lightning.lit.model.config.Architecture`;
             ``None``: its defaults, as for the other concerns).
-        finetuning: Which weights train (:class:`~odb_lightning.lit.model_config.Finetuning`).
+        finetuning: Which weights train (:class:`~odb_lightning.lit.model.config.Finetuning`).
         runtime: Dtypes, compile, activation checkpointing
-            (:class:`~odb_lightning.lit.model_config.ModelRuntime`).
+            (:class:`~odb_lightning.lit.model.config.ModelRuntime`).
         step: Token-target steps and the LM-head chunk
-            (:class:`~odb_lightning.lit.model_config.StepPolicy`).
+            (:class:`~odb_lightning.lit.model.config.StepPolicy`).
         run: The run's facts; the sample-budget cosine reads its training sample count.
     """
 
@@ -172,7 +172,7 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
 
     def checked_vocab_size(self) -> int | None:
         """The vocabulary the loaders check token ids against
-        (:meth:`~odb_lightning.lit.model_config.Architecture.checked_vocab_size`)."""
+        (:meth:`~odb_lightning.lit.model.config.Architecture.checked_vocab_size`)."""
         return self.architecture.checked_vocab_size()
 
     @override
@@ -203,8 +203,8 @@ class CausalLMModule(TokenWeightedLossMixin, pl.LightningModule):
         With the step's ``meta`` (an :class:`ODBBatch` from this package's
         collates, in any row layout), the padded batch runs without its attention mask and the LM
         head gathers the supervised rows by the metadata's count, both without a host
-        sync (:func:`~odb_lightning.lit.attention_inputs.body_inputs`,
-        :func:`~odb_lightning.lit.lm_head.chunked_lm_loss`); the count is checked lazily,
+        sync (:func:`~odb_lightning.lit.model.attention_inputs.body_inputs`,
+        :func:`~odb_lightning.lit.model.lm_head.chunked_lm_loss`); the count is checked lazily,
         once per optimizer step.
         """
         if "labels" not in inputs:

@@ -1,5 +1,5 @@
-"""What the summary builder (:mod:`odb_lightning.lit.summary`) collects, and from whom: the
-data module's report of the run (:class:`RunReport`), the LightningModule's parameter
+"""What the summary builder (:mod:`odb_lightning.lit.callbacks.summary`) collects, and from
+whom: the data module's report of the run (:class:`RunReport`), the LightningModule's parameter
 counts (:class:`ParameterCounts`) and compile report, and callbacks' own entries. The app
 hands the builder each provider; nothing is looked up through the trainer."""
 

@@ -23,30 +23,30 @@ from odb_lightning.data.record_table import RecordCache, default_record_cache_di
 from odb_lightning.data.sizes import check_size, records_to_read
 from odb_lightning.data.stream import ChatStream, StreamedChatDataset, convert_jsonl_stream
 from odb_lightning.data.template import resolve_template_name
-from odb_lightning.lit.chat_source import ChatSource
-from odb_lightning.lit.evaluation_split import hold_out, split_indices, without_augmentation
-from odb_lightning.lit.loaders import JobChannel, LightningLoader, TrainOrder, TrainShard
-from odb_lightning.lit.planned_mode import epoch_plan, in_order_plan
-from odb_lightning.lit.resume_state import (
+from odb_lightning.lit.callbacks.run_report import RunReport
+from odb_lightning.lit.data.chat_source import ChatSource
+from odb_lightning.lit.data.evaluation_split import hold_out, split_indices, without_augmentation
+from odb_lightning.lit.data.loaders import JobChannel, LightningLoader, TrainOrder, TrainShard
+from odb_lightning.lit.data.planned_mode import epoch_plan, in_order_plan
+from odb_lightning.lit.data.resume_state import (
     batching_settings,
     data_identity,
     pack_state,
     resume_changes,
     unpack_state,
 )
-from odb_lightning.lit.run_context import RunContext
-from odb_lightning.lit.run_report import RunReport
-from odb_lightning.lit.skipped_records import (
+from odb_lightning.lit.data.skipped_records import (
     rejected_entries,
     report_skipped_records,
     unsupervised_entries,
 )
-from odb_lightning.lit.streaming import check_streaming
-from odb_lightning.lit.train_records import (
+from odb_lightning.lit.data.streaming import check_streaming
+from odb_lightning.lit.data.train_records import (
     count_train_records,
     no_records_error,
     no_supervision_error,
 )
+from odb_lightning.lit.run_context import RunContext
 from odb_lightning.runtime.loader import ODBLoader
 from odb_lightning.runtime.planned import PlanFn, PlannedLoader
 
@@ -95,7 +95,7 @@ class ODBDataModule(pl.LightningDataModule):
         run: The run's context (from the app): the vocabulary the loaders check token ids
             against, the training sample count this module fills at ``setup``, and the run
             directory, where ``skipped_records.jsonl`` names the records read but not
-            trained on (:mod:`odb_lightning.lit.skipped_records`). ``None``: no vocabulary
+            trained on (:mod:`odb_lightning.lit.data.skipped_records`). ``None``: no vocabulary
             check, a count of its own, and no file.
         max_samples_from: What set ``max_samples``, named (with how to read every record)
             in the warning that a file was read only in part: ``debug=smoke`` when the app

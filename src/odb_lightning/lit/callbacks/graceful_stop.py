@@ -54,7 +54,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
-from odb_lightning.lit.checkpointing import replace_link, stop_checkpoint_name
+from odb_lightning.lit.callbacks.checkpointing import replace_link, stop_checkpoint_name
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from odb_lightning.lit.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.rank_gather import gather_rows
 
 
 @dataclass

@@ -28,8 +28,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from odb_lightning.lit.lora import add_lora, reset_lora
-from odb_lightning.lit.model_config import FinetuningMethod, ModelDType
+from odb_lightning.lit.model.config import FinetuningMethod, ModelDType
+from odb_lightning.lit.model.lora import add_lora, reset_lora
 
 
 def count_parameters(model: nn.Module, finetuning: FinetuningMethod) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.rows import ImageExtent, LengthRange, PackedRows, StepShape
-from odb_lightning.lit.attention_inputs import one_row_inputs
+from odb_lightning.lit.model.attention_inputs import warmup_batch
 
 GIB = 1024**3
 
@@ -98,16 +98,6 @@ def worst_case_shapes(
     if largest_image is None:
         return text
     return text + image_shapes(config, max_seq_len, largest_image)
-
-
-def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:
-    """Inputs of one warm-up step: random ids, every target supervised."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab_size, (shape.rows, shape.tokens), generator=generator)
-    inputs: dict[str, Any] = {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
-    if shape.one_row:
-        inputs |= one_row_inputs(shape.tokens, device)
-    return inputs
 
 
 class MemoryProbe(Protocol):

@@ -4,7 +4,7 @@ data-parallel size taken from the job (``devices x num_nodes``) and no tensor pa
 ``ModelParallelStrategy`` defaults to one data-parallel group per node and tensor
 parallelism across a node's devices; ODB gives every rank its own batches, so each rank
 is its own data-parallel replica. The module shards itself in ``configure_model``
-(:mod:`odb_lightning.lit.model_setup`).
+(:mod:`odb_lightning.lit.model.setup`).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from odb_lightning.lit.counters import StepCounters
-from odb_lightning.lit.rank_gather import gather_rows
-from odb_lightning.lit.run_report import NoSupervisedTokensError
+from odb_lightning.lit.callbacks.counters import StepCounters
+from odb_lightning.lit.callbacks.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
 
 
 class SupervisionCheck(pl.Callback):

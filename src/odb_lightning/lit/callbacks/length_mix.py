@@ -22,7 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from odb_lightning.lit.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.rank_gather import gather_rows
 
 
 def length_cv(lengths: list[int]) -> float | None:

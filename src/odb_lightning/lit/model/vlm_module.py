@@ -4,7 +4,7 @@ The batch carries ``pixel_values`` and ``image_grid_thw`` beside the tokens and 
 rotary ``position_ids`` (:mod:`odb_lightning.runtime.vlm_batch`); the model's own
 multimodal body (vision tower, merger, language model) turns them into hidden states and
 the chunked LM head scores the supervised positions, as in
-:class:`~odb_lightning.lit.module.CausalLMModule`. Image tokens are never supervised.
+:class:`~odb_lightning.lit.model.module.CausalLMModule`. Image tokens are never supervised.
 
 **The vision tower runs on every rank at every step.** A batch without an image (a
 text-only group, or an IDLE step's dummy) runs the tower on a tiny dummy image of zeros
@@ -26,9 +26,9 @@ from typing_extensions import override
 from odb_lightning.core.nodes import plain
 from odb_lightning.core.rows import StepShape
 from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
-from odb_lightning.lit.lm_head import chunked_lm_loss
-from odb_lightning.lit.memory_probe import warmup_batch
-from odb_lightning.lit.module import CausalLMModule
+from odb_lightning.lit.model.attention_inputs import warmup_batch
+from odb_lightning.lit.model.lm_head import chunked_lm_loss
+from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import pad_collate
 from odb_lightning.sample import IGNORE_INDEX, IMAGE_GRID_THW, MROPE_POSITIONS, PIXEL_VALUES
 
@@ -63,7 +63,7 @@ class VisionLanguageModule(CausalLMModule):
         family: The vision family (its model config, token ids and dummy pass), with the
             tokenizer's ids (:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.of_tokenizer`).
         vision: The vision tower of a random init; ``None``: its defaults.
-        **parts: :class:`~odb_lightning.lit.module.CausalLMModule` arguments (the text
+        **parts: :class:`~odb_lightning.lit.model.module.CausalLMModule` arguments (the text
             model and the training settings).
     """
 
@@ -140,7 +140,7 @@ class VisionLanguageModule(CausalLMModule):
 
         With the step's ``meta`` (a batch of this package's collates, right padded) the
         padded batch runs without its attention mask, as in
-        :class:`~odb_lightning.lit.module.CausalLMModule`: causal attention alone gives
+        :class:`~odb_lightning.lit.model.module.CausalLMModule`: causal attention alone gives
         the real tokens their states, and padding is never scored."""
         if "labels" not in inputs:
             raise ValueError(f"batch has no 'labels' (keys: {sorted(inputs)})")

@@ -1,6 +1,6 @@
 """``VisionDataModule``: image-text conversations, processed in the loader workers.
 
-Everything but the source is :class:`~odb_lightning.lit.datamodule.ODBDataModule`'s
+Everything but the source is :class:`~odb_lightning.lit.data.datamodule.ODBDataModule`'s
 (batching modes, sharding, resume, reporting); the samples carry their images
 (:class:`~odb_lightning.data.vision_dataset.VisionChatDataset`) and every collate of the
 runtime batches them (:mod:`odb_lightning.runtime.vlm_batch`).
@@ -24,8 +24,8 @@ from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
 from odb_lightning.data.vision_family import Qwen2VLFamily
-from odb_lightning.lit.chat_source import keep_records
-from odb_lightning.lit.datamodule import ODBDataModule
+from odb_lightning.lit.data.chat_source import keep_records
+from odb_lightning.lit.data.datamodule import ODBDataModule
 
 
 class VisionSource(StrEnum):

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from odb_lightning.core.rows import StepShape
+
 try:
     from transformers.utils.generic import is_flash_attention_requested
 except ImportError:  # transformers < 5: the flash backends are named flash_attention_*
@@ -81,3 +83,13 @@ def one_row_inputs(tokens: int, device: torch.device) -> dict[str, Any]:
         "cu_seqlens": torch.tensor([0, tokens], dtype=torch.int32, device=device),
         "max_seqlen": tokens,
     }
+
+
+def warmup_batch(shape: StepShape, vocab_size: int, device: torch.device) -> dict[str, Any]:
+    """Inputs of one warm-up step: random ids, every target supervised."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (shape.rows, shape.tokens), generator=generator)
+    inputs: dict[str, Any] = {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
+    if shape.one_row:
+        inputs |= one_row_inputs(shape.tokens, device)
+    return inputs

@@ -13,7 +13,7 @@ from typing_extensions import override
 
 RecordIds = Callable[[list[int]], Sequence[Any]]
 """The source's own ids of the records at some dataset indices
-(:meth:`~odb_lightning.lit.datamodule.ODBDataModule.record_ids`)."""
+(:meth:`~odb_lightning.lit.data.datamodule.ODBDataModule.record_ids`)."""
 
 
 class IdAudit(pl.Callback):

@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from odb_lightning.lit.run_report import NoSupervisedTokensError
+from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
 
 CHECKPOINT_FILENAME = "epoch{epoch}-step{step}"
 """Lightning ``ModelCheckpoint`` ``filename`` pattern (with ``auto_insert_metric_name``

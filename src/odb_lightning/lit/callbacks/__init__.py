@@ -1,0 +1,1 @@
+"""The callbacks and the run summary they feed."""

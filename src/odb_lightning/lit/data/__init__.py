@@ -1,0 +1,1 @@
+"""The data modules and what only they use."""

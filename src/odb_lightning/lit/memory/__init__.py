@@ -1,0 +1,1 @@
+"""The memory warm-up: worst-case step shapes, their probe and report."""
