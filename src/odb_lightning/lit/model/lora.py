@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import PreTrainedModel
 
-from odb_lightning.lit.model_config import LoraSettings
+from odb_lightning.lit.model.config import LoraSettings
 
 
 def add_lora(model: PreTrainedModel, settings: LoraSettings) -> nn.Module:
