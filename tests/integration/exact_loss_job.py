@@ -4,10 +4,10 @@ Started under torchrun (2 gloo ranks) once per session by the ``exact_loss_recor
 fixture (``tests/integration/conftest.py``). Each rank fits, one after the other in the
 same process group, every module of ``test_exact_loss_ddp.py`` (full fine-tuning and its
 control), ``test_exact_loss_vlm_ddp.py`` (an image-text model) and
-``test_exact_loss_sharded.py`` (LoRA and loss scaling under DDP, then full fine-tuning and
-LoRA under FSDP2), and writes each one's records into the output directory. One job
-instead of four: two ranks importing torch, Lightning and Transformers cost more than the
-seven tiny fits together.
+``test_exact_loss_sharded.py`` (LoRA under DDP, then full fine-tuning and LoRA under
+FSDP2), and writes each one's records into the output directory. One job instead of
+four: two ranks importing torch, Lightning and Transformers cost more than the six tiny
+fits together.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact token-weighted loss beyond plain DDP: FSDP2 shards, LoRA adapters, loss scaling.
+"""Exact token-weighted loss beyond plain DDP: FSDP2 shards, LoRA adapters.
 
 SPEC 3.3 again (``test_exact_loss_ddp.py`` holds it for full fine-tuning under DDP): an
 N-rank dynamic run with accumulation produces the gradient of one process on the union
@@ -8,10 +8,7 @@ batch (relative error <= 1e-5 in float64), here
   the LightningModule sharded, parameters and gradients ``DTensor`` shards), full
   fine-tuning and LoRA;
 - with LoRA adapters under DDP (only the adapters train; the frozen base weights are part
-  of the reference's parameters, the gradient is compared on the adapters only);
-- on the loss-scaling path that DeepSpeed takes (:attr:`GradientScaling.LOSS`: each loss
-  is scaled by ``W / N`` before backward, ``N`` from the step metadata's
-  ``global_loss_tokens``), forced under DDP with one micro-batch per optimizer step.
+  of the reference's parameters, the gradient is compared on the adapters only).
 
 The micro-batches are those of ``test_exact_loss_ddp.py``: local batch sizes differ
 between the ranks at every position, and rank 1's micro-batch 1 is IDLE with supervised
@@ -19,15 +16,15 @@ labels that must count for nothing.
 
 How it runs: in the session's one exact-loss job (``exact_loss_job.py``: 2 gloo ranks
 under torchrun, every fit one after the other in the same process group), the ``ddp``
-launch fits LoRA (accumulation 2) and the loss-scaling module (accumulation 1), the
-``fsdp2`` launch full fine-tuning and LoRA (accumulation 2). Each module trains with
-``SGD(lr=1)`` and no clipping and records, at every optimizer step, its whole parameters
-(FSDP2 shards gathered with ``full_tensor``) and the whole gradient of its trainable
-parameters after the mixin's ``1 / N`` scale, then its parameters after the last step. A
-step's gradient is checked as captured and as ``params_k - params_{k+1}`` (the update the
-optimizer applied) against the gradient of the global per-token mean over the union of
-that step's micro-batches, computed in the test process at the recorded ``params_k`` (so
-the initial weights need not match anything).
+launch fits LoRA, the ``fsdp2`` launch full fine-tuning and LoRA (accumulation 2 each).
+Each module trains with ``SGD(lr=1)`` and no clipping and records, at every optimizer
+step, its whole parameters (FSDP2 shards gathered with ``full_tensor``) and the whole
+gradient of its trainable parameters after the mixin's ``1 / N`` scale, then its
+parameters after the last step. A step's gradient is checked as captured and as
+``params_k - params_{k+1}`` (the update the optimizer applied) against the gradient of
+the global per-token mean over the union of that step's micro-batches, computed in the
+test process at the recorded ``params_k`` (so the initial weights need not match
+anything).
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from helpers.tiny_lm import (
-    fit_on_cpu,
     gathered_params,
     gathered_trainable_grad,
     hand_over,
@@ -57,7 +53,6 @@ from helpers.tiny_lm import (
     union_gradient,
 )
 from odb_lightning.lit.model.fsdp2 import FSDP2Strategy
-from odb_lightning.lit.model.loss import GradientScaling, check_loss_scaling_trainer
 from odb_lightning.lit.model.module import CausalLMModule
 
 MICRO_BATCHES = len(SAMPLES[0])
@@ -102,7 +97,6 @@ class ShardRecordingModule(CausalLMModule):
                 "params": params,
                 "grad": gathered_trainable_grad(self),
                 "grads_sharded": all(isinstance(p.grad, DTensor) for p in trainable),
-                "scaling": self._scaling,
             }
         )
 
@@ -121,19 +115,9 @@ class ShardRecordingModule(CausalLMModule):
         return DataLoader(rank_batches(self.global_rank), batch_size=None, collate_fn=hand_over)
 
 
-class LossScalingModule(ShardRecordingModule):
-    """Full fine-tuning on the loss-scaling path DeepSpeed takes, forced under DDP."""
-
-    @override
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self._scaling = GradientScaling.LOSS
-        check_loss_scaling_trainer(self.trainer, self.tokens_per_step)  # as on_fit_start does
-
-
 # Each launch: (module, finetuning, accumulate_grad_batches) fitted in this order.
 LAUNCHES: dict[str, list[tuple[type[ShardRecordingModule], str, int]]] = {
-    "ddp": [(ShardRecordingModule, "lora", 2), (LossScalingModule, "full", 1)],
+    "ddp": [(ShardRecordingModule, "lora", 2)],
     "fsdp2": [(ShardRecordingModule, "full", 2), (ShardRecordingModule, "lora", 2)],
 }
 
@@ -313,26 +297,3 @@ def test_lora_ddp_gradient_equals_union_batch_gradient(
     check_lora_layout(ranks[0]["layout"])
     errors = check_union_gradients(ranks, "lora", accumulate=2)
     print(f"ddp lora: relative errors per step {errors}")
-
-
-def test_loss_scaling_gradient_equals_union_batch_gradient(
-    ddp_records: dict[str, list[dict]],
-) -> None:
-    ranks = ddp_records[variant_name(LossScalingModule, "full")]
-    assert all(r["layout"]["ddp"] for r in ranks)
-    assert all(s["scaling"] is GradientScaling.LOSS for r in ranks for s in r["steps"])
-    # One optimizer step per micro-batch: step 1 is rank 1's IDLE one.
-    errors = check_union_gradients(ranks, "full", accumulate=1)
-    print(f"ddp loss scaling: relative errors per step {errors}")
-
-
-def test_loss_scaling_refuses_accumulation() -> None:
-    torch.manual_seed(0)
-    module = LossScalingModule("full")
-    batches = rank_batches(0)
-    with pytest.raises(ValueError, match=r"accumulate_grad_batches=1 .*\(got 2 and None\)"):
-        fit_on_cpu(module, batches, accumulate_grad_batches=2, max_steps=1)
-    trainer = quiet_trainer(accelerator="cpu", devices=1)
-    with pytest.raises(ValueError, match=r"model.step.tokens_per_step=null .*\(got 1 and 64\)"):
-        check_loss_scaling_trainer(trainer, tokens_per_step=64)
-    check_loss_scaling_trainer(trainer, tokens_per_step=None)  # one micro-batch a step: fine

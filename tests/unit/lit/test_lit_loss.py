@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -31,6 +32,7 @@ from helpers.tiny_lm import (
     tiny_module,
     union_gradient,
 )
+from odb_lightning.lit.model.fsdp2 import FSDP2Strategy
 from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch, StepMeta, idle_sample, pad_collate
 
@@ -213,3 +215,15 @@ def test_a_step_without_any_gradient_in_param_grad_raises() -> None:
     trainer = quiet_trainer(max_steps=1, callbacks=[DropGradients()], gradient_clip_val=None)
     with pytest.raises(RuntimeError, match="no trainable parameter has a gradient in param.grad"):
         trainer.fit(module, DataLoader(batches, batch_size=None, collate_fn=hand_over))
+
+
+def test_only_strategies_holding_every_gradient_in_param_grad_are_accepted() -> None:
+    # FSDP1 and DeepSpeed leave param.grad None outside a shard or entirely: 1 / N would
+    # scale nothing, so the mixin refuses them at fit start rather than train unscaled.
+    module = tiny_module(loss_chunk_tokens=4)
+    for strategy in (DDPStrategy(), SingleDeviceStrategy("cpu"), FSDP2Strategy()):
+        module.trainer = SimpleNamespace(strategy=strategy)
+        module.on_fit_start()
+    module.trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match="FSDPStrategy does not hold on every rank"):
+        module.on_fit_start()

@@ -2,8 +2,8 @@
 gradient collective stays aligned across ranks, and its loss counts zero.
 
 The LightningModule is the one place that weights them, because it is what every
-strategy runs (DDP, FSDP2, FSDP, DeepSpeed): the dummy goes through the whole model, so
-each all-reduce, all-gather and reduce-scatter of the step is issued on every rank.
+strategy runs (DDP, FSDP2): the dummy goes through the whole model, so each all-reduce,
+all-gather and reduce-scatter of the step is issued on every rank.
 :class:`~odb_lightning.lit.model.loss.TokenWeightedLossMixin` does it; a module of one's own
 returns :func:`zero_weight` of its loss when ``batch.meta.is_idle`` and sets
 ``weights_idle_steps = True``.

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import (
-    DDPStrategy,
-    DeepSpeedStrategy,
-    FSDPStrategy,
-    ModelParallelStrategy,
-    SingleDeviceStrategy,
-)
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from odb_lightning.core.loss_weights import gradient_scale, rank_loss_scale
+from odb_lightning.core.loss_weights import gradient_scale
 from odb_lightning.lit.model.idle_steps import zero_weight
 from odb_lightning.lit.model.token_target import (
     HOLD_ACCUMULATE_GRAD_BATCHES,
@@ -30,33 +23,23 @@ from odb_lightning.lit.model.token_target import (
 )
 from odb_lightning.runtime.batch import StepMeta
 
-
-class GradientScaling(StrEnum):
-    """Where ``1 / N`` is applied: to the accumulated gradients, or to each loss."""
-
-    GRADIENTS = "gradients"
-    LOSS = "loss"
-
-    @classmethod
-    def of(cls, strategy: object) -> GradientScaling:
-        """``loss`` under DeepSpeed, whose gradients live in its own buffers
-        (``param.grad`` stays ``None``); ``gradients`` under every other strategy."""
-        return cls.LOSS if isinstance(strategy, DeepSpeedStrategy) else cls.GRADIENTS
+# Strategies that give every rank a gradient of every trainable parameter in param.grad
+# (FSDP2 through ModelParallelStrategy: a DTensor, possibly of an empty shard).
+GRADIENTS_ON_EVERY_RANK = (DDPStrategy, SingleDeviceStrategy, ModelParallelStrategy)
 
 
-def check_loss_scaling_trainer(trainer: pl.Trainer, tokens_per_step: int | None) -> None:
-    """Scaling the loss by ``W / N`` needs ``N`` before backward: one micro-batch a step.
+def check_gradient_strategy(strategy: object) -> None:
+    """The ``1 / N`` scale multiplies ``param.grad``, which these strategies fill on every
+    rank; FSDP1 and DeepSpeed (refused by the app) keep gradients elsewhere.
 
     Raises:
-        ValueError: Accumulation or token-target steps under loss scaling.
+        ValueError: Any other strategy.
     """
-    if trainer.accumulate_grad_batches != 1 or tokens_per_step is not None:
+    if not isinstance(strategy, GRADIENTS_ON_EVERY_RANK):
         raise ValueError(
-            f"under {type(trainer.strategy).__name__} the gradients are not in param.grad, so "
-            "the exact token-weighted loss scales each loss by W / N, which needs N before "
-            "backward: set trainer.accumulate_grad_batches=1 and model.step.tokens_per_step=null "
-            f"(got {trainer.accumulate_grad_batches} and {tokens_per_step}), raise "
-            "batching.token_budget instead, or train with FSDP2 (trainer=gpu8_fsdp)"
+            f"TokenWeightedLossMixin scales the gradients in param.grad, which "
+            f"{type(strategy).__name__} does not hold on every rank: train with DDP, one "
+            "device or FSDP2 (trainer=gpu8, trainer=gpu8_fsdp)"
         )
 
 
@@ -68,9 +51,7 @@ class TokenWeightedLossMixin(pl.LightningModule):
     gradient by ``1 / N``, ``N`` being the global supervised-token count of the
     micro-batches since the last optimizer step (the algebra:
     :mod:`odb_lightning.core.loss_weights`; where ``N`` comes from, IDLE steps and the
-    hooks used: ``docs/design.md``, "How the loss rides on Lightning's hooks"). Under
-    DeepSpeed, whose gradients are not in ``param.grad``, each loss is scaled by
-    ``W / N`` instead (:class:`GradientScaling`; one micro-batch per step). Logged per
+    hooks used: ``docs/design.md``, "How the loss rides on Lightning's hooks"). Logged per
     optimizer step: ``train/loss`` (the global token-weighted mean) and ``lr``.
 
     Args:
@@ -92,10 +73,6 @@ class TokenWeightedLossMixin(pl.LightningModule):
         self._pending_local_tokens: int | None = None
         # This rank's summed token loss (detached) over the same micro-batches.
         self._pending_loss_sum: Tensor | None = None
-        self._scaling = GradientScaling.GRADIENTS  # decided in on_fit_start
-        # Every rank holds a gradient of every trainable parameter (decided in on_fit_start):
-        # only then may a rank conclude alone that gradients are missing.
-        self._gradients_on_every_rank = False
 
     def token_weighted_loss(
         self, loss_sum: Tensor, num_loss_tokens: int, meta: StepMeta | None = None
@@ -108,8 +85,7 @@ class TokenWeightedLossMixin(pl.LightningModule):
             meta: The step metadata of an ODB batch, or ``None`` for a plain batch.
 
         Returns:
-            ``loss_sum * W * accumulate_grad_batches``, or ``loss_sum * 0`` when IDLE;
-            under loss scaling ``loss_sum * W / N``.
+            ``loss_sum * W * accumulate_grad_batches``, or ``loss_sum * 0`` when IDLE.
 
         Raises:
             ValueError: If ``meta.local_loss_tokens`` disagrees with ``num_loss_tokens``
@@ -124,13 +100,6 @@ class TokenWeightedLossMixin(pl.LightningModule):
         detached = torch.zeros_like(loss_sum.detach()) if idle else loss_sum.detach()
         pending = self._pending_loss_sum
         self._pending_loss_sum = detached if pending is None else pending + detached
-        if self._scaling is GradientScaling.LOSS:
-            # One micro-batch per step (checked): N is this micro-batch's global count,
-            # summed over ranks here when the metadata lacks it (every rank, IDLE too).
-            global_tokens = sum(self._pending_loss_tokens) + self._reduce_local_tokens()
-            self._pending_loss_tokens = [global_tokens]
-            if not idle:
-                return loss_sum * rank_loss_scale(self.trainer.world_size, global_tokens)
         if idle:
             return zero_weight(loss_sum)
         # W undoes DDP's average over ranks (core algebra); accumulate_grad_batches undoes
@@ -147,8 +116,7 @@ class TokenWeightedLossMixin(pl.LightningModule):
         """
         total_tokens = sum(self._pending_loss_tokens) + self._reduce_local_tokens()
         scale = gradient_scale([total_tokens])
-        if self._scaling is GradientScaling.GRADIENTS:
-            self._scale_gradients(scale, total_tokens)
+        self._scale_gradients(scale, total_tokens)
         pending = self._pending_loss_sum
         local_sum = torch.zeros((), device=self.device) if pending is None else pending
         self._pending_loss_tokens = []
@@ -158,33 +126,16 @@ class TokenWeightedLossMixin(pl.LightningModule):
     def _scale_gradients(self, scale: float, total_tokens: int) -> None:
         trainable = [p for p in self.parameters() if p.requires_grad]
         grads = [p.grad for p in trainable if p.grad is not None]
-        if self._gradients_on_every_rank and trainable and not grads and total_tokens:
-            # The same on every rank under these strategies: no rank goes on alone.
+        if trainable and not grads and total_tokens:
+            # The same on every rank (GRADIENTS_ON_EVERY_RANK): no rank goes on alone.
             raise RuntimeError(
                 f"no trainable parameter has a gradient in param.grad at the optimizer step "
                 f"under {type(self.trainer.strategy).__name__}: the 1 / N scale of the exact "
-                "token-weighted loss cannot be applied (a strategy that keeps gradients in "
-                "its own buffers needs GradientScaling.LOSS)"
+                "token-weighted loss cannot be applied"
             )
         if grads:
             # One fused kernel launch per dtype and device, not one per parameter.
             torch._foreach_mul_(grads, scale)
-
-    @override
-    def configure_gradient_clipping(
-        self,
-        optimizer: Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Clip by norm under FSDP1 with the wrapped root's own ``clip_grad_norm_`` (the
-        norm over every shard; Lightning's FSDP precision plugin refuses ``norm``)."""
-        strategy = self.trainer.strategy
-        algorithm = gradient_clip_algorithm or "norm"
-        if isinstance(strategy, FSDPStrategy) and gradient_clip_val and algorithm == "norm":
-            strategy.model.clip_grad_norm_(gradient_clip_val)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @override
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
@@ -201,15 +152,7 @@ class TokenWeightedLossMixin(pl.LightningModule):
     @override
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        strategy = self.trainer.strategy
-        self._scaling = GradientScaling.of(strategy)
-        # FSDP (1) leaves param.grad None outside a rank's shard (a rank may hold no
-        # trainable element at all); DDP, one device and FSDP2 give every rank a gradient
-        # of every trainable parameter (FSDP2: a DTensor, possibly of an empty shard).
-        replicated = (DDPStrategy, SingleDeviceStrategy, ModelParallelStrategy)
-        self._gradients_on_every_rank = isinstance(strategy, replicated)
-        if self._scaling is GradientScaling.LOSS:
-            check_loss_scaling_trainer(self.trainer, self.tokens_per_step)
+        check_gradient_strategy(self.trainer.strategy)
         if self.tokens_per_step is not None:
             check_token_target_trainer(self.trainer)
 

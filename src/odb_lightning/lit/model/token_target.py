@@ -73,18 +73,12 @@ def check_token_target_trainer(trainer: pl.Trainer) -> None:
     """Refuse trainer settings that would fight over when the optimizer steps.
 
     Raises:
-        ValueError: If ``trainer.accumulate_grad_batches`` is not 1, or the strategy
-            accumulates gradients itself (DeepSpeed).
+        ValueError: If ``trainer.accumulate_grad_batches`` is not 1.
     """
     if trainer.accumulate_grad_batches != 1:
         raise ValueError(
             "model.step.tokens_per_step decides when the optimizer steps; set "
             f"trainer.accumulate_grad_batches=1 (got {trainer.accumulate_grad_batches})"
-        )
-    if trainer.strategy.handles_gradient_accumulation:
-        raise ValueError(
-            f"model.step.tokens_per_step is not supported with {type(trainer.strategy).__name__}, "
-            "which accumulates gradients itself"
         )
 
 
