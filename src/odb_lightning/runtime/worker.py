@@ -37,12 +37,6 @@ class MapDataset(Protocol):
     def __len__(self) -> int: ...
 
 
-class RecordDataset(MapDataset, Protocol):
-    """A dataset that also tokenizes records it is handed (streamed records)."""
-
-    def tokenize_record(self, record: Any, index: int) -> Any: ...
-
-
 def _tokenized(dataset: MapDataset, request: FetchRequest) -> Any:
     tokenize = getattr(dataset, "tokenize_record", None)
     if not callable(tokenize):

@@ -10,12 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import lightning.pytorch as pl
 import psutil
 import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+from typing_extensions import override
 
+from helpers.tiny_lm import hand_over, make_sample, pad, tiny_module
+from odb_lightning.lit.callbacks.checkpointing import AtomicLinkModelCheckpoint
 from odb_lightning.lit.callbacks.graceful_stop import (
     GracefulStop,
     launched_child,
@@ -118,3 +124,44 @@ def test_a_stopped_rank_of_lightnings_launcher_exits_0(
     stop._launched_child = launched_child(trainer)  # what on_train_start records
     assert stop.exit_code(signal.SIGTERM) == code
     assert stop.exit_code(signal.SIGINT) == (0 if code == 0 else 130)
+
+
+class SignalAtStep(pl.Callback):
+    """Sends this process SIGTERM once optimizer step ``step`` has run (listed before the
+    stop callback, whose hook then sees it at the same boundary)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("every_n_train_steps", [2, None])
+def test_the_stop_checkpoint_is_the_last_one_the_fit_writes(
+    tmp_path: Path, every_n_train_steps: int | None
+) -> None:
+    """Stopped after step 2, which the checkpoint callback would also save (every 2 steps,
+    or at the end of the epoch the stop cuts short): only the stop's checkpoint is written
+    and last.ckpt names it."""
+    stop = GracefulStop()
+    checkpoint = AtomicLinkModelCheckpoint(
+        dirpath=tmp_path, every_n_train_steps=every_n_train_steps, save_last="link"
+    )
+    batches = [pad([make_sample(7, 2, seed)]) for seed in range(6)]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[SignalAtStep(2), stop, checkpoint],
+    )
+    loader = DataLoader(batches, batch_size=None, collate_fn=hand_over)
+    trainer.fit(tiny_module(loss_chunk_tokens=4), train_dataloaders=loader)
+    assert (trainer.global_step, stop.stopped_by) == (2, signal.SIGTERM)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "stop-epoch0-step2.ckpt"]
+    assert (tmp_path / "last.ckpt").resolve() == stop.checkpoint

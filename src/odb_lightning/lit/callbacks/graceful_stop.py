@@ -242,11 +242,11 @@ class GracefulStop(Callback):
             replace_link(str(path), str(directory / "last.ckpt"))
         for callback in trainer.callbacks:
             if isinstance(callback, ModelCheckpoint):
-                # This step is saved: the checkpoint callback's epoch-end save skips it, and
-                # its end-of-fit save_last (which runs when it saved nothing itself) does
-                # not overwrite the last.ckpt link with a copy.
-                callback._last_global_step_saved = trainer.global_step
-                callback._last_checkpoint_saved = str(path)
+                # This step is saved and the fit ends after it: the checkpoint callback
+                # saves nothing more (its save of this step, or at the end of the epoch the
+                # stop cuts short, would re-link last.ckpt away from the stop checkpoint).
+                callback.save_top_k = 0
+                callback.save_last = callback.save_on_exception = False
         trainer.strategy.barrier("odb-graceful-stop")
         return path
 
