@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+import lightning.pytorch as pl
 import pytest
 from omegaconf import DictConfig
 
@@ -12,6 +13,7 @@ from helpers.configs import CONF, SWEEPS, ComposeConfig
 from odb_lightning.app.validation import ConfigError, instantiate_checked, validate_config
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES
+from odb_lightning.lit.model.loss import GRADIENTS_ON_EVERY_RANK
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
@@ -266,4 +268,14 @@ def test_an_unvalidated_strategy_is_refused_naming_the_tested_ones(
 def test_the_trainer_presets_pass_the_strategy_check(
     trainer: str, compose_cfg: ComposeConfig
 ) -> None:
-    validate_config(compose_cfg([f"trainer={trainer}"]))
+    """Each preset passes the start-up check, and what passed is a strategy the loss mixin
+    accepts: one that holds every gradient in param.grad on every rank."""
+    cfg = compose_cfg([f"trainer={trainer}"])
+    validate_config(cfg)
+    node = cfg.trainer.get("strategy")
+    if node is None:  # Lightning picks it: one CPU device here
+        assert (cfg.trainer.accelerator, cfg.trainer.devices) == ("cpu", 1)
+        strategy = pl.Trainer(accelerator="cpu", devices=1, logger=False).strategy
+    else:
+        strategy = hydra.utils.instantiate(node)
+    assert isinstance(strategy, GRADIENTS_ON_EVERY_RANK), type(strategy).__name__

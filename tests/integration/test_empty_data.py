@@ -21,6 +21,7 @@ from odb_lightning.lit.callbacks.checkpointing import (
     AtomicLinkModelCheckpoint,
     UntrainedCheckpointError,
 )
+from odb_lightning.lit.callbacks.run_report import RunReport
 from odb_lightning.lit.data.train_records import NoTrainingRecordsError
 
 EXAMPLE = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
@@ -49,9 +50,12 @@ def test_an_empty_jsonl_file_is_refused_before_training(tmp_path: Path) -> None:
     assert json.loads((run_dir / "failed.json").read_text())
 
 
-def _setup(compose_cfg: ComposeConfig, data: Path, *overrides: str) -> None:
+def _setup(compose_cfg: ComposeConfig, data: Path, *overrides: str) -> RunReport:
+    """The data module's report after ``setup``: what it read, kept and trains on."""
     cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={data}", *overrides])
-    build_parts(cfg, world_size=1, device="cpu").datamodule.setup("fit")
+    datamodule = build_parts(cfg, world_size=1, device="cpu").datamodule
+    datamodule.setup("fit")
+    return datamodule.run_report()
 
 
 def test_every_line_rejected_is_refused_naming_the_count(
@@ -77,7 +81,9 @@ def test_one_good_line_among_rejected_ones_trains(
     data = tmp_path / "mixed.jsonl"
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     data.write_text(f"not json\n{json.dumps(good)}\n")
-    _setup(compose_cfg, data, "batching.loader.on_bad_sample=skip")
+    facts = _setup(compose_cfg, data, "batching.loader.on_bad_sample=skip").facts
+    assert facts["source_records"] == {"read": 2, "dropped/bad_record": 1, "kept": 1}
+    assert (facts["train_samples"], facts["skipped_bad_records"]) == (1, 1)
 
 
 class _Nothing(IterableDataset):
