@@ -117,8 +117,9 @@ PIXEL_VALUES = "pixel_values"
 IMAGE_GRID_THW = "image_grid_thw"
 """Key of an image-text sample's patch grids: long ``[images, 3]``, ``(t, h, w)`` each."""
 MROPE_POSITIONS = "position_ids"
-"""Key of an image-text sample's rotary positions: long ``[4, L]`` (the text positions,
-then Qwen2-VL's temporal, height and width rows; see :mod:`odb_lightning.runtime.vlm_batch`)."""
+"""Key of an image-text sample's rotary positions: long ``[rows, L]``, row 0 the text
+positions and the rest as the vision family lays them out (M-RoPE: temporal, height and
+width); see :mod:`odb_lightning.runtime.vlm_batch`."""
 
 
 IMAGE_TOKENS = "num_image_tokens"

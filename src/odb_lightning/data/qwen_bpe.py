@@ -38,7 +38,7 @@ QWEN_ADDED_TOKENS = (
     "<|video_pad|>",
 )
 """Qwen2/2.5's added tokens in id order from 151,643 (the official tokenizer's
-``added_tokens``; Qwen2-VL frames images with the vision ones)."""
+``added_tokens``; the vision family frames images with the vision ones)."""
 QWEN_ADDED_IDS = {
     token: QWEN_SPECIAL_IDS[ENDOFTEXT] + k for k, token in enumerate(QWEN_ADDED_TOKENS)
 }

@@ -1,9 +1,10 @@
-"""Images as a Qwen2-VL-family model sees them: read, checked, resized and cut into patches.
+"""Images as an image-text model sees them: read, checked, resized and cut into patches.
 
-The image processor is ``transformers``' own Qwen2-VL one, PIL backend (no torchvision;
-:class:`~odb_lightning.data.vision_family.ImageProcessor`, built by the family):
-an image is resized to multiples of ``patch_size * merge_size`` (28 px) with its pixel
-count kept within ``[min_pixels, max_pixels]`` ("smart resize"), then cut into
+The image processor is the vision family's
+(:meth:`~odb_lightning.data.vision_family.VisionFamily.image_processor`). The default
+family's, at these settings' defaults, resizes an image to multiples of
+``patch_size * merge_size`` (28 px) with its pixel count kept within
+``[min_pixels, max_pixels]`` ("smart resize") and cuts it into
 ``grid_t x grid_h x grid_w`` patches of 14 x 14 px (``grid_t = 1`` for a still image;
 each patch row holds ``temporal_patch_size`` copies, ``3 * 2 * 14 * 14 = 1176`` values).
 The vision tower sees every patch; the merger joins ``merge_size x merge_size``
@@ -30,7 +31,7 @@ IMAGE_PLACEHOLDER = "<image>"
 @dataclass(frozen=True, slots=True)
 class VisionTokens:
     """Token ids that frame an image in ``input_ids``, the tokenizer's
-    (:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.of_tokenizer`).
+    (:func:`~odb_lightning.data.vision_family.vision_family_of`).
 
     An image becomes ``<|vision_start|> <|image_pad|> x n <|vision_end|>``; the model puts
     the vision tower's ``n`` merged features at the ``<|image_pad|>`` positions.
@@ -50,7 +51,7 @@ class ImageSettings:
     """How images are resized and cut (the ``data.images`` config).
 
     Attributes:
-        min_pixels: Smallest pixel count after the resize (Qwen2-VL: ``56 * 56``).
+        min_pixels: Smallest pixel count after the resize.
         max_pixels: Largest pixel count after the resize; it bounds one image's tokens
             (``max_pixels / 28**2``) and patches (``max_pixels / 14**2``).
         max_image_pixels: An image file with more pixels than this is refused before it
@@ -98,18 +99,6 @@ class ImageSettings:
     def patch_dim(self) -> int:
         """Values per patch row of ``pixel_values`` (3 channels x frames x patch area)."""
         return 3 * self.temporal_patch_size * self.patch_size**2
-
-    def resized(self, height: int, width: int) -> tuple[int, int]:
-        """The smart-resize target ``(height, width)`` of an image, the processor's own."""
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-        factor = self.patch_size * self.merge_size
-        return smart_resize(height, width, factor, self.min_pixels, self.max_pixels)
-
-    def grid(self, height: int, width: int) -> tuple[int, int, int]:
-        """``(grid_t, grid_h, grid_w)`` of an image of ``height x width`` pixels."""
-        resized_h, resized_w = self.resized(height, width)
-        return 1, resized_h // self.patch_size, resized_w // self.patch_size
 
 
 def image_token_count(grid_thw: Sequence[int] | torch.Tensor, merge_size: int = 2) -> int:

@@ -10,8 +10,8 @@ visual token is ever supervised (labels ``-100``).
 
 A sample carries ``input_ids``, ``labels``, ``pixel_values`` (float32 ``[patches, D]``),
 ``image_grid_thw`` (long ``[images, 3]``), both empty for a text-only sample, and its
-rotary ``position_ids`` (long ``[4, L]``, the family's position rule:
-:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.positions`).
+rotary ``position_ids`` (long ``[rows, L]``, row 0 the text positions; the family's
+position rule: :meth:`~odb_lightning.data.vision_family.VisionFamily.positions`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from odb_lightning.data.vision import (
     image_token_count,
     load_image,
 )
-from odb_lightning.data.vision_family import Qwen2VLFamily
+from odb_lightning.data.vision_family import VisionFamily, vision_family_of
 from odb_lightning.sample import (
     IGNORE_INDEX,
     IMAGE_GRID_THW,
@@ -66,7 +66,8 @@ class VisionChatDataset(ChatDataset):
             cut without changing its patches).
         images: Resize and patch settings.
         family: The vision family (its image processor, token ids and position rule);
-            ``None``: Qwen2-VL with ``tokenizer``'s ids.
+            ``None``: the registered family that fits ``tokenizer``, with its ids
+            (:func:`~odb_lightning.data.vision_family.vision_family_of`).
         image_root: Directory of relative image paths.
     """
 
@@ -76,14 +77,14 @@ class VisionChatDataset(ChatDataset):
         tokenizer: ChatTokenizer,
         max_seq_len: int,
         images: ImageSettings | None = None,
-        family: Qwen2VLFamily | None = None,
+        family: VisionFamily | None = None,
         image_root: str | Path | None = None,
         system_prompt: str | None = None,
     ) -> None:
-        # Qwen2-VL's conversations are ChatML, and the image blocks are placed in its layout.
+        # ChatML: tokenize_with_images places the image blocks in its layout.
         super().__init__(records, tokenizer, max_seq_len, system_prompt, template="chatml")
         self.images = images or ImageSettings()
-        self.family = family or Qwen2VLFamily.of_tokenizer(tokenizer)
+        self.family = family or vision_family_of(tokenizer)
         self.vision_tokens = self.family.tokens
         self.image_root = None if image_root is None else Path(image_root)
         self.processor = self.family.image_processor(self.images)
@@ -92,7 +93,7 @@ class VisionChatDataset(ChatDataset):
         """The text settings plus everything that changes an image's token count."""
         images = self.images
         return super().length_settings() | {
-            "template": "chatml+qwen2_vl_images",
+            "template": f"chatml+{self.family.name}_images",
             "images": [images.min_pixels, images.max_pixels, images.patch_size, images.merge_size],
             "vision_tokens": sorted(self.vision_tokens.ids),
         }

@@ -1,21 +1,30 @@
-"""The Qwen2-VL family in one place: what the data, the collates and the model ask of it.
+"""Image-text model families: what the rest of the code may ask of one, and the families.
 
-:class:`Qwen2VLFamily` owns everything that is Qwen2-VL's rather than any image-text
-model's: the special tokens that frame an image (read from the tokenizer), the image
-processor (``transformers``' own, PIL backend), the rotary position rule (M-RoPE, the
-model's ``get_rope_index``), the model config and class of a random init, the multimodal
-body and the zero-weight dummy pass that keeps the vision tower in every step. The data
-layer (:class:`~odb_lightning.data.vision_dataset.VisionChatDataset`) and the module
-(:class:`~odb_lightning.lit.model.vlm_module.VisionLanguageModule`) ask it; the runtime's
-collates (:mod:`odb_lightning.runtime.vlm_batch`) only concatenate what it produced. A
-second family is a second class with the same methods.
+:class:`VisionFamily` is that contract: the ids that frame an image (read from the
+tokenizer), the image processor, the rotary position rule, the patch layout of the
+model's vision tower, the model config of a random init, the multimodal body and the
+zero-weight dummy pass that keeps the vision tower in every step. :data:`VISION_FAMILIES`
+registers each family by name, one line each, and :func:`vision_family_of` picks the one
+that fits a tokenizer. The data layer
+(:class:`~odb_lightning.data.vision_dataset.VisionChatDataset`) and the module
+(:class:`~odb_lightning.lit.model.vlm_module.VisionLanguageModule`) ask the family; the
+runtime's collates (:mod:`odb_lightning.runtime.vlm_batch`) only concatenate what it put in
+the samples. This file is the only one that names a family
+(``tests/unit/data/test_vision_family.py``); a second family is a second subclass of
+:class:`VisionFamily` and one more registry line.
+
+:class:`Qwen2VLFamily`, the one family today, owns everything that is Qwen2-VL's rather
+than any image-text model's: ``<|vision_start|>``, ``<|vision_end|>`` and ``<|image_pad|>``,
+``transformers``' own image processor (PIL backend) and its smart resize, M-RoPE (the
+model's ``get_rope_index``) and ``Qwen2VLConfig``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, NamedTuple, Self
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +34,74 @@ from odb_lightning.data.vision import ImageSettings, VisionTokens
 
 DUMMY_GRID = (1, 2, 2)
 """The dummy image's patch grid: one merge window, the smallest image the tower takes."""
+
+
+class PatchLayout(NamedTuple):
+    """How a model's vision tower takes its patches."""
+
+    patch_dim: int
+    """Values per row of ``pixel_values`` (channels x frames x patch area)."""
+    merge_size: int
+    """Patches merged per side into one LLM token."""
+
+
+ImageProcessing = Callable[[Sequence[Any]], tuple[Tensor, Tensor]]
+"""Decoded images to ``pixel_values`` float32 ``[patches, patch_dim]`` and
+``image_grid_thw`` long ``[images, 3]`` (both empty for no image)."""
+
+
+class VisionFamily(ABC):
+    """What the rest of the code may ask an image-text model family (the module docstring).
+
+    A family is a frozen dataclass (its instances travel to the loader workers and into
+    the module's hyperparameters as ``_target_`` nodes) whose ``tokens`` field holds the
+    tokenizer's ids that frame an image. The samples it makes carry ``pixel_values``,
+    ``image_grid_thw``, ``position_ids`` and ``num_image_tokens``
+    (:mod:`odb_lightning.sample`); the collates lay out whatever position rows they carry.
+    """
+
+    name: ClassVar[str]
+    """Its :data:`VISION_FAMILIES` name; the length cache's key holds it (the family's
+    image processor decides each image's token count)."""
+    tokens: VisionTokens
+    """The ids that open an image, close it and stand for one merged cell."""
+
+    @classmethod
+    @abstractmethod
+    def of_tokenizer(cls, tokenizer: object) -> Self:
+        """The family with ``tokenizer``'s own ids of its framing tokens.
+
+        Raises:
+            ValueError: The tokenizer lacks one of them (the message says which).
+        """
+
+    @abstractmethod
+    def image_processor(self, settings: ImageSettings) -> ImageProcessing:
+        """The image processor of ``settings`` (``data.images``), picklable for the workers."""
+
+    @abstractmethod
+    def positions(self, input_ids: Tensor, grid_thw: Tensor, merge_size: int) -> Tensor:
+        """One sample's rotary positions, long ``[rows, L]`` (row 0 the text positions)."""
+
+    @abstractmethod
+    def patch_layout(self, model: nn.Module) -> PatchLayout:
+        """How ``model``'s vision tower takes its patches."""
+
+    @abstractmethod
+    def model_config(self, text: Any, tower: VisionTower, fold: int | None) -> Any:
+        """The ``transformers`` config of a random init: the language model of ``text`` (a
+        causal-LM config), the vision tower ``tower``, and the vision ids (the last three
+        of a ``fold``-token vocabulary when ids are folded)."""
+
+    @abstractmethod
+    def multimodal_body(self, model: nn.Module) -> nn.Module:
+        """The model's vision tower + language model (hidden states, no LM head), under
+        LoRA too."""
+
+    @abstractmethod
+    def dummy_vision_loss(self, model: nn.Module) -> Tensor:
+        """A loss term that is 0 and reaches every vision parameter (a batch without an
+        image still runs the tower)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +180,18 @@ class ImageProcessor:
             )
         return self._processor
 
+    def resized(self, height: int, width: int) -> tuple[int, int]:
+        """The smart-resize target ``(height, width)`` of an image, the processor's own."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        s = self.settings
+        return smart_resize(height, width, s.patch_size * s.merge_size, s.min_pixels, s.max_pixels)
+
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(grid_t, grid_h, grid_w)`` of an image of ``height x width`` pixels."""
+        resized_h, resized_w = self.resized(height, width)
+        return 1, resized_h // self.settings.patch_size, resized_w // self.settings.patch_size
+
     def __call__(self, images: Sequence[Any]) -> tuple[Tensor, Tensor]:
         """``pixel_values`` float32 ``[patches, patch_dim]`` and ``image_grid_thw`` long
         ``[images, 3]``; empty (``[0, patch_dim]``, ``[0, 3]``) for no image."""
@@ -160,13 +249,14 @@ def mrope_positions(
 
 
 @dataclass(frozen=True)
-class Qwen2VLFamily:
+class Qwen2VLFamily(VisionFamily):
     """Qwen2-VL's specifics (see the module docstring).
 
     Args:
         tokens: The ids that frame an image, the tokenizer's (:meth:`of_tokenizer`).
     """
 
+    name: ClassVar[str] = "qwen2_vl"
     tokens: VisionTokens
 
     @classmethod
@@ -247,6 +337,12 @@ class Qwen2VLFamily:
             tie_word_embeddings=text.tie_word_embeddings,
         )
 
+    def patch_layout(self, model: nn.Module) -> PatchLayout:
+        """The patch row width and merge size of ``model.config.vision_config``."""
+        config = model.config.vision_config
+        patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
+        return PatchLayout(patch_dim, config.spatial_merge_size)
+
     @staticmethod
     def multimodal_body(model: nn.Module) -> nn.Module:
         """The model's vision tower + language model (``Qwen2VLModel``), under LoRA too."""
@@ -257,8 +353,7 @@ class Qwen2VLFamily:
         """The vision tower on a zero image of :data:`DUMMY_GRID`, summed, times 0: a loss
         term that is 0 and reaches every vision parameter."""
         visual = self.multimodal_body(model).visual
-        config = model.config.vision_config
-        patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
+        patch_dim = self.patch_layout(model).patch_dim
         t, h, w = DUMMY_GRID
         device = next(visual.parameters()).device
         pixels = torch.zeros((t * h * w, patch_dim), dtype=visual.dtype, device=device)
@@ -266,3 +361,30 @@ class Qwen2VLFamily:
         out = visual(pixels, grid_thw=grid)
         features = out.pooler_output if hasattr(out, "pooler_output") else out
         return features.sum() * 0.0
+
+
+VISION_FAMILIES: dict[str, type[VisionFamily]] = {
+    family.name: family
+    for family in [
+        Qwen2VLFamily,
+    ]
+}
+"""Every image-text family by name; a new family is its class plus one line here."""
+
+
+def vision_family_of(tokenizer: object) -> VisionFamily:
+    """The first registered family whose framing tokens ``tokenizer`` has, with its ids.
+
+    Raises:
+        ValueError: No family fits; the message names each family and what it lacks.
+    """
+    misfits = []
+    for name, family in VISION_FAMILIES.items():
+        try:
+            return family.of_tokenizer(tokenizer)
+        except ValueError as error:
+            misfits.append(f"{name}: {error}")
+    raise ValueError(
+        f"no vision family fits the tokenizer {type(tokenizer).__name__}; the families "
+        f"known are {', '.join(VISION_FAMILIES)} ({'; '.join(misfits)})"
+    )

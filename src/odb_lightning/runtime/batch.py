@@ -19,6 +19,7 @@ from odb_lightning.runtime.vlm_batch import (
     has_image_fields,
     image_inputs,
     padded_positions,
+    position_rows,
     sample_positions,
 )
 from odb_lightning.sample import IGNORE_INDEX
@@ -242,9 +243,10 @@ def pack_collate(
     labels[starts] = IGNORE_INDEX
     position_ids = torch.arange(input_ids.numel()) - torch.repeat_interleave(starts, lengths)
     rows = position_ids.unsqueeze(0)
-    if images:  # 3-D rotary positions, restarting per sample: runtime/vlm_batch.py
-        # Each sample's own [4, L] positions, one after the other: [4, 1, N].
-        rows = torch.cat([sample_positions(s) for s in samples], dim=1).unsqueeze(1)
+    if images:  # the family's rotary positions, restarting per sample: runtime/vlm_batch.py
+        # Each sample's own [R, L] positions, one after the other: [R, 1, N].
+        num_rows = position_rows(samples)
+        rows = torch.cat([sample_positions(s, num_rows) for s in samples], dim=1).unsqueeze(1)
     return images | {
         "input_ids": input_ids.unsqueeze(0),
         "labels": labels.unsqueeze(0),

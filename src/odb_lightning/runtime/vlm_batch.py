@@ -1,21 +1,22 @@
-"""The image part of a batch of image-text samples: patches, grids, 3-D rotary positions.
+"""The image part of a batch of image-text samples: patches, grids, rotary positions.
 
 A sample with images carries ``pixel_values`` (``[patches, D]``), ``image_grid_thw``
-(``[images, 3]``) and its rotary ``position_ids`` (``[4, L]``) beside
-``input_ids``/``labels``; a text-only sample of an image set carries them empty (no
-patch, no image) and with plain positions. The positions are computed per sample in the
-loader workers (:func:`odb_lightning.data.vision_family.mrope_positions`, Qwen2-VL's
-``get_rope_index`` semantics), so they are right in a padded row and in a row of
-several samples one after the other, where every sample's positions restart at 0.
+(``[images, 3]``) and its rotary ``position_ids`` (``[rows, L]``, row 0 the text
+positions) beside ``input_ids``/``labels``; a text-only sample of an image set carries
+them empty (no patch, no image) and with plain positions. The vision family computes the
+positions per sample in the loader workers (its position rule, such as M-RoPE's), so they
+are right in a padded row and in a row of several samples one after the other, where
+every sample's positions restart at 0. The collates know no family: the row count is the
+one the samples carry.
 
 :func:`~odb_lightning.runtime.batch.pad_collate` and
 :func:`~odb_lightning.runtime.batch.pack_collate` add these fields when their samples
 have images. A batch concatenates the samples' ``pixel_values`` along the patch axis and
 their ``image_grid_thw`` along the image axis, in sample order: the order of the image
 blocks in the batch's ``input_ids`` (row-major), in which the model scatters the vision
-features into the ``<|image_pad|>`` positions. ``position_ids`` is ``[4, batch, L]``:
+features into the image-token positions. ``position_ids`` is ``[rows, batch, L]``:
 row 0 the per-sample text positions (from which ``transformers`` builds the causal and
-per-sample masks), rows 1-3 the temporal, height and width positions.
+per-sample masks), the other rows the family's (M-RoPE: temporal, height and width).
 """
 
 from __future__ import annotations
@@ -32,16 +33,32 @@ def has_image_fields(samples: Sequence[Mapping[str, object]]) -> bool:
     return any(IMAGE_GRID_THW in s for s in samples)
 
 
-def sample_positions(sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The sample's ``[4, L]`` positions (plain ones for a sample that has none, such as
+def position_rows(samples: Sequence[Mapping[str, torch.Tensor]]) -> int:
+    """The rows of the batch's positions: those its samples carry (the vision family's).
+
+    Raises:
+        ValueError: No sample carries positions, or two carry different row counts.
+    """
+    rows = {int(s[MROPE_POSITIONS].shape[0]) for s in samples if MROPE_POSITIONS in s}
+    if len(rows) != 1:
+        found = ", ".join(map(str, sorted(rows))) or "none"
+        raise ValueError(
+            f"the image-text samples of a batch must carry '{MROPE_POSITIONS}' with one "
+            f"row count (the vision family's), got {found}"
+        )
+    return rows.pop()
+
+
+def sample_positions(sample: Mapping[str, torch.Tensor], rows: int) -> torch.Tensor:
+    """The sample's ``[rows, L]`` positions (plain ones for a sample that has none, such as
     the padding segment that rounds a row of several samples up)."""
     length = sample["input_ids"].numel()
     positions = sample.get(MROPE_POSITIONS)
     if positions is None:
-        return torch.arange(length).expand(4, length)
-    if tuple(positions.shape) != (4, length):
+        return torch.arange(length).expand(rows, length)
+    if tuple(positions.shape) != (rows, length):
         raise ValueError(
-            f"'{MROPE_POSITIONS}' has shape {tuple(positions.shape)}, expected (4, {length})"
+            f"'{MROPE_POSITIONS}' has shape {tuple(positions.shape)}, expected ({rows}, {length})"
         )
     return positions.long()
 
@@ -66,9 +83,10 @@ def image_inputs(samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, tor
 
 
 def padded_positions(samples: Sequence[Mapping[str, torch.Tensor]], width: int) -> torch.Tensor:
-    """``[4, batch, width]`` positions of a right-padded batch (0 on padding)."""
-    positions = torch.zeros((4, len(samples), width), dtype=torch.long)
+    """``[rows, batch, width]`` positions of a right-padded batch (0 on padding)."""
+    rows = position_rows(samples)
+    positions = torch.zeros((rows, len(samples), width), dtype=torch.long)
     for row, sample in enumerate(samples):
-        own = sample_positions(sample)
+        own = sample_positions(sample, rows)
         positions[:, row, : own.shape[1]] = own
     return positions

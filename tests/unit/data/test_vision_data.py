@@ -17,7 +17,7 @@ from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources.llava import llava_records
 from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
-from odb_lightning.data.vision_family import Qwen2VLFamily
+from odb_lightning.data.vision_family import ImageProcessor, Qwen2VLFamily
 from odb_lightning.runtime.messages import FetchedSample, FetchRequest, SampleFailed, SampleSkipped
 from odb_lightning.runtime.transport import load_sample
 from odb_lightning.runtime.worker import fetch_sample
@@ -62,7 +62,8 @@ def test_observed_length_is_text_plus_visual_tokens(tmp_path: Path, tokenizer) -
         grids = sample["image_grid_thw"]
         # The grid follows each image's own resolution (smart resize of its size).
         sizes = [RESOLUTIONS[int(p[3])] for p in record["images"]]
-        assert [tuple(g.tolist()) for g in grids] == [SETTINGS.grid(h, w) for w, h in sizes]
+        processor = ImageProcessor(SETTINGS)
+        assert [tuple(g.tolist()) for g in grids] == [processor.grid(h, w) for w, h in sizes]
         text_only = [
             {"role": m["role"], "content": m["content"].replace("<image>", "")}
             for m in record["messages"]

@@ -53,3 +53,20 @@ def test_patches_that_disagree_with_the_grids_are_refused(samples) -> None:
     broken["pixel_values"] = broken["pixel_values"][:-1]
     with pytest.raises(ValueError, match="pixel_values hold"):
         pad_collate([broken, samples[1]])
+
+
+def test_the_collates_lay_out_the_position_rows_the_samples_carry(samples) -> None:
+    # A family with two position rows: the collates know no family, only the samples.
+    two_rows = [{**s, "position_ids": s["position_ids"][:2]} for s in samples]
+    padded = pad_collate(two_rows, pad_id=0)["position_ids"]
+    assert padded.shape == (2, len(samples), padded.shape[2])
+    packed = pack_collate(two_rows, pad_to_multiple_of=16, pad_id=0)["position_ids"]
+    total = sum(s["input_ids"].numel() for s in samples)
+    assert packed.shape[:2] == (2, 1)
+    assert torch.equal(packed[:, 0, :total], torch.cat([s["position_ids"] for s in two_rows], 1))
+    mixed = [two_rows[0], samples[1]]
+    with pytest.raises(ValueError, match=r"'position_ids' with one row count .* got 2, 4"):
+        pad_collate(mixed)
+    no_positions = [{k: v for k, v in s.items() if k != "position_ids"} for s in samples]
+    with pytest.raises(ValueError, match=r"got none"):
+        pack_collate(no_positions)

@@ -97,7 +97,7 @@ def data_parallel_mesh(strategy: Any) -> Any | None:
 
 def model_class(config: PretrainedConfig | str) -> Any:
     """The ``transformers`` auto class of a config (or of a checkpoint directory): image-text
-    models (a config with a ``vision_config``, e.g. Qwen2-VL) are not causal-LM classes."""
+    models (a config with a ``vision_config``: a vision family's) are not causal-LM classes."""
     if isinstance(config, str):
         config = AutoConfig.from_pretrained(config)
     vision = getattr(config, "vision_config", None) is not None

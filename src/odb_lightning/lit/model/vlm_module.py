@@ -1,4 +1,4 @@
-"""Vision-language LightningModule: a Qwen2-VL model trained with the token-weighted loss.
+"""Vision-language LightningModule: a vision family's model under the token-weighted loss.
 
 The batch carries ``pixel_values`` and ``image_grid_thw`` beside the tokens and the 3-D
 rotary ``position_ids`` (:mod:`odb_lightning.runtime.vlm_batch`); the model's own
@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from odb_lightning.core.nodes import plain
 from odb_lightning.core.rows import StepShape
-from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
+from odb_lightning.data.vision_family import VisionFamily, VisionTower
 from odb_lightning.lit.model.attention_inputs import warmup_batch
 from odb_lightning.lit.model.lm_head import chunked_lm_loss
 from odb_lightning.lit.model.module import CausalLMModule
@@ -56,19 +56,19 @@ def fold_vlm_ids(
 
 
 class VisionLanguageModule(CausalLMModule):
-    """A Qwen2-VL model (random init from ``architecture`` and ``vision``, or the
-    architecture's ``pretrained_path``).
+    """A model of the vision family ``family`` (random init from ``architecture`` and
+    ``vision``, or the architecture's ``pretrained_path``).
 
     Args:
         family: The vision family (its model config, token ids and dummy pass), with the
-            tokenizer's ids (:meth:`~odb_lightning.data.vision_family.Qwen2VLFamily.of_tokenizer`).
+            tokenizer's ids (:func:`~odb_lightning.data.vision_family.vision_family_of`).
         vision: The vision tower of a random init; ``None``: its defaults.
         **parts: :class:`~odb_lightning.lit.model.module.CausalLMModule` arguments (the text
             model and the training settings).
     """
 
     def __init__(
-        self, *, family: Qwen2VLFamily, vision: VisionTower | None = None, **parts: Any
+        self, *, family: VisionFamily, vision: VisionTower | None = None, **parts: Any
     ) -> None:
         # Before the base's constructor, which saves hyperparameters() (plain values: no
         # nn.Module state is needed to hold them).
@@ -108,9 +108,7 @@ class VisionLanguageModule(CausalLMModule):
         if shape.image_grid is None:
             return warmup_batch(shape, vocab_size, self.device)
         t, h, w = shape.image_grid
-        vision = self.model.config.vision_config
-        merge = vision.spatial_merge_size
-        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        patch_dim, merge = self.family.patch_layout(self.model)
         cells = t * h * w // merge**2
         ids = self.family.tokens
         generator = torch.Generator().manual_seed(0)
