@@ -6,7 +6,6 @@ and the ranks by calls with their environments, one after the other.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -73,14 +72,11 @@ def test_torchrun_ranks_read_rank_zero_name(agent_store: dist.TCPStore) -> None:
 def test_torchrun_rank_fails_when_rank_zero_publishes_nothing(
     agent_store: dist.TCPStore,
 ) -> None:
-    started = time.perf_counter()
     with pytest.raises(RunDirError) as raised:
         run_name(PATTERN, 1.0, torchrun_env(agent_store, 1, restart=3))
-    elapsed_s = time.perf_counter() - started
-    # It waited the 1 s given, and not the TCPStore's own 300 s default: a bound that
-    # tells the two apart however loaded the machine is.
-    assert 1.0 <= elapsed_s < 150.0
     message = str(raised.value)
+    # The store's own account of its wait: the 1 s given, not its 300 s default.
+    assert "wait timeout after 1000ms" in message
     assert "rank 1 waited 1.0s for global rank 0" in message
     assert "'odb_lightning/run_name/none/3'" in message and "hydra.run.dir" in message
     assert f"MASTER_ADDR:MASTER_PORT (127.0.0.1:{agent_store.port})" in message

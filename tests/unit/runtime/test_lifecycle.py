@@ -7,7 +7,9 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from multiprocessing.synchronize import Event as EventType
 
+import psutil
 import pytest
 
 from odb_lightning.runtime.lifecycle import describe_exit, exited_child, stop_processes
@@ -39,3 +41,20 @@ def test_a_child_reaped_elsewhere_still_counts_as_exited(child: multiprocessing.
     assert child.is_alive()
     assert exited_child({"worker 0": child}) == ("worker 0", child)
     assert describe_exit(child) == "exited (its exit status was collected elsewhere)"
+
+
+def _deaf_to_sigterm(ready: EventType) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_before_stop_returns() -> None:
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    process = context.Process(target=_deaf_to_sigterm, args=(ready,))
+    process.start()
+    assert ready.wait(60), "the child never installed its handler"
+    pid = process.pid
+    stop_processes([process], graceful=False)  # SIGTERM, ignored; then SIGKILL
+    assert not psutil.pid_exists(pid), "joined after SIGKILL: gone, not a zombie"
