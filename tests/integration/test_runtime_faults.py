@@ -20,8 +20,6 @@ import torch.distributed as dist
 
 from experiments.harness.datasets import SyntheticChatDataset
 from experiments.harness.fault_matrix import (
-    ERROR_BOUND_S,
-    HANG_TIMEOUT_S,
     NUM_SAMPLES,
     LoaderFault,
     matrix,
@@ -161,10 +159,8 @@ def test_fault_on_one_rank_fails_every_rank_and_leaves_no_process(
     assert result.job_pids == 2 * (1 + 3)  # each rank: itself, 2 workers, collate process
     assert result.leftover_pids == []
     assert result.seconds_to_all_gone is not None
-    if fault.name == "sample_hangs":  # the error is due timeout_s after the hang
-        assert min(result.seconds_to_error.values()) >= HANG_TIMEOUT_S
-    # Within the matrix's bound, however loaded the machine: experiments/faults times it.
-    assert all(seconds < ERROR_BOUND_S for seconds in result.seconds_to_error.values())
+    # Which wait ended each rank is in its message (the hang: "within timeout_s=2.0");
+    # how long that took is experiments/faults' to time.
     if fault.expected:
         return
     # on_bad_sample=skip: both ranks finish; the raising sample is skipped and counted.
