@@ -1,7 +1,7 @@
 """The cost of planning one pooled round (grouping across ranks): CPU time of
-``core.pooling.plan_pool`` over the union of ``W`` windows of ``N`` samples each, capped
+``core.pool_plan.plan_pool`` over the union of ``W`` windows of ``N`` samples each, capped
 at ``Q = 128`` step positions as a full round is. Every rank computes this plan, so it is
-the round's extra latency; ``core.alignment.MAX_POOL_SAMPLES`` bounds the union.
+the round's extra latency; ``core.pooling.MAX_POOL_SAMPLES`` bounds the union.
 
     .venv/bin/python -m experiments.planner_cost.pool_plan --shapes 8x2048,64x1400,128x2048,1024x512
 
@@ -18,7 +18,7 @@ import statistics
 import time
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.pooling import plan_pool
+from odb_lightning.core.pool_plan import plan_pool
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.types import SampleInfo
 

@@ -32,74 +32,21 @@ Max-based, bidirectional alignment:
   takes as long as its slowest rank; pairing steps by rank of cost makes the per-step
   maxima as small as any pairing can (for sorted sequences the sum of position-wise maxima
   is minimal). Costs come from the reports, so every rank computes every rank's order.
-* Grouping across ranks (``cross_rank_grouping``, join only): three kinds of emitting
-  round group the union of the windows instead (:mod:`~odb_lightning.core.pooling`) and
-  move samples between ranks: every round once nothing is undealt (:func:`pools`, the
-  epoch's tail), a ramp round (:func:`ramp_pool_positions`) and a round whose aligned
-  steps are :func:`uneven`. Each runs at most ``T`` positions (a tail round ``Q``) and
-  leaves the rest of the union where it is.
+* Grouping across ranks (``cross_rank_grouping``) is decided over this rule's plan: an
+  emitting round of the epoch's tail, of the ramp, or whose aligned steps are uneven
+  groups the union of the windows instead (:mod:`~odb_lightning.core.pooling`).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
+from odb_lightning.core.budget import Budget
 from odb_lightning.core.dealing import deal_caps, deal_counts, ready
-from odb_lightning.core.types import Group
+from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport
-
-MAX_POOL_SAMPLES = 262_144
-"""Most samples the windows may hold together for a round to group across ranks. Every
-rank plans a pooled round over the whole union (:func:`~odb_lightning.core.pooling.plan_pool`):
-1.5 s of CPU at this size (128 ranks of 2,048 samples), 3.5 s at 524,288 (1,024 ranks of
-512; ``python -m experiments.planner_cost.pool_plan``), so larger jobs group per rank.
-Every 64-rank cell of experiments/sync_efficiency (at most 139,840 samples) pools."""
-
-
-def pools(reports: list[RankReport]) -> bool:
-    """Whether an emitting round is the epoch's tail, which groups across ranks: nothing
-    is undealt and every unfinished window is full, so what the windows hold is all the
-    epoch has left (:mod:`~odb_lightning.core.pooling`). It runs the whole union when
-    every window shows fewer than ``Q`` groups (:func:`tail_pool_positions`), else its
-    costliest ``Q x W`` groups, and the next round pools what is left."""
-    active = [r for r in reports if not r.finished]
-    return (
-        bool(active)
-        and all(r.undealt == 0 for r in reports)
-        and all(r.full for r in active)
-        and any(r.buffered for r in active)
-    )
-
-
-def tail_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
-    """The step positions of a pooled tail round: ``None`` (every offered sample runs)
-    when every unfinished window shows fewer than ``max_steps`` groups, so the ordinary
-    round would drain them all; else ``max_steps``."""
-    drains = all(r.num_groups < max_steps for r in reports if not r.finished)
-    return None if drains else max_steps
-
-
-def uneven(rank_costs: list[tuple[int, ...]], below: float) -> bool:
-    """Whether a round's aligned steps (per rank, the cost of each step position, IDLE
-    0) sum to less than ``below`` (``pool_below_sync``) of every rank running each
-    position as long as its slowest rank does."""
-    maxima = sum(max(column) for column in zip(*rank_costs, strict=True))
-    return sum(map(sum, rank_costs)) < below * len(rank_costs) * maxima
-
-
-def ramp_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
-    """The step positions of a ramp round pooled across ranks, or ``None``.
-
-    A ramp round (every report's ``free_slots``, the window's step cap, below
-    ``max_steps``) emits a few steps from small windows, whose best groups differ most
-    across ranks. Pooled, it runs the costliest ``T x W`` groups of the union
-    (``T`` = the cap) and leaves every other sample in the window that holds it."""
-    active = [r for r in reports if not r.finished]
-    cap = min(r.free_slots for r in reports)
-    if not active or cap >= max_steps or not all(r.full for r in active):
-        return None
-    return cap if any(r.buffered for r in active) else None
 
 
 class AlignmentError(RuntimeError):
@@ -127,13 +74,6 @@ class RoundPlan:
             (after those dealt to the ranks before it).
         global_samples: Per step position, samples over all ranks.
         global_loss_tokens: Per step position, supervised tokens over all ranks.
-        pooled: This round groups the union of the windows across ranks
-            (:mod:`~odb_lightning.core.pooling`): every rank offers its window and acts on
-            :func:`~odb_lightning.core.pooling.plan_pool` instead.
-        pool_positions: The most step positions a pooled round runs (a ramp round's
-            cap, ``Q`` for a tail round whose windows hold more, an uneven round's
-            ``T``; the samples of the groups it does not run stay where they are);
-            ``None``: every offered sample runs.
     """
 
     target_steps: int
@@ -146,8 +86,6 @@ class RoundPlan:
     deals: tuple[int, ...] = ()
     global_samples: tuple[int, ...] = ()
     global_loss_tokens: tuple[int, ...] = ()
-    pooled: bool = False
-    pool_positions: int | None = None
 
 
 def peel_order(sizes: list[int], num_peels: int) -> list[int]:
@@ -179,6 +117,47 @@ def split_groups(groups: list[Group], num_peels: int) -> list[Group]:
     for index in peel_order([len(m) for m in members], num_peels):
         members.append([members[index].pop()])
     return [Group(tuple(m)) for m in members]
+
+
+def peel_figures(groups: list[Group], num_peels: int, budget: Budget) -> list[tuple[int, int, int]]:
+    """Per peel of :func:`split_groups`, in order: the peeled sample's supervised tokens,
+    the cost of its singleton and how much the cost of the group it leaves falls (costs
+    rounded up to integers, so the falls add up to the rounded cost of what is left). A
+    rank's report carries them, so every rank replays its split (:func:`aligned_steps`).
+
+    A peel takes a group's last (shortest) sample, so what is left is always a prefix of
+    the group: each peeled group's prefix figures are summed once, and a peel costs the
+    same whatever the group's size."""
+    left = [g.size for g in groups]
+    prefixes: dict[int, list[int]] = {}
+    figures = []
+    for index in peel_order(list(left), num_peels):
+        if index not in prefixes:
+            prefixes[index] = _prefix_costs(groups[index], budget)
+        size = left[index]
+        left[index] = size - 1
+        peeled = groups[index].samples[size - 1]
+        costs = prefixes[index]
+        figures.append(
+            (peeled.num_loss_tokens, _single_cost(peeled, budget), costs[size] - costs[size - 1])
+        )
+    return figures
+
+
+def _prefix_costs(group: Group, budget: Budget) -> list[int]:
+    """Rounded cost of the group's first ``k`` samples, for ``k`` in ``0..size``."""
+    costs, longest, total, squares = [0], 0, 0, 0
+    for count, sample in enumerate(group.samples, start=1):
+        longest = max(longest, sample.length)
+        total += sample.length
+        squares += sample.length * sample.length
+        costs.append(math.ceil(budget.aggregate_cost(count, longest, total, squares)))
+    return costs
+
+
+def _single_cost(sample: SampleInfo, budget: Budget) -> int:
+    length = sample.length
+    return math.ceil(budget.aggregate_cost(1, length, length, length * length))
 
 
 def _column(values: tuple[int, ...], count: int) -> list[int]:
@@ -250,17 +229,11 @@ def plan_round(
     reports: list[RankReport],
     *,
     join: bool,
-    pool_max_steps: int | None = None,
-    pool_below: float | None = None,
     fetch_aware: bool = False,
 ) -> RoundPlan:
     """The DGAP rule (see the module docstring) over all ranks' reports.
 
-    ``pool_max_steps``: ``Q`` when rounds group across ranks (join only, more than one
-    rank); a round that
-    :func:`pools`, a ramp round (:func:`ramp_pool_positions`) or a round :func:`uneven`
-    below ``pool_below`` then returns a ``pooled`` plan. ``fetch_aware``: dealing sees fetch time
-    (:mod:`~odb_lightning.core.dealing`)."""
+    ``fetch_aware``: dealing sees fetch time (:mod:`~odb_lightning.core.dealing`)."""
     if not reports:
         raise AlignmentError("a round needs at least one report")
     failed = [rank for rank, r in enumerate(reports) if r.aborted]
@@ -276,22 +249,6 @@ def plan_round(
     deals = deal_counts(reports, fetch_aware=fetch_aware, caps=caps)
     if not ready(reports, fetch_aware=fetch_aware, caps=caps):
         return RoundPlan(target_steps=0, deals=deals)
-    # One rank has nothing to group across, and a union over MAX_POOL_SAMPLES would cost
-    # every rank too long to plan: those rounds stay ordinary.
-    pooling = (
-        pool_max_steps is not None
-        and join
-        and len(reports) > 1
-        and sum(r.buffered for r in reports) <= MAX_POOL_SAMPLES
-    )
-    if pooling:
-        if pools(reports):
-            positions = tail_pool_positions(reports, pool_max_steps)
-            return RoundPlan(target_steps=0, pooled=True, pool_positions=positions)
-        positions = ramp_pool_positions(reports, pool_max_steps)
-        if positions is not None:
-            # Every window is full, so nothing is dealt (a full window wants nothing).
-            return RoundPlan(target_steps=0, pooled=True, pool_positions=positions)
     target = target_steps(reports)
     orders, sizes, losses, costs = [], [], [], []
     for report in reports:
@@ -301,8 +258,6 @@ def plan_round(
         sizes.append(tuple(row_sizes[i] for i in order))
         losses.append(tuple(row_losses[i] for i in order))
         costs.append(tuple(row_costs[i] for i in order))
-    if pooling and pool_below and uneven(costs, pool_below):
-        return RoundPlan(target_steps=0, pooled=True, pool_positions=target)
     return RoundPlan(
         target_steps=target,
         rank_sizes=tuple(sizes),

@@ -88,12 +88,11 @@ class OnlinePolicy(Policy):
     pool_below_sync: float = 1.0
     """When rounds group across ranks (``cross_rank_grouping``): an emitting round whose
     aligned steps would reach a sync efficiency below this (the ranks' costs summed over
-    ``W`` times the positions' maxima, ``core.alignment.uneven``) groups across ranks
+    ``W`` times the positions' maxima, ``core.pooling.uneven``) groups across ranks
     instead. 1.0: every round that is not exactly level, so the ranks group as one
     window (most samples then run on a rank that did not fetch them); 0.97: only rounds
-    clearly uneven, such as a tail over the budget, so long epochs move about 40 % of
-    the bytes for 0.7-1.6 points less utilization (experiments/sync_efficiency). In
-    ``(0, 1]``."""
+    clearly uneven, such as a tail over the budget, so long epochs move fewer bytes for
+    a little less utilization (experiments/sync_efficiency). In ``(0, 1]``."""
     fetch_aware_dealing: bool = False
     """Deal by need in proportion to how fast each rank gets its samples, not only to
     its work: every rank reports how long it waited for its own samples

@@ -1,224 +1,212 @@
-"""Grouping across ranks (``batching.policy.cross_rank_grouping``).
+"""Grouping across ranks (``batching.policy.cross_rank_grouping``): the pooled round.
 
 Each rank grouping only its own window cannot go below the per-rank floor: its samples
 grouped alone. A pooled round groups the *union* of the windows instead, as one window of
-``W`` times the samples, and hands the groups out ``W`` at a time: step position ``t``
-takes the ``t``-th ``W`` groups in cost order, so the ranks' costs at a position are as
-close as the groups allow. Three kinds of round pool
-(:func:`~odb_lightning.core.alignment.plan_round`):
+``W`` times the samples, and hands the groups out ``W`` at a time
+(:func:`~odb_lightning.core.pool_plan.plan_pool`). Three kinds of emitting round pool
+instead of running :func:`~odb_lightning.core.alignment.plan_round`'s ordinary plan
+(:meth:`PooledRound.of`):
 
-* the epoch's tail: every round once nothing is undealt
-  (:func:`~odb_lightning.core.alignment.pools`). When the ordinary round would drain every
-  window, every offered sample runs; when a window holds ``Q`` groups or more, the round
-  runs the union's costliest ``Q x W`` and the next round pools the rest, so the tail's
-  last remnant is grouped over every rank, not per rank. On a small epoch (one window
-  per rank) the tail is the whole epoch after the ramp;
-* a ramp round (:func:`~odb_lightning.core.alignment.ramp_pool_positions`): small windows,
-  whose best groups differ most from rank to rank;
-* an uneven round (:func:`~odb_lightning.core.alignment.uneven`): at the default
-  ``pool_below_sync=1.0`` every round whose aligned steps are not exactly level, so the
-  ranks group as one window; at 0.97 only rounds clearly uneven, such as one whose
-  samples over the budget (each run alone) are more on some ranks than on others.
+* the epoch's tail: every round once nothing is undealt (:func:`pools`). When the
+  ordinary round would drain every window, every offered sample runs; when a window holds
+  ``Q`` groups or more, the round runs the union's costliest ``Q x W`` and the next round
+  pools the rest (:func:`tail_pool_positions`), so the tail's last remnant is grouped over
+  every rank, not per rank. On a small epoch (one window per rank) the tail is the whole
+  epoch after the ramp;
+* a ramp round (:func:`ramp_pool_positions`): small windows, whose best groups differ most
+  from rank to rank;
+* an uneven round (:func:`uneven`): at the default ``pool_below_sync=1.0`` every round
+  whose aligned steps are not exactly level, so the ranks group as one window; at 0.97
+  only rounds clearly uneven, such as one whose samples over the budget (each run alone)
+  are more on some ranks than on others.
 
 A capped round (a tail round over ``Q``, and the last two kinds) runs only the costliest
 ``T x W`` groups of the union (``T``: the round's step positions) and leaves the other
 samples in the windows that hold them (``PoolPlan.left``).
 
-Everything here is a pure function of what every rank offered (its window's samples), so
-every rank computes the same :class:`PoolPlan`. A sample a rank runs but did not hold
-is *moved*: it belongs to the rank that runs it (``PoolPlan.moved``), and it runs in the
-round that moves it.
+A round is one :class:`PooledRound`, decided from the reports and the ordinary plan, so
+every rank decides alike. Every rank offers its window's samples (:meth:`PooledRound.gather`,
+a second all-gather), plans the union (:meth:`PooledRound.plan`, the same plan on every
+rank) and takes its row (:meth:`PooledRound.share`). A sample a rank runs but did not
+hold is *moved*: it belongs to the rank that runs it, and it runs in the round that moves
+it.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from odb_lightning.core.alignment import split_groups
-from odb_lightning.core.budget import Budget
-from odb_lightning.core.grouping import group_window
-from odb_lightning.core.patch_budget import PatchBudget
-from odb_lightning.core.sync import group_cost
+from odb_lightning.core.alignment import AlignmentError, RoundPlan
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.online_policy import OnlinePolicy
+from odb_lightning.core.pool_plan import PoolPlan, plan_pool
 from odb_lightning.core.types import Group, SampleInfo
+from odb_lightning.core.wire import RankReport
+
+MAX_POOL_SAMPLES = 262_144
+"""Most samples the windows may hold together for a round to group across ranks. Every
+rank plans a pooled round over the whole union (:func:`~odb_lightning.core.pool_plan.plan_pool`,
+in CPU time about linear in it: experiments/planner_cost), and the round waits for that
+plan, so larger jobs group per rank."""
+
+
+def pools(reports: list[RankReport]) -> bool:
+    """Whether an emitting round is the epoch's tail, which groups across ranks: nothing
+    is undealt and every unfinished window is full, so what the windows hold is all the
+    epoch has left. It runs the whole union when every window shows fewer than ``Q``
+    groups (:func:`tail_pool_positions`), else its costliest ``Q x W`` groups, and the
+    next round pools what is left."""
+    active = [r for r in reports if not r.finished]
+    return (
+        bool(active)
+        and all(r.undealt == 0 for r in reports)
+        and all(r.full for r in active)
+        and any(r.buffered for r in active)
+    )
+
+
+def tail_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
+    """The step positions of a pooled tail round: ``None`` (every offered sample runs)
+    when every unfinished window shows fewer than ``max_steps`` groups, so the ordinary
+    round would drain them all; else ``max_steps``."""
+    drains = all(r.num_groups < max_steps for r in reports if not r.finished)
+    return None if drains else max_steps
+
+
+def uneven(rank_costs: tuple[tuple[int, ...], ...], below: float) -> bool:
+    """Whether a round's aligned steps (per rank, the cost of each step position, IDLE
+    0) sum to less than ``below`` (``pool_below_sync``) of every rank running each
+    position as long as its slowest rank does."""
+    maxima = sum(max(column) for column in zip(*rank_costs, strict=True))
+    return sum(map(sum, rank_costs)) < below * len(rank_costs) * maxima
+
+
+def ramp_pool_positions(reports: list[RankReport], max_steps: int) -> int | None:
+    """The step positions of a ramp round pooled across ranks, or ``None``.
+
+    A ramp round (every report's ``free_slots``, the window's step cap, below
+    ``max_steps``) emits a few steps from small windows, whose best groups differ most
+    across ranks. Pooled, it runs the costliest ``T x W`` groups of the union
+    (``T`` = the cap) and leaves every other sample in the window that holds it."""
+    active = [r for r in reports if not r.finished]
+    cap = min(r.free_slots for r in reports)
+    if not active or cap >= max_steps or not all(r.full for r in active):
+        return None
+    return cap if any(r.buffered for r in active) else None
 
 
 @dataclass(frozen=True, slots=True)
-class PoolPlan:
-    """The pooled round, identical on every rank.
+class RankShare:
+    """One rank's row of a pooled round, checked against the window that acts on it.
 
     Attributes:
-        rank_groups: Per rank, its group at each step position (``None``: IDLE).
-        global_samples: Per step position, samples over all ranks.
-        global_loss_tokens: Per step position, supervised tokens over all ranks.
-        max_costs: Per step position, the costliest rank's cost (rounded up).
-        cost_sums: Per step position, the ranks' costs summed.
-        owners: The rank that offered each sample, by position in the epoch's order.
-        left: Per rank, the samples it offered that no step of the round runs (a ramp
-            round's pool runs only its costliest groups); they stay in its window.
+        groups: Its group at each step position (``None``: IDLE).
+        received: The samples it runs that another rank offered.
+        given: The samples it offered that another rank runs; ``given_to``: that rank.
+        left: The samples it offered that no step of the round runs: they stay in its
+            window.
     """
 
-    rank_groups: tuple[tuple[Group | None, ...], ...]
-    global_samples: tuple[int, ...]
-    global_loss_tokens: tuple[int, ...]
-    max_costs: tuple[int, ...]
-    cost_sums: tuple[int, ...]
-    owners: dict[int, int]
-    left: tuple[tuple[SampleInfo, ...], ...] = ()
-
-    @property
-    def steps(self) -> int:
-        return len(self.global_samples)
-
-    def runners(self) -> dict[int, int]:
-        """The rank that runs each sample of the round's steps, by position."""
-        return {
-            s.position: rank
-            for rank, groups in enumerate(self.rank_groups)
-            for g in groups
-            if g is not None
-            for s in g.samples
-        }
-
-    def moved(self, rank: int) -> tuple[list[SampleInfo], list[SampleInfo]]:
-        """``(received, given)``: the samples ``rank`` runs but did not offer, and those
-        it offered that another rank runs."""
-        received = [
-            s
-            for g in self.rank_groups[rank]
-            if g is not None
-            for s in g.samples
-            if self.owners[s.position] != rank
-        ]
-        given = [
-            s
-            for other, groups in enumerate(self.rank_groups)
-            if other != rank
-            for g in groups
-            if g is not None
-            for s in g.samples
-            if self.owners[s.position] == rank
-        ]
-        return received, given
+    groups: tuple[Group | None, ...]
+    received: tuple[SampleInfo, ...]
+    given: tuple[SampleInfo, ...]
+    given_to: tuple[int, ...]
+    left: tuple[SampleInfo, ...]
 
 
-def _cost(group: Group, budget: Budget) -> int:
-    return math.ceil(group_cost(group, budget))
+@dataclass(frozen=True, slots=True)
+class PooledRound:
+    """A round that groups the union of the windows across ranks, identical on every rank.
 
-
-def _assign(chunk: list[Group], owners: dict[int, int], world: int) -> list[Group | None]:
-    """One step position: each rank one group of ``chunk`` (or IDLE), each group to the
-    rank that holds most of its samples where it can (fewest moves; ties: lowest group
-    index, then lowest rank)."""
-    pairs = []
-    for index, group in enumerate(chunk):
-        held = Counter(owners[sample.position] for sample in group.samples)
-        pairs.extend((-count, index, rank) for rank, count in held.items())
-    pairs.sort()
-    row: list[Group | None] = [None] * world
-    placed: set[int] = set()
-    for _, index, rank in pairs:
-        if index not in placed and row[rank] is None:
-            row[rank] = chunk[index]
-            placed.add(index)
-    free = iter(rank for rank in range(world) if row[rank] is None)
-    for index, group in enumerate(chunk):
-        if index not in placed:
-            row[next(free)] = group
-    return row
-
-
-def _majority(group: Group, owners: dict[int, int]) -> int:
-    held = Counter(owners[sample.position] for sample in group.samples)
-    return min(held, key=lambda rank: (-held[rank], rank))
-
-
-def _cost_ranked(groups: list[Group], owners: dict[int, int], budget: Budget) -> list[Group]:
-    """The groups costliest first; groups of equal cost interleaved by the rank that holds
-    most of each (its first such group, then every rank's second, ...), so a position of
-    equal costs takes one group of each rank where it can and moves nothing."""
-    keyed = []
-    seen: dict[tuple[int, int], int] = {}
-    for group in sorted(groups, key=lambda g: min(s.position for s in g.samples)):
-        cost, owner = _cost(group, budget), _majority(group, owners)
-        turn = seen.get((cost, owner), 0)
-        seen[(cost, owner)] = turn + 1
-        keyed.append(((-cost, turn, owner), group))
-    keyed.sort(key=lambda pair: pair[0])
-    return [group for _, group in keyed]
-
-
-def _held_over_budget(ranked: list[Group], budget: Budget, world: int) -> list[Group]:
-    """``ranked`` (in cost order) less its cheapest samples over the budget beyond a
-    multiple of ``world`` (when at least ``world`` other groups remain), for a round that
-    may leave samples where they are. Each runs alone at a cost above every group under
-    the budget, so a step position mixing the two holds most ranks to the time of a few;
-    the ones held back stay in their windows, and a later round pools them with those
-    that arrive meanwhile (the epoch's last round runs whatever is left)."""
-    over = [g for g in ranked if g.size == 1 and budget.is_over_budget(g.longest)]
-    extra = len(over) % world
-    if not extra or len(ranked) - extra < world:
-        return ranked
-    held = {id(g) for g in over[-extra:]}
-    return [g for g in ranked if id(g) not in held]
-
-
-def plan_pool(
-    offers: list[list[SampleInfo]],
-    budget: Budget,
-    *,
-    patch_budget: PatchBudget | None = None,
-    positions: int | None = None,
-) -> PoolPlan:
-    """Group the union of every rank's offered samples and hand the groups out.
-
-    The union is grouped as one window (:func:`~odb_lightning.core.grouping.group_window`).
-    With ``G`` groups over ``W`` ranks the round has ``P = ceil(G / W)`` step positions;
-    singletons are peeled off the largest groups until there are ``P x W`` groups (or one
-    per sample), which only lowers costs. The groups in cost order (costliest first; ties:
-    the earliest position) fill the positions ``W`` at a time, and within a position each
-    rank gets the group it holds most of (:func:`_assign`); the rest run IDLE.
-
-    ``positions``: the most step positions (a ramp round's cap, a tail round's ``Q``, an
-    uneven round's ``T``): a round that may leave samples where they are. It holds back
-    the cheapest samples over the budget beyond a multiple of ``W`` and runs whole
-    positions only, at most ``positions``: the costliest ``k x W`` groups; the samples of
-    the others stay with the rank that offered them (``PoolPlan.left``).
+    Attributes:
+        positions: The most step positions it runs (a ramp round's cap, ``Q`` for a tail
+            round whose windows hold more, an uneven round's ``T``; the samples of the
+            groups it does not run stay where they are); ``None``: every offered sample
+            runs.
+        width: The most samples any window holds (from the reports): every offer is
+            padded to it, so the all-gather's messages have one size.
+        config: The job's batching settings (the budgets the union is grouped under).
     """
-    world = len(offers)
-    owners = {s.position: rank for rank, offer in enumerate(offers) for s in offer}
-    union = [s for offer in offers for s in offer]
-    if len(owners) != len(union):
-        raise ValueError("two ranks offered the same position of the epoch's order")
-    if positions is not None and positions < 1:
-        raise ValueError(f"a pooled round runs at least one step position, got {positions}")
-    groups = group_window(union, budget, patch_budget=patch_budget)
-    if positions is not None and len(groups) >= world:
-        ranked = _held_over_budget(_cost_ranked(groups, owners, budget), budget, world)
-        # Whole positions only: the cheapest groups beyond a multiple of W stay too.
-        count = min(positions, len(ranked) // world)
-        groups = ranked[: count * world]
-    else:
-        count = math.ceil(len(groups) / world)
-        wanted = min(count * world, len(union))
-        if wanted > len(groups):
-            groups = split_groups(groups, wanted - len(groups))
-        groups = _cost_ranked(groups, owners, budget)
-    rows = [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(count)]
-    columns = [[_cost(g, budget) if g is not None else 0 for g in row] for row in rows]
-    running = {s.position for g in groups for s in g.samples}
-    return PoolPlan(
-        rank_groups=tuple(tuple(row[r] for row in rows) for r in range(world)),
-        global_samples=tuple(sum(g.size for g in row if g is not None) for row in rows),
-        global_loss_tokens=tuple(
-            sum(g.num_loss_tokens for g in row if g is not None) for row in rows
-        ),
-        max_costs=tuple(max(c) for c in columns),
-        cost_sums=tuple(sum(c) for c in columns),
-        owners=owners,
-        left=tuple(tuple(s for s in offer if s.position not in running) for offer in offers),
-    )
+
+    positions: int | None
+    width: int
+    config: BatchingConfig
+
+    @classmethod
+    def of(
+        cls, reports: list[RankReport], plan: RoundPlan, config: BatchingConfig
+    ) -> PooledRound | None:
+        """The pooled round an emitting round is instead of ``plan`` (the ordinary plan of
+        ``reports``), or ``None``. A round that emits nothing has nothing to group; one
+        rank has nothing to group across; and a union over :data:`MAX_POOL_SAMPLES` would
+        cost every rank too long to plan: those rounds stay ordinary, as every round does
+        where rounds do not group across ranks (``groups_across_ranks``: join only)."""
+        policy: OnlinePolicy = config.policy  # type: ignore[assignment]
+        if (
+            not plan.target_steps
+            or not policy.groups_across_ranks
+            or len(reports) < 2
+            or sum(r.buffered for r in reports) > MAX_POOL_SAMPLES
+        ):
+            return None
+        width = max(r.buffered for r in reports)
+        max_steps = policy.max_steps_per_round
+        if pools(reports):
+            return cls(tail_pool_positions(reports, max_steps), width, config)
+        positions = ramp_pool_positions(reports, max_steps)
+        if positions is not None:
+            return cls(positions, width, config)
+        if uneven(plan.rank_costs, policy.pool_below_sync):
+            return cls(plan.target_steps, width, config)
+        return None
+
+    def gather(
+        self, offer: list[SampleInfo], exchange: Callable[[list[int]], list[list[int]]]
+    ) -> list[list[SampleInfo]]:
+        """Every rank's offer, by rank: ``offer`` (this window's samples) all-gathered
+        (``exchange``: the round's all-gather, :data:`~odb_lightning.core.window.Exchange`)."""
+        return [decode_offer(m) for m in exchange(encode_offer(offer, self.width))]
+
+    def plan(self, offers: list[list[SampleInfo]]) -> PoolPlan:
+        """Group the union of ``offers`` and hand the groups out (the same on every rank)."""
+        return plan_pool(
+            offers,
+            self.config.budget,
+            patch_budget=self.config.patch_budget,
+            positions=self.positions,
+        )
+
+    def share(self, plan: PoolPlan, rank: int, held: list[SampleInfo]) -> RankShare:
+        """``rank``'s row of ``plan``, for the window that holds ``held``: it runs its
+        groups, gives away those of its samples another rank runs and keeps those no step
+        runs (``PoolPlan.left``).
+
+        Raises:
+            AlignmentError: The plan moves or keeps samples the window does not hold, or
+                loses some of those it holds.
+        """
+        received, given = plan.moved(rank)
+        left = plan.left[rank] if plan.left else ()
+        positions = {s.position for s in held}
+        if (
+            any(s.position not in positions for s in given)
+            or any(s.position in positions for s in received)
+            or any(s.position not in positions for s in left)
+        ):
+            raise AlignmentError(f"rank {rank}: the pooled plan moves samples it does not hold")
+        groups = plan.rank_groups[rank]
+        run = sum(g.size for g in groups if g is not None)
+        if len(given) + run - len(received) + len(left) != len(positions):
+            raise AlignmentError(f"rank {rank}: the pooled plan loses samples of its window")
+        runners = plan.runners() if given else {}
+        return RankShare(
+            groups=groups,
+            received=tuple(received),
+            given=tuple(given),
+            given_to=tuple(runners[s.position] for s in given),
+            left=tuple(left),
+        )
 
 
 OFFER_MARK = -1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.online_policy import ShardDealing
-from odb_lightning.core.pooling import plan_pool
+from odb_lightning.core.pooling import PooledRound
 from odb_lightning.core.sync import SyncFigures, sync_figures
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow, Step
@@ -50,7 +50,7 @@ class SimulationResult:
             long as its slowest rank takes to fetch the samples it was dealt (one at a
             time; steps take no time).
         pool_plan_s: Per pooled round (``cross_rank_grouping``), the seconds
-            :func:`~odb_lightning.core.pooling.plan_pool` took: what every rank spends
+            :func:`~odb_lightning.core.pool_plan.plan_pool` took: what every rank spends
             planning that round in production (a timing, not part of the steps).
     """
 
@@ -209,25 +209,18 @@ def _run(
             for window in windows:
                 window.elapsed_us = clock
         messages = [encode_report(w.make_report(), max_steps) for w in windows]
+        reports = [decode_report(m, max_steps) for m in messages]
         plan = plan_round(
-            [decode_report(m, max_steps) for m in messages],
-            join=config.policy.join,
-            pool_max_steps=max_steps if config.policy.groups_across_ranks else None,
-            pool_below=config.policy.pool_below_sync,
-            fetch_aware=config.policy.fetch_aware_dealing,
+            reports, join=config.policy.join, fetch_aware=config.policy.fetch_aware_dealing
         )
-        if (plan.target_steps or plan.pooled) and not first:
+        if plan.target_steps and not first:
             first = [(w.num_received, w.received_cost) for w in windows]
-        if plan.pooled:
+        pool = PooledRound.of(reports, plan, config)
+        if pool is not None:
             started = time.perf_counter()
-            pool = plan_pool(
-                [w.pool_offer() for w in windows],
-                config.budget,
-                patch_budget=config.patch_budget,
-                positions=plan.pool_positions,
-            )
+            pool_plan = pool.plan([w.pool_offer() for w in windows])
             pool_plan_s.append(time.perf_counter() - started)
-            outcomes = [w.apply_pool(pool) for w in windows]
+            outcomes = [w.apply_pool(pool, pool_plan) for w in windows]
         else:
             outcomes = [w.apply(plan) for w in windows]
         for outcome, rank_steps in zip(outcomes, steps, strict=True):

@@ -11,13 +11,13 @@ from typing import ClassVar
 
 import pytest
 
-from odb_lightning.core.alignment import AlignmentError, peel_order, plan_round
+from odb_lightning.core.alignment import AlignmentError, peel_figures, peel_order, plan_round
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.rows import PackedBudget
 from odb_lightning.core.sync import group_cost
 from odb_lightning.core.types import Group, SampleInfo
-from odb_lightning.core.window import GroupingWindow, peel_figures
+from odb_lightning.core.window import GroupingWindow
 
 
 def largest_first(sizes: list[int], num_peels: int) -> list[int]:

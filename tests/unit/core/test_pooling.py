@@ -17,7 +17,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.grouping import group_window
 from odb_lightning.core.order import make_rng
 from odb_lightning.core.planners import plan_epoch
-from odb_lightning.core.pooling import plan_pool
+from odb_lightning.core.pool_plan import plan_pool
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch
 from odb_lightning.core.sync import group_cost
@@ -244,7 +244,7 @@ def test_the_ramp_rounds_pool_and_keep_every_rank_level() -> None:
 
 
 def test_one_rank_or_a_union_too_large_to_plan_groups_per_rank(monkeypatch) -> None:
-    from odb_lightning.core import alignment
+    from odb_lightning.core import pooling
 
     lengths = lognormal_lengths(3900, mean=688, cv=0.9, seed=3, max_len=4096)
     config = BatchingConfig.of(token_budget=16384)
@@ -256,7 +256,7 @@ def test_one_rank_or_a_union_too_large_to_plan_groups_per_rank(monkeypatch) -> N
     one = simulate_dealt_epoch(lengths, 1, config)
     assert not one.pool_plan_s and steps(one) == steps(simulate_dealt_epoch(lengths, 1, alone))
     assert simulate_dealt_epoch(lengths, 8, config).pool_plan_s  # the same job pools at 8
-    monkeypatch.setattr(alignment, "MAX_POOL_SAMPLES", 300)  # below every round's union
+    monkeypatch.setattr(pooling, "MAX_POOL_SAMPLES", 300)  # below every round's union
     capped = simulate_dealt_epoch(lengths, 8, config)
     assert not capped.pool_plan_s and sum(capped.moved_samples) == 0
     assert steps(capped) == steps(simulate_dealt_epoch(lengths, 8, alone))
@@ -297,7 +297,7 @@ def test_rounds_uneven_from_samples_over_the_budget_pool_and_level_them() -> Non
 
 
 def test_an_even_round_does_not_pool() -> None:
-    from odb_lightning.core.alignment import uneven
+    from odb_lightning.core.pooling import uneven
 
     assert not uneven([(100, 90, 50), (98, 91, 49)], 0.97)
     assert uneven([(100, 90, 50), (98, 91, 49)], 1.0), "1.0: any round not exactly level"
