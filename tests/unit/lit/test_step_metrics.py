@@ -70,13 +70,13 @@ def test_peak_table_by_device_name(device_name: str, peak: float | None) -> None
 def test_reduce_windows_sums_ranks_and_takes_step_time_max_and_mean() -> None:
     fast = Window(wall_s=2.0, real_tokens=600, samples=6, model_flops=4e12, step_s=1.0, steps=4)
     slow = Window(wall_s=2.5, real_tokens=400, samples=2, model_flops=1e12, step_s=2.0, steps=4)
-    out = reduce_windows([fast.row(), slow.row()], peak_flops=10e12)
+    out = reduce_windows([fast, slow], peak_flops=10e12)
     assert out["tokens_per_s_per_device"] == pytest.approx(1000 / 2.5 / 2)
     assert out["samples_per_s_per_device"] == pytest.approx(8 / 2.5 / 2)
     assert out["model_tflops_per_s_per_device"] == pytest.approx(5 / 2.5 / 2)
     assert out["mfu"] == pytest.approx(1.0 / 10)
     assert out["step_time_max_s"] == 0.5 and out["step_time_mean_s"] == 0.375
-    assert "mfu" not in reduce_windows([fast.row()], peak_flops=None)
+    assert "mfu" not in reduce_windows([fast], peak_flops=None)
 
 
 def fit_metered(callback: StepMetricsCallback) -> tuple[dict, dict]:

@@ -11,18 +11,18 @@ summary builder sums them over ranks.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from odb_lightning.lit.callbacks.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.rank_gather import Counts
 
 
 @dataclass
-class RankTotals:
+class RankTotals(Counts):
     """Counters of one rank, summed over the run."""
 
     steps: int = 0
@@ -52,9 +52,6 @@ class RankTotals:
         self.real_tokens += meta.local_real_tokens
         self.padded_tokens += meta.local_padded_tokens
         self.loss_tokens += meta.local_loss_tokens
-
-
-_FLOAT_TOTALS = ("loader_wait_s", "cost_over_max")
 
 
 class StepCounters(pl.Callback):
@@ -88,20 +85,6 @@ class StepCounters(pl.Callback):
         """Training wall time up to now (the open epoch up to this moment)."""
         return self._train_s + time.perf_counter() - (self._epoch_start or 0.0)
 
-    def gather(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[RankTotals]:
-        """Every rank's totals, by rank (one all-gather; every rank must call it)."""
-        names = [f.name for f in fields(RankTotals)]
-        rows = gather_rows(trainer, pl_module, [float(getattr(self.totals, n)) for n in names])
-        return [
-            RankTotals(
-                **{
-                    n: (v if n in _FLOAT_TOTALS else int(v))
-                    for n, v in zip(names, row, strict=True)
-                }
-            )
-            for row in rows
-        ]
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict() gathers every rank's counters
@@ -112,7 +95,7 @@ class StepCounters(pl.Callback):
         trainer = self._trainer
         if trainer is None or trainer.lightning_module is None:
             return {}
-        per_rank = self.gather(trainer, trainer.lightning_module)
+        per_rank = self.totals.gather(trainer, trainer.lightning_module)
         return {"per_rank": [asdict(r) for r in per_rank], "train_s": self._train_s_so_far()}
 
     @override

@@ -1,7 +1,11 @@
 """Every rank's row of numbers, gathered: the one collective the run's counters, the step
-metrics and the summary use."""
+metrics and the summary use, and :class:`Counts`, the type of the counts they gather."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Self
 
 import lightning.pytorch as pl
 import torch
@@ -13,3 +17,27 @@ def gather_rows(
     """``values`` of every rank, by rank (one all-gather; every rank must call it)."""
     local = torch.tensor(values, dtype=torch.float64, device=pl_module.device)
     return trainer.strategy.all_gather(local).reshape(-1, len(values)).cpu().tolist()
+
+
+@dataclass
+class Counts:
+    """Counts of one rank that add up over steps and over ranks; a subclass declares them
+    as fields with a default of their type (``0`` or ``0.0``)."""
+
+    def add(self, other: Self) -> None:
+        """Add ``other``'s counts to these, field by field."""
+        for field in fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def row(self) -> list[float]:
+        """The counts as one row of floats, in field order (what :func:`gather_rows` sends)."""
+        return [float(getattr(self, field.name)) for field in fields(self)]
+
+    @classmethod
+    def of_row(cls, row: Sequence[float]) -> Self:
+        """The counts of a :meth:`row`, each back to the type of its field's default."""
+        return cls(*(type(f.default)(v) for f, v in zip(fields(cls), row, strict=True)))
+
+    def gather(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Self]:
+        """Every rank's counts, by rank (one all-gather; every rank must call it)."""
+        return [self.of_row(row) for row in gather_rows(trainer, pl_module, self.row())]

@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from odb_lightning.lit.callbacks.counters import StepCounters
-from odb_lightning.lit.callbacks.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.rank_gather import Counts
 from odb_lightning.lit.model.flops import ModelFlops, peak_bf16_flops
 
 
@@ -84,7 +84,7 @@ class StepClock:
 
 
 @dataclass
-class Window:
+class Window(Counts):
     """One rank's counts over the steps since the last reduction (or over the run)."""
 
     wall_s: float = 0.0
@@ -96,23 +96,15 @@ class Window:
     forward_s: float = 0.0
     forward_steps: int = 0
 
-    def add(self, other: Window) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
-    def row(self) -> list[float]:
-        return [float(getattr(self, name)) for name in self.__dataclass_fields__]
-
-
-def reduce_windows(rows: list[list[float]], peak_flops: float | None) -> dict[str, float]:
-    """Per-device rates and step times of every rank's :class:`Window` row.
+def reduce_windows(windows: list[Window], peak_flops: float | None) -> dict[str, float]:
+    """Per-device rates and step times of every rank's :class:`Window`.
 
     Tokens, samples and FLOPs are summed over ranks and divided by the slowest rank's wall
     time and the world size; ``step_time_mean_s``/``step_time_max_s`` are the mean and the
     max over ranks of each rank's mean step time (``forward_time_*`` likewise of the
     forward parts); ``mfu`` needs the device peak.
     """
-    windows = [Window(*row) for row in rows]
     world = len(windows)
     wall_s = max(w.wall_s for w in windows)
     out: dict[str, float] = {}
@@ -270,9 +262,8 @@ class StepMetricsCallback(pl.Callback):
         pl_module.log("odb/padding_efficiency", efficiency, rank_zero_only=True)
 
     def _log_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        window = self._take_window()
-        rows = gather_rows(trainer, pl_module, window.row())
-        self.last_logged = reduce_windows(rows, self.peak_flops)
+        windows = self._take_window().gather(trainer, pl_module)
+        self.last_logged = reduce_windows(windows, self.peak_flops)
         bar = {"mfu", "tokens_per_s_per_device"}
         for name, value in self.last_logged.items():
             pl_module.log(f"perf/{name}", value, prog_bar=name in bar, rank_zero_only=True)
@@ -280,15 +271,13 @@ class StepMetricsCallback(pl.Callback):
     def summary_entries(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """The run's figures (every rank calls it: one all-gather)."""
         self._take_window()
-        rows = gather_rows(trainer, pl_module, self.run.row())
-        entries: dict[str, Any] = {"mfu": None, **reduce_windows(rows, self.peak_flops)}
+        windows = self.run.gather(trainer, pl_module)
+        entries: dict[str, Any] = {"mfu": None, **reduce_windows(windows, self.peak_flops)}
         entries["peak_tflops_per_device"] = (
             None if self.peak_flops is None else self.peak_flops / 1e12
         )
-        entries["step_time_s_per_rank"] = [
-            w.step_s / w.steps if w.steps else None for w in (Window(*row) for row in rows)
-        ]
-        entries["model_flops"] = sum(Window(*row).model_flops for row in rows) or None
+        entries["step_time_s_per_rank"] = [w.step_s / w.steps if w.steps else None for w in windows]
+        entries["model_flops"] = sum(w.model_flops for w in windows) or None
         return entries
 
     def _take_window(self) -> Window:

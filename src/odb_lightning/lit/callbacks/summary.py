@@ -69,7 +69,7 @@ class SummaryBuilder(pl.Callback):
 
     def build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """The summary (every rank must call it: its gathers are collectives)."""
-        per_rank = self.counters.gather(trainer, pl_module)
+        per_rank = self.counters.totals.gather(trainer, pl_module)
         report = self.run_report.run_report() if self.run_report is not None else None
         summary = step_figures(trainer, per_rank, report, self.counters.train_s)
         if self.parameters is not None:
