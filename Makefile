@@ -42,7 +42,7 @@ test-all: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(PY) -m ruff check src tests experiments train.py eval.py
+	$(PY) -m ruff check src tests experiments testing train.py eval.py
 
 clean:
 	rm -rf $(VENV) outputs multirun wandb .pytest_cache

@@ -1,44 +1,25 @@
-"""Fixtures shared by every tier: process-group teardown, the Qwen tokenizer and the
-composed ``train`` config.
+"""Fixtures shared by every tier: process-group teardown and the Qwen tokenizer (from
+:mod:`testing.fixtures`, which the studies' tests share) and the composed ``train``
+config.
 
-Shared helpers that are not fixtures live in ``tests/helpers/``; what experiments share
-with the tests lives in :mod:`experiments.harness`.
+Shared helpers that are not fixtures live in ``tests/helpers/``; what the studies share
+with the tests lives in :mod:`testing.harness`.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from testing.fixtures import no_leftover_process_group, tokenizer
+
 if TYPE_CHECKING:
     from helpers.configs import ComposeConfig
-    from odb_lightning.data import QwenTokenizer
 
-
-@pytest.fixture(autouse=True)
-def _no_leftover_process_group() -> Iterator[None]:
-    """Destroy a default process group a test left behind, so that the next test starts
-    without one. No group can exist before something imports ``torch.distributed``, so
-    the check itself imports nothing."""
-    yield
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> QwenTokenizer:
-    """The Qwen2.5 tokenizer, loaded once here: forked loader workers inherit it loaded."""
-    from odb_lightning.data import QwenTokenizer  # imported here: most tests need no tokenizer
-
-    tokenizer = QwenTokenizer()
-    tokenizer.encode_text("warm")
-    return tokenizer
+__all__ = ["compose_cfg", "no_leftover_process_group", "tokenizer"]
 
 
 @pytest.fixture

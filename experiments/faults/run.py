@@ -1,14 +1,14 @@
 """Fault matrix, timed: each fault three times, at the loader level and in train.py.
 
-Loader level (``experiments.harness.fault_matrix``): ``ODBLoader`` on 2 real ranks
+Loader level (``testing.harness.fault_matrix``): ``ODBLoader`` on 2 real ranks
 (gloo, 2 workers each), one fault on rank 1: a worker, the collate process or the whole
 rank SIGKILLed after 2 batches, a sample that hangs (``timeout_s=2``) or raises (under
 ``on_bad_sample`` raise and skip). Recorded per run: each rank's error and the seconds
 from the fault to it, the seconds until every process of the job had exited, and the
 processes left running (by PID, recorded before the fault).
 
-train.py level (``experiments.harness.train_faults``): ``train.py debug=smoke
-trainer=ddp_cpu`` with ``experiments.harness.fault_injection.FaultInjectingModule``: an
+train.py level (``testing.harness.train_faults``): ``train.py debug=smoke
+trainer=ddp_cpu`` with ``testing.harness.fault_injection.FaultInjectingModule``: an
 exception in ``training_step`` on rank 1, rank 1 SIGKILLed, SIGTERM to rank 0, SIGINT to
 the process group (Ctrl-C), all at training step 2. Recorded: exit code, the error lines of the
 output, seconds from the fault until all 6 processes were gone, leftover PIDs.
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 from experiments.common import results_meta
-from experiments.harness.fault_matrix import matrix, run_fault
-from experiments.harness.train_faults import outcome_lines, run_train_fault
+from testing.harness.fault_matrix import matrix, run_fault
+from testing.harness.train_faults import outcome_lines, run_train_fault
 
 HERE = Path(__file__).resolve().parent
 

@@ -62,8 +62,8 @@ def eager(out: Path) -> None:
 
 def sharded(out_dir: Path) -> None:
     """One rank of a 2-rank FSDP2 job: Lightning's setup, stopped before the first batch."""
-    from experiments.harness.sharded_setup import fit_setup_only, one_batch_loader
     from odb_lightning.lit.model.module import CausalLMModule
+    from testing.harness.sharded_setup import fit_setup_only, one_batch_loader
 
     class Probe(CausalLMModule):
         def on_fit_start(self) -> None:

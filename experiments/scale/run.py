@@ -12,7 +12,7 @@ of at most 4,096 tokens; a seeded bootstrap of them where ``W x per-rank`` excee
 * Real: W processes on this machine, each a real gloo default group and an ``ODBLoader``
   (one worker, its collate process and the dedicated Gloo metadata channel), over a
   dataset that builds each sample from its length (no tokenization), started by the
-  multi-rank harness the runtime tests use (``experiments.harness.ranks``). Recorded: the
+  multi-rank harness the runtime tests use (``testing.harness.ranks``). Recorded: the
   round latency as the loader measures it (publishing the report to holding the plan:
   the all-gather plus waiting for the slowest rank's window), steps per rank, and whether
   every step equals the simulator's on the same shards.
@@ -31,8 +31,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from experiments.common import results_meta
-from experiments.harness.datasets import SyntheticChatDataset
-from experiments.harness.ranks import RankJob, run_ranks
 from experiments.scale.shards import (
     deal,
     draw_lengths,
@@ -46,6 +44,8 @@ from odb_lightning.core.simulate import simulate
 from odb_lightning.core.types import SampleInfo
 from odb_lightning.core.window import GroupingWindow
 from odb_lightning.core.wire import decode_report, encode_report, message_length
+from testing.harness.datasets import SyntheticChatDataset
+from testing.harness.ranks import RankJob, run_ranks
 
 HERE = Path(__file__).resolve().parent
 SIMULATED_WORLDS = (2, 4, 8, 16, 64, 256, 1024)

@@ -23,8 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.common import results_meta
-from experiments.harness.datasets import SyntheticChatDataset
-from experiments.harness.ranks import RankJob, run_ranks
+from testing.harness.datasets import SyntheticChatDataset
+from testing.harness.ranks import RankJob, run_ranks
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = 120

@@ -2,7 +2,7 @@
 descriptors, child processes and memory must stay bounded (no leak per epoch).
 
 Each rank is a real process in a gloo default group (the multi-rank harness of
-``experiments.harness.ranks``, which the runtime tests use too) running ``ODBLoader``
+``testing.harness.ranks``, which the runtime tests use too) running ``ODBLoader``
 over ShareGPT first exchanges, tokenized with the Qwen2.5 BPE in the workers. Per epoch every rank
 samples, after its first batch and after the epoch: its open fds (``/proc/<pid>/fd``),
 its live descendants (workers and collate process), its RSS, the largest RSS among its
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from experiments.common import results_meta
-from experiments.harness.ranks import RankJob, run_ranks
 from odb_lightning.data import ChatDataset, QwenTokenizer, load_source
+from testing.harness.ranks import RankJob, run_ranks
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20

@@ -4,7 +4,7 @@ hog (``python -c "while True: pass"``), a few trials, each timed
 
     signal -> step boundary -> checkpoint saved -> rank 0 exits -> every process gone
 
-from the marks :class:`~experiments.stop_phases.marks.StopMarks` writes inside the run
+from the marks :class:`~testing.harness.stop_marks.StopMarks` writes inside the run
 (step boundaries, validation starts) and the lines of the run's output, stamped when they
 arrive (``stopping on SIGTERM after optimizer step S: checkpoint ...``). The processes of
 the job (both ranks, their loader workers and collate processes) are recorded just before
@@ -15,7 +15,7 @@ between SIGTERM and SIGKILL is 30 s.
     .venv/bin/python -m experiments.stop_phases.run --label before --checkout <old checkout>
 
 ``--checkout`` runs another checkout's ``train.py`` (its ``src`` first on ``PYTHONPATH``;
-it needs ``experiments/stop_phases/marks.py`` copied in). Results go to ``results.json``
+it needs this checkout's ``testing/`` copied in). Results go to ``results.json``
 under ``--label``: every trial, and the median and worst of each phase.
 """
 
@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import ROOT, results_meta
-from experiments.harness.processes import descendants, kill_leftovers, wait_all_gone
+from testing.harness.processes import descendants, kill_leftovers, wait_all_gone
 
 HERE = Path(__file__).resolve().parent
-MARKS = "experiments.stop_phases.marks.StopMarks"
+MARKS = "testing.harness.stop_marks.StopMarks"
 STOPPED_LINE = re.compile(r"stopping on SIG\w+ after optimizer step (\d+)")
 PHASES = (
     "signal_to_boundary_s",

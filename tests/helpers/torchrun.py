@@ -15,7 +15,7 @@ LAUNCHER_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_POR
 
 def launcher_free_env(**extra: str) -> dict[str, str]:
     """This environment without the variables of a launcher, with the checkout's root
-    (``experiments``) and ``tests/`` (the helpers) on ``PYTHONPATH`` and ``extra`` on top."""
+    (``testing``) and ``tests/`` (the helpers) on ``PYTHONPATH`` and ``extra`` on top."""
     env = {
         k: v
         for k, v in os.environ.items()

@@ -19,8 +19,6 @@ import pyarrow as pa
 import pytest
 import torch
 
-from experiments.harness.datasets import SyntheticChatDataset
-from experiments.harness.ranks import RankJob, run_ranks
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.data import (
     BadRecordError,
@@ -33,6 +31,8 @@ from odb_lightning.data.length_cache import LengthCache, length_fingerprint
 from odb_lightning.runtime import BadSampleError, ODBLoader
 from odb_lightning.runtime.planned import PlannedLoader
 from odb_lightning.runtime.stats import EpochStats
+from testing.harness.datasets import SyntheticChatDataset
+from testing.harness.ranks import RankJob, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQ_LEN = 1024

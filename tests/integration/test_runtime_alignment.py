@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from experiments.harness.datasets import SyntheticChatDataset, SyntheticPatchDataset
-from experiments.harness.ranks import RankJob, expected_dealt_steps, expected_steps, run_ranks
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.simulate import simulate
+from testing.harness.datasets import SyntheticChatDataset, SyntheticPatchDataset
+from testing.harness.ranks import RankJob, expected_dealt_steps, expected_steps, run_ranks
 
 N_SAMPLES = 240
 # Ranks are forked from a forkserver, whose children default to forkserver too: name the

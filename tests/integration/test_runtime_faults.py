@@ -1,6 +1,6 @@
 """Failures end every rank with an error that names what failed, within bounded time,
 and leave no child process behind: single-rank checks, then the 2-rank fault matrix
-(:mod:`experiments.harness.fault_matrix`: a worker, the collate process or a whole rank
+(:mod:`testing.harness.fault_matrix`: a worker, the collate process or a whole rank
 killed, a sample that hangs or raises, with ``on_bad_sample`` raise and skip)."""
 
 from __future__ import annotations
@@ -18,16 +18,6 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from experiments.harness.datasets import SyntheticChatDataset
-from experiments.harness.fault_matrix import (
-    NUM_SAMPLES,
-    LoaderFault,
-    matrix,
-    rank1_sample,
-    run_fault,
-)
-from experiments.harness.processes import wait_gone
-from experiments.harness.ranks import RankJob, run_ranks, run_silent_peer
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import SettingsMismatchError
 from odb_lightning.core.wire import RankReport, encode_report
@@ -41,6 +31,16 @@ from odb_lightning.runtime import (
     exchange,
 )
 from odb_lightning.runtime.pipeline import STALL_GRACE_S
+from testing.harness.datasets import SyntheticChatDataset
+from testing.harness.fault_matrix import (
+    NUM_SAMPLES,
+    LoaderFault,
+    matrix,
+    rank1_sample,
+    run_fault,
+)
+from testing.harness.processes import wait_gone
+from testing.harness.ranks import RankJob, run_ranks, run_silent_peer
 
 LOADER = {
     "token_budget": 600,

@@ -1,4 +1,4 @@
-"""The multi-rank harness's own contract (:mod:`experiments.harness`): the shards it
+"""The multi-rank harness's own contract (:mod:`testing.harness`): the shards it
 deals and the supervised-token counts it predicts, which the runtime tests compare the
 loader against."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.harness.datasets import IGNORE, SkewedShard, SyntheticChatDataset
+from testing.harness.datasets import IGNORE, SkewedShard, SyntheticChatDataset
 
 
 def test_skewed_shards_partition_the_dataset_by_weight_longest_first() -> None:

@@ -17,10 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from experiments.harness.sharded_setup import fit_setup_only, one_batch_loader
 from helpers.tiny_lm import tiny_arguments, tiny_module
 from helpers.torchrun import leave_ranks, run_script_on_ranks
 from odb_lightning.lit.model.module import CausalLMModule
+from testing.harness.sharded_setup import fit_setup_only, one_batch_loader
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.harness.datasets import SyntheticChatDataset
-from experiments.harness.ranks import RankJob, run_ranks
+from testing.harness.datasets import SyntheticChatDataset
+from testing.harness.ranks import RankJob, run_ranks
 
 EPOCHS = 10
 MIB = 1 << 20

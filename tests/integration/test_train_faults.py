@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.harness.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 from helpers.train_run import read_audit, train
+from testing.harness.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 
 PROCESSES = 6  # 2 ranks, each with 1 loader worker (debug=smoke) and 1 collate process
 GLOO_PEER_GONE = "Connection closed by peer"  # the training group's all-reduce on rank 0
@@ -153,7 +153,7 @@ def test_sigusr1_under_slurm_stops_saves_and_requeues(tmp_path: Path) -> None:
     assert before + after == Counter(EPOCH)
 
 
-MARKS = "+callbacks.stop_marks._target_=experiments.stop_phases.marks.StopMarks"
+MARKS = "+callbacks.stop_marks._target_=testing.harness.stop_marks.StopMarks"
 
 
 def _check_all_gone(result: TrainFaultResult) -> None:

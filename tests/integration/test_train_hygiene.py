@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.harness.processes import listening_sockets
-from experiments.harness.train_faults import run_train_fault
 from helpers.train_run import ROOT
+from testing.harness.processes import listening_sockets
+from testing.harness.train_faults import run_train_fault
 
 TRIGGER = "TRIGGER-PREPROCESSING-FAILURE"  # RaisingTokenizer's default
 NUM_RECORDS = 40
@@ -89,7 +89,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         "data.max_samples=null",
         "batching.loader.on_bad_sample=skip",
         "audit_ids=true",
-        "tokenizer._target_=experiments.harness.fault_injection.RaisingTokenizer",
+        "tokenizer._target_=testing.harness.fault_injection.RaisingTokenizer",
         env={"HOME": str(home), "TMPDIR": str(temp)},
         cwd=cwd,
     )

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "odb_lightning"
-EXPERIMENTS = SRC.parents[1] / "experiments"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "odb_lightning"
+EXPERIMENTS = ROOT / "experiments"
+TESTING = ROOT / "testing"
+TESTS = ROOT / "tests"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 # Third-party roots each layer may import (besides the stdlib and the layers below it).
@@ -71,6 +75,33 @@ def imported_roots(path: Path) -> set[str]:
     return names
 
 
+# A string that names a module to be imported at run time: a Hydra override's target
+# (``model._target_=pkg.module.Class``) or a whole dotted path (``python -m pkg.module``).
+MODULE_STRING = re.compile(r"(?:^|_target_=)([A-Za-z_]\w*(?:\.\w+)+)$")
+
+
+def referenced_roots(path: Path) -> set[str]:
+    """Top-level names a file imports, or names in a string as a module to import at run
+    time (a ``_target_`` override, a ``python -m`` argument)."""
+    roots = {name.split(".")[0] for name in imported_roots(path)}
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            roots.update(m.group(1).split(".")[0] for m in MODULE_STRING.finditer(node.value))
+    return roots
+
+
+def reaches_into(folder: Path, forbidden: set[str], *, sys_path: bool = False) -> list[str]:
+    """``<file> imports <root>`` for each file under ``folder`` that reaches a forbidden
+    root; with ``sys_path``, also ``<file> edits sys.path`` for each that mentions it."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        name = path.relative_to(folder.parent)
+        found += [f"{name} imports {root}" for root in sorted(referenced_roots(path) & forbidden)]
+        if sys_path and "sys.path" in path.read_text():
+            found.append(f"{name} edits sys.path")
+    return found
+
+
 def layer_files(layer: str) -> list[Path]:
     single = SRC / f"{layer}.py"
     return [single] if single.is_file() else sorted((SRC / layer).rglob("*.py"))
@@ -95,29 +126,28 @@ def test_layer_imports_only_downwards(layer: str) -> None:
     assert violations(layer) == []
 
 
-def test_package_imports_neither_experiments_nor_tests() -> None:
+def test_package_imports_no_test_tooling() -> None:
     """The wheel ships ``src/`` alone: what the tests and the studies share (the harness,
-    the fault tools) lives in ``experiments/`` and ``tests/helpers/``."""
-    importers = [
-        f"{p.relative_to(SRC)} imports {n}"
-        for p in SRC.rglob("*.py")
-        for n in imported_roots(p)
-        if n.split(".")[0] in {"experiments", "tests", "helpers"}
-    ]
-    assert importers == []
+    the fault tools) lives in ``testing/``, the tests' own helpers in ``tests/helpers/``."""
+    assert reaches_into(SRC, {"experiments", "tests", "helpers", "testing"}) == []
 
 
-def test_experiments_import_no_tests_and_leave_sys_path() -> None:
-    """Tests may run the studies' code; a study never reaches into ``tests/`` or edits
-    ``sys.path`` to find anything."""
-    found = []
-    for path in sorted(EXPERIMENTS.rglob("*.py")):
-        name = path.relative_to(EXPERIMENTS)
-        roots = {n.split(".")[0] for n in imported_roots(path)}
-        found += [f"{name} imports {root}" for root in sorted(roots & {"tests", "helpers"})]
-        if "sys.path" in path.read_text():
-            found.append(f"{name} edits sys.path")
-    assert found == []
+def test_tests_never_reach_the_studies() -> None:
+    """The package's tests take their tooling from ``testing/`` and ``tests/helpers/``;
+    the tests of a study's own code live beside it, in ``experiments/tests/``."""
+    assert reaches_into(TESTS, {"experiments"}) == []
+
+
+def test_testing_reaches_neither_studies_nor_tests() -> None:
+    """``testing/`` sits below both: the tests and the studies import it, it imports
+    neither (nor edits ``sys.path`` to find them)."""
+    assert reaches_into(TESTING, {"experiments", "tests", "helpers"}, sys_path=True) == []
+
+
+def test_studies_reach_no_tests_and_leave_sys_path() -> None:
+    """A study (and a study's test) takes the package and ``testing/``, never ``tests/``,
+    and never edits ``sys.path`` to find anything."""
+    assert reaches_into(EXPERIMENTS, {"tests", "helpers"}, sys_path=True) == []
 
 
 def test_data_never_imports_the_runtime() -> None:
@@ -177,6 +207,23 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nfrom odb_lightning.lit import module\n")
     assert imported_roots(bad) == {"torch", "odb_lightning.lit"}
+
+
+def test_reference_finder_sees_run_time_imports(tmp_path: Path) -> None:
+    """A module named in a ``_target_`` override or a ``python -m`` argument counts as
+    imported; a docstring that cites a command, or a path, does not."""
+    (tmp_path / "a.py").write_text(
+        '"""Timed by ``python -m bench.scale``; its figures in ``results/bench.json``."""\n'
+        "from helpers.configs import compose_train\n"
+        'OVERRIDE = "+callbacks.marks._target_=testing.harness.stop_marks.StopMarks"\n'
+        'COMMAND = ["python", "-m", "experiments.gpu.run", "--out", "runs/gpu"]\n'
+        "import sys\nsys.path.insert(0, '.')\n"
+    )
+    assert referenced_roots(tmp_path / "a.py") == {"helpers", "testing", "experiments", "sys"}
+    found = reaches_into(tmp_path, {"helpers", "tests"})
+    assert found == [f"{tmp_path.name}/a.py imports helpers"]
+    found = reaches_into(tmp_path, {"tests"}, sys_path=True)
+    assert found == [f"{tmp_path.name}/a.py edits sys.path"]
 
 
 # The rooms of ``lit``, lowest first: a room imports only the rooms before it (and

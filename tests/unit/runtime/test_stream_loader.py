@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.harness.streams import (
+from helpers.streams import (
     ReplyLengthDataset,
     StreamJob,
     run_stream_ranks,

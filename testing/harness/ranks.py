@@ -23,13 +23,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from experiments.harness.datasets import IGNORE, SkewedShard, SyntheticChatDataset
-from experiments.harness.processes import descendants, resource_sample
 from odb_lightning.core.config import KNOB_NAMES, BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.simulate import simulate, simulate_dealt_epoch
 from odb_lightning.runtime import MetadataChannelError, ODBLoader, Rendezvous
 from odb_lightning.runtime.exchange import open_channel
+from testing.harness.datasets import IGNORE, SkewedShard, SyntheticChatDataset
+from testing.harness.processes import descendants, resource_sample
 
 
 class KillTarget(StrEnum):

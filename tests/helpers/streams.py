@@ -1,4 +1,4 @@
-"""Streamed chat records for the tests and studies: a JSON Lines file of records with
+"""Streamed chat records for the tests: a JSON Lines file of records with
 known lengths, a toy tokenizer that turns a record into a sample of that length, and a
 2-rank run of ``ODBLoader`` over the stream that may stop mid-epoch and resume."""
 

@@ -1,9 +1,9 @@
 """Faults injected from inside a real ``train.py`` run.
 
 Selected with Hydra overrides, e.g.
-``model._target_=experiments.harness.fault_injection.FaultInjectingModule
+``model._target_=testing.harness.fault_injection.FaultInjectingModule
 +model.fault=raise +model.fault_rank=1 +model.fault_step=2 +model.probe_dir=<dir>``
-(:mod:`~experiments.harness.train_faults` builds them). Each rank writes
+(:mod:`~testing.harness.train_faults` builds them). Each rank writes
 ``probe_rank{r}.json`` at its first training step (its pid and every descendant's, for the
 orphan check) and, at the fault step, ``fault.json`` (the ``time.monotonic()`` of the
 fault, comparable across processes on Linux) just before the fault.
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from experiments.harness.processes import descendants, listening_sockets
 from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.lit.model.module import CausalLMModule
+from testing.harness.processes import descendants, listening_sockets
 
 FAULT_MOMENTS = ("step", "backward", "batch_end")
 """When in its step the fault fires: at ``training_step``'s start, as the backward

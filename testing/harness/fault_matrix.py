@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.harness.datasets import SyntheticChatDataset, read_fault_marker
-from experiments.harness.processes import kill_leftovers, wait_all_gone
-from experiments.harness.ranks import Kill, KillTarget, RankJob, run_ranks
+from testing.harness.datasets import SyntheticChatDataset, read_fault_marker
+from testing.harness.processes import kill_leftovers, wait_all_gone
+from testing.harness.ranks import Kill, KillTarget, RankJob, run_ranks
 
 NUM_SAMPLES = 600
 LOADER = {

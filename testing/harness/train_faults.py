@@ -1,6 +1,6 @@
 """Faults in a real 2-rank ``python train.py trainer=ddp_cpu`` run of this checkout:
 the run is a subprocess in its own session, as a user or a scheduler starts it; the fault
-comes from :class:`~experiments.harness.fault_injection.FaultInjectingModule` inside it.
+comes from :class:`~testing.harness.fault_injection.FaultInjectingModule` inside it.
 
 A result gives the exit code, the output of both ranks (rank 1 writes to rank 0's
 stdout and stderr), the seconds from the fault until every process of the job (both
@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common import ROOT
-from experiments.harness.processes import kill_leftovers, wait_all_gone
+from testing.harness.processes import kill_leftovers, wait_all_gone
 
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout's root (``testing/harness/`` is two levels below it)."""
 TRAIN_SCRIPT = ROOT / "train.py"
 """``train.py`` of this checkout (the script and its ``conf/`` are not part of the package)."""
-FAULT_MODULE = "experiments.harness.fault_injection.FaultInjectingModule"
+FAULT_MODULE = "testing.harness.fault_injection.FaultInjectingModule"
 EXIT_BOUND_S = 30.0
 """Every process of the job exits within this many seconds of the fault."""
 

@@ -7,16 +7,19 @@ samples, under the same budget.
 
 from __future__ import annotations
 
+import functools
 import random
 
 # The reference package (installed by the dev and bench extras): a missing install fails.
 import odb  # noqa: F401
 import pytest
+import torch
 
 from experiments.throughput import run
 from experiments.throughput import throughput_arms as arms
-from helpers.tiny_lm import module_arguments
 from odb_lightning.data import LengthStats, TokenizedDataset
+from odb_lightning.lit.model.config import Architecture
+from odb_lightning.lit.model.lr_schedule import WarmupSchedule
 
 BUDGET = 1024
 NUM_SAMPLES = 32
@@ -57,10 +60,18 @@ def test_arm_emits_every_sample_once_within_the_budget(bench: arms.BenchData, ar
 
 
 def test_reference_trains_in_the_shared_loop(bench: arms.BenchData) -> None:
-    model = run.CausalLMModule(**module_arguments(
+    architecture = Architecture(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=64, token_id_fold=2048,
-    ))  # fmt: skip
+    )  # fmt: skip
+    # train_epoch steps its own AdamW; the module's factories only have to build.
+    model = run.CausalLMModule(
+        architecture=architecture,
+        optimizer=functools.partial(torch.optim.AdamW),
+        scheduler=functools.partial(
+            WarmupSchedule, shape="constant", warmup_steps=0, min_lr_ratio=1.0, decay_steps=None
+        ),
+    )
     record = run.train_epoch(model, arms.make_arm("reference", bench, SETTINGS), lr=1e-3)
     run.check_coverage(bench, "reference", record)  # raises on any mismatch
     assert record.loss_tokens == sum(bench.loss_tokens)

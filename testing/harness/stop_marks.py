@@ -1,8 +1,9 @@
 """A callback that writes timestamped marks of a run's phases, one line per event, for
-``experiments/stop_phases/run.py``: every step boundary, validation starts, checkpoint
-saves, the end of training and the teardown, each with the rank and ``time.time()``.
+``experiments/stop_phases/run.py`` and the stop tests of ``tests/integration/
+test_train_faults.py``: every step boundary, validation starts, checkpoint saves, the end
+of training and the teardown, each with the rank and ``time.time()``.
 
-Added to a run with ``+callbacks.stop_marks._target_=experiments.stop_phases.marks.StopMarks
+Added to a run with ``+callbacks.stop_marks._target_=testing.harness.stop_marks.StopMarks
 +callbacks.stop_marks.path=<file>``; each rank appends to ``<file>.rank<r>``.
 """
 
