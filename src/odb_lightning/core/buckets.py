@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from odb_lightning.core.budget import Budget
-from odb_lightning.core.checks import is_int
+from odb_lightning.core.checks import check_positive_int
 from odb_lightning.core.plans import bucket_of, plan_bucketed, summarize_plan, validate_lengths
 
 # Below this probability the rest of the histogram cannot move E[max] by a visible amount.
@@ -162,8 +162,7 @@ def _check_args(
         ("max_batch_size", max_batch_size),
         ("num_candidates", num_candidates),
     ):
-        if not is_int(value) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_int(name, value)
 
 
 def candidate_edges(lengths: Sequence[int], num_candidates: int = 128) -> list[int]:

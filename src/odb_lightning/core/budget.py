@@ -18,10 +18,11 @@ is.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
+
+from odb_lightning.core.checks import check_positive_int, check_weight
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +44,9 @@ class Budget:
     (:func:`~odb_lightning.core.grouping.padded_cuts`); else the greedy cut is final."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.token_budget, int) or self.token_budget < 1:
-            raise ValueError(f"token_budget must be a positive integer, got {self.token_budget!r}")
-        if not math.isfinite(self.attention_weight) or self.attention_weight < 0:
-            raise ValueError(
-                f"attention_weight must be finite and >= 0, got {self.attention_weight!r}"
-            )
-        multiple = self.pad_to_multiple_of
-        if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {multiple!r}")
+        check_positive_int("token_budget", self.token_budget)
+        check_weight("attention_weight", self.attention_weight)
+        check_positive_int("pad_to_multiple_of", self.pad_to_multiple_of)
 
     def padded_length(self, length: int) -> int:
         """``length`` rounded up to a multiple of ``pad_to_multiple_of``."""

@@ -15,6 +15,11 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_count(value: object, least: int) -> bool:
+    """An integer (not a bool) of at least ``least``."""
+    return is_int(value) and value >= least  # type: ignore[operator]
+
+
 def is_number(value: object) -> bool:
     """An integer or a float that is not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -34,14 +39,14 @@ def check_positive_int(key: str, value: object, *, optional: bool = False) -> No
     """A positive integer (or ``None`` when ``optional``)."""
     if optional and value is None:
         return
-    if not is_int(value) or value < 1:  # type: ignore[operator]
+    if not is_count(value, 1):
         null = " or null" if optional else ""
         raise ValueError(f"{key} must be a positive integer{null}, got {value!r}")
 
 
 def check_int(key: str, value: object, *, least: int | None = None) -> None:
     """An integer, at least ``least`` when given."""
-    if not is_int(value) or (least is not None and value < least):  # type: ignore[operator]
+    if not (is_int(value) if least is None else is_count(value, least)):
         bound = "" if least is None else f" >= {least}"
         raise ValueError(f"{key} must be an integer{bound}, got {value!r}")
 

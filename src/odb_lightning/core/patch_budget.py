@@ -21,8 +21,9 @@ window counts it (``num_over_patch_budget``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from odb_lightning.core.checks import check_positive_int, check_weight
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +39,8 @@ class PatchBudget:
     patch_attention_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_patches, int) or isinstance(self.max_patches, bool):
-            raise ValueError(f"max_patches must be a positive integer, got {self.max_patches!r}")
-        if self.max_patches < 1:
-            raise ValueError(f"max_patches must be a positive integer, got {self.max_patches!r}")
-        weight = self.patch_attention_weight
-        if not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"patch_attention_weight must be finite and >= 0, got {weight!r}")
+        check_positive_int("max_patches", self.max_patches)
+        check_weight("patch_attention_weight", self.patch_attention_weight)
 
     def sample_cost(self, num_patches: int, patch_square_sum: int = 0) -> float:
         """Patch cost of one sample, ``sum(p + w_p * p**2)`` over its images, from its

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from odb_lightning.core.checks import is_int
+from odb_lightning.core.checks import check_positive_int, is_int
 from odb_lightning.core.order import make_rng
 
 
@@ -26,8 +26,7 @@ def lognormal_lengths(
         raise ValueError(f"mean must be a positive number, got {mean!r}")
     if not (math.isfinite(cv) and cv >= 0):
         raise ValueError(f"cv must be a non-negative number, got {cv!r}")
-    if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
-        raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+    check_positive_int("max_len", max_len, optional=True)
     sigma2 = math.log1p(cv * cv)
     mu = math.log(mean) - sigma2 / 2
     rng = make_rng(seed, "lognormal")

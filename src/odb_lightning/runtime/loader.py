@@ -7,7 +7,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from odb_lightning.core.checks import is_int
+from odb_lightning.core.checks import check_int, check_positive_int
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import DataHandshake
 from odb_lightning.core.online_policy import OnlinePolicy
@@ -39,10 +39,6 @@ from odb_lightning.runtime.stream_source import (
 )
 from odb_lightning.runtime.worker import MapDataset
 from odb_lightning.sample import SampleLimits
-
-
-def _is_count(value: object, minimum: int) -> bool:
-    return is_int(value) and value >= minimum
 
 
 class ODBLoader:
@@ -118,12 +114,9 @@ class ODBLoader:
                 f"ODBLoader forms batches online (an odb mode), got mode "
                 f"{self.config.mode!r}: planned modes use PlannedLoader"
             )
-        if not _is_count(pad_id, 0):
-            raise ValueError(f"pad_id must be an integer >= 0, got {pad_id!r}")
-        if max_seq_len is not None and not _is_count(max_seq_len, 1):
-            raise ValueError(f"max_seq_len must be an integer >= 1 or None, got {max_seq_len!r}")
-        if vocab_size is not None and not _is_count(vocab_size, 1):
-            raise ValueError(f"vocab_size must be an integer >= 1 or None, got {vocab_size!r}")
+        check_int("pad_id", pad_id, least=0)
+        check_positive_int("max_seq_len", max_seq_len, optional=True)
+        check_positive_int("vocab_size", vocab_size, optional=True)
         self.pad_id, self.max_seq_len, self.vocab_size = pad_id, max_seq_len, vocab_size
         self._limits = SampleLimits(max_seq_len, vocab_size)  # what every sample is checked on
         if collate_fn is None:
@@ -162,8 +155,7 @@ class ODBLoader:
     # -- public surface ---------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Epoch of the next iteration (shard order, step order); equal on every rank."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        check_int("epoch", epoch, least=0)
         self._epoch = epoch
 
     @property

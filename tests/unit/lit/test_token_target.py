@@ -141,7 +141,7 @@ def test_without_tokens_per_step_every_micro_batch_steps() -> None:
 @pytest.mark.parametrize("value", [0, -4, 2.5, True, "8"])
 def test_tokens_per_step_must_be_a_positive_int_or_null(value: object) -> None:
     with pytest.raises(
-        ValueError, match=r"model\.step\.tokens_per_step must be a positive int or null"
+        ValueError, match=r"model\.step\.tokens_per_step must be a positive integer or null"
     ):
         recorder(tokens_per_step=value)  # type: ignore[arg-type]
 

@@ -32,7 +32,6 @@ turn the job's 143 into a kill (-9) while it reaps them.
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import os
 import re
@@ -54,6 +53,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
+from odb_lightning.core.checks import check_positive
 from odb_lightning.lit.callbacks.checkpointing import replace_link, stop_checkpoint_name
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,7 @@ class StopSettings:
     the scheduler's grace: SLURM's default is 30 s from SIGTERM to SIGKILL."""
 
     def __post_init__(self) -> None:
-        value = self.deadline_s
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (math.isfinite(value) and value > 0)
-        ):
-            raise ValueError(f"stop.deadline_s must be a positive number of seconds, got {value!r}")
+        check_positive("stop.deadline_s", self.deadline_s, "seconds")
 
 
 class GracefulStop(Callback):

@@ -33,6 +33,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from odb_lightning.core.checks import check_positive, check_positive_int
 from odb_lightning.lit.callbacks.counters import StepCounters
 from odb_lightning.lit.callbacks.rank_gather import Counts
 from odb_lightning.lit.model.flops import ModelFlops, peak_bf16_flops
@@ -156,10 +157,8 @@ class StepMetricsCallback(pl.Callback):
         peak_tflops: float | None = None,
         counters: StepCounters | None = None,
     ) -> None:
-        if log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
-        if peak_tflops is not None and not peak_tflops > 0:
-            raise ValueError(f"peak_tflops must be > 0 (TFLOP/s) or null, got {peak_tflops}")
+        check_positive_int("callbacks.step_metrics.log_every_n_steps", log_every_n_steps)
+        check_positive("callbacks.step_metrics.peak_tflops", peak_tflops, "TFLOP/s", optional=True)
         self.log_every_n_steps = log_every_n_steps
         self.peak_tflops = peak_tflops
         self.counters = counters

@@ -11,25 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-EnumT = TypeVar("EnumT", bound=StrEnum)
-
-
-def enum_choice(kind: type[EnumT], value: object, key: str) -> EnumT:
-    """``kind(value)``, or an error that names the Hydra ``key`` and the choices."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = ", ".join(member.value for member in kind)
-        raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
-
-
-def _is_count(value: object, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+from odb_lightning.core.checks import check_bool, check_int, check_positive_int, enum_member
 
 
 class ModelDType(StrEnum):
@@ -111,11 +97,7 @@ class Architecture:
                 f"llama, qwen3, ...), got {self.model_type!r}"
             )
         for name in ARCHITECTURE_SIZES:
-            if not _is_count(getattr(self, name), 1):
-                raise ValueError(
-                    f"model.architecture.{name} must be an integer >= 1, got "
-                    f"{getattr(self, name)!r}"
-                )
+            check_int(f"model.architecture.{name}", getattr(self, name), least=1)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.architecture.hidden_size ({self.hidden_size}) must be a multiple of "
@@ -126,14 +108,8 @@ class Architecture:
                 f"model.architecture.num_key_value_heads ({self.num_key_value_heads}) must "
                 f"divide model.architecture.num_attention_heads ({self.num_attention_heads})"
             )
-        if self.head_dim is not None and not _is_count(self.head_dim, 1):
-            raise ValueError(
-                f"model.architecture.head_dim must be >= 1 or null, got {self.head_dim!r}"
-            )
-        if self.token_id_fold is not None and not _is_count(self.token_id_fold, 1):
-            raise ValueError(
-                f"model.architecture.token_id_fold must be >= 1 or null, got {self.token_id_fold}"
-            )
+        for name in ("head_dim", "token_id_fold"):
+            check_positive_int(f"model.architecture.{name}", getattr(self, name), optional=True)
 
     @property
     def fold(self) -> int | None:
@@ -187,8 +163,7 @@ class LoraSettings:
     def __post_init__(self) -> None:
         # Hydra hands lists; the frozen settings hold a tuple.
         object.__setattr__(self, "target_modules", tuple(self.target_modules))
-        if not _is_count(self.r, 1):
-            raise ValueError(f"model.finetuning.lora.r must be an integer >= 1, got {self.r!r}")
+        check_int("model.finetuning.lora.r", self.r, least=1)
         if self.alpha <= 0:
             raise ValueError(f"model.finetuning.lora.alpha must be > 0, got {self.alpha!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -212,7 +187,7 @@ class Finetuning:
     """The adapters of ``method=lora`` (validated even while unused)."""
 
     def __post_init__(self) -> None:
-        method = enum_choice(FinetuningMethod, self.method, "model.finetuning.method")
+        method = enum_member(FinetuningMethod, "model.finetuning.method", self.method)
         object.__setattr__(self, "method", method)
 
     @property
@@ -240,18 +215,15 @@ class ModelRuntime:
     instead of all of them, for one more forward)."""
 
     def __post_init__(self) -> None:
-        dtype = enum_choice(ModelDType, self.dtype, "model.runtime.dtype")
+        dtype = enum_member(ModelDType, "model.runtime.dtype", self.dtype)
         object.__setattr__(self, "dtype", dtype)
         if self.fsdp_param_dtype is not None:
-            param_dtype = enum_choice(
-                ModelDType, self.fsdp_param_dtype, "model.runtime.fsdp_param_dtype"
+            key = "model.runtime.fsdp_param_dtype"
+            object.__setattr__(
+                self, "fsdp_param_dtype", enum_member(ModelDType, key, self.fsdp_param_dtype)
             )
-            object.__setattr__(self, "fsdp_param_dtype", param_dtype)
         for name in ("compile", "activation_checkpointing"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"model.runtime.{name} must be true or false, got {getattr(self, name)!r}"
-                )
+            check_bool(f"model.runtime.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -269,7 +241,4 @@ class StepPolicy:
     """Supervised rows per LM-head chunk (the peak logits memory)."""
 
     def __post_init__(self) -> None:
-        if not _is_count(self.loss_chunk_tokens, 1):
-            raise ValueError(
-                f"model.step.loss_chunk_tokens must be >= 1, got {self.loss_chunk_tokens!r}"
-            )
+        check_int("model.step.loss_chunk_tokens", self.loss_chunk_tokens, least=1)

@@ -12,12 +12,12 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from odb_lightning.core.checks import check_positive_int
 from odb_lightning.core.loss_weights import gradient_scale
 from odb_lightning.lit.model.idle_steps import zero_weight
 from odb_lightning.lit.model.token_target import (
     HOLD_ACCUMULATE_GRAD_BATCHES,
     check_token_target_trainer,
-    check_tokens_per_step,
     global_loss_tokens_of,
     sum_over_ranks,
 )
@@ -65,7 +65,8 @@ class TokenWeightedLossMixin(pl.LightningModule):
 
     def __init__(self, *args: object, tokens_per_step: int | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        self.tokens_per_step = check_tokens_per_step(tokens_per_step)
+        check_positive_int("model.step.tokens_per_step", tokens_per_step, optional=True)
+        self.tokens_per_step = tokens_per_step
         # Global supervised tokens of each micro-batch since the last optimizer step.
         self._pending_loss_tokens: list[int] = []
         # Local supervised tokens of micro-batches whose global count is not in their

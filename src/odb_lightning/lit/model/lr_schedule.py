@@ -12,6 +12,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
+from odb_lightning.core.checks import check_int, check_positive_int, enum_member
+
 
 class LRSchedule(StrEnum):
     """Learning-rate shape after the linear warmup."""
@@ -76,21 +78,11 @@ class WarmupSchedule(LambdaLR):
         min_lr_ratio: float,
         decay_steps: int | None,
     ) -> None:
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"model.scheduler.warmup_steps must be >= 0, got {warmup_steps!r}")
+        check_int("model.scheduler.warmup_steps", warmup_steps, least=0)
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"model.scheduler.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-        if decay_steps is not None and (not isinstance(decay_steps, int) or decay_steps < 1):
-            raise ValueError(
-                f"model.scheduler.decay_steps must be >= 1 or null, got {decay_steps!r}"
-            )
-        try:
-            schedule = LRSchedule(shape)
-        except ValueError:
-            choices = ", ".join(s.value for s in LRSchedule)
-            raise ValueError(
-                f"model.scheduler.shape must be one of {choices}, got {shape!r}"
-            ) from None
+        check_positive_int("model.scheduler.decay_steps", decay_steps, optional=True)
+        schedule = enum_member(LRSchedule, "model.scheduler.shape", shape)
         # Plain values only: the state dict (these attributes) goes into checkpoints that
         # torch.load(weights_only=True) reads.
         self.shape, self.warmup_steps = schedule.value, warmup_steps

@@ -50,25 +50,6 @@ def few_groups_advice(tokens_per_step: int | None, batching: BatchingConfig) -> 
     )
 
 
-def check_tokens_per_step(tokens_per_step: object) -> int | None:
-    """``tokens_per_step`` if it is a positive int or ``None``.
-
-    Raises:
-        ValueError: Naming the Hydra key ``model.step.tokens_per_step``.
-    """
-    if tokens_per_step is None:
-        return None
-    if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int):
-        raise ValueError(
-            f"model.step.tokens_per_step must be a positive int or null, got {tokens_per_step!r}"
-        )
-    if tokens_per_step < 1:
-        raise ValueError(
-            f"model.step.tokens_per_step must be a positive int or null, got {tokens_per_step}"
-        )
-    return tokens_per_step
-
-
 def check_token_target_trainer(trainer: pl.Trainer) -> None:
     """Refuse trainer settings that would fight over when the optimizer steps.
 
