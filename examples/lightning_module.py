@@ -107,8 +107,8 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.tokenizer)
     batching = BatchingConfig.of(token_budget=1024, outstanding_depth=32, num_workers=1, seed=0)
-    data = ODBDataModule(
-        "jsonl", tokenizer, batching, path=str(args.jsonl), max_seq_len=256, val_samples=0.1
+    data = ODBDataModule.of(
+        tokenizer, batching, name="jsonl", path=str(args.jsonl), max_seq_len=256, val_samples=0.1
     )
     model = MyCausalLM(tokenizer.vocab_size)
     trainer = pl.Trainer(

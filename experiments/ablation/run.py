@@ -62,9 +62,9 @@ COMMON = [
     "batching.policy.shard_dealing=fixed",
     "model=cpu_bench",
     "logger=csv",
-    "data.regime=first_exchange",
-    "data.max_seq_len=2048",
-    "data.val_samples=0",
+    "data.source.regime=first_exchange",
+    "data.sizes.max_seq_len=2048",
+    "data.sizes.val_samples=0",
 ]
 SIM_BUDGET = 16384
 SIM_WORLDS = (8, 64)
@@ -166,7 +166,7 @@ def rotated(values: list[Any], shift: int) -> list[Any]:
 def train_ablation(args: argparse.Namespace) -> dict[str, Any]:
     """Every point of both sweeps, interleaved, ``args.repeats`` times."""
     sweeps = {name: sweep_points(name) for name in SWEEPS}
-    common = [*COMMON, f"data.max_samples={args.samples}"]
+    common = [*COMMON, f"data.sizes.max_samples={args.samples}"]
     runs: dict[str, dict[int, list[dict]]] = {name: {} for name in SWEEPS}
     for repeat in range(args.repeats):
         for name, (key, values) in sweeps.items():

@@ -93,15 +93,15 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
     if vlm:  # its own set (written under the run directory), length and record count
         data = [
             "experiment=llava_odb",
-            f"data.set_dir={out_dir.parent / 'vlm_sets'}",
-            f"data.max_samples={args.vlm_samples}",
+            f"data.caches.image_set_dir={out_dir.parent / 'vlm_sets'}",
+            f"data.sizes.max_samples={args.vlm_samples}",
         ]
     else:
         data = [
             "experiment=sharegpt_odb",
-            f"data.regime={args.regime}",
-            f"data.max_seq_len={args.max_seq_len}",
-            f"data.max_samples={args.fsdp_samples if fsdp else args.samples}",
+            f"data.source.regime={args.regime}",
+            f"data.sizes.max_seq_len={args.max_seq_len}",
+            f"data.sizes.max_samples={args.fsdp_samples if fsdp else args.samples}",
         ]
     overrides = [
         *data,
@@ -110,9 +110,9 @@ def arm_overrides(arm: str, args: argparse.Namespace, out_dir: Path) -> list[str
         f"model={model}",
         f"model.architecture.attn_implementation={args.attn}",
         "logger=csv",
-        "data.val_samples=0",
+        "data.sizes.val_samples=0",
         f"batching.loader.num_workers={args.num_workers}",
-        f"data.length_cache_dir={out_dir.parent / 'length_cache'}",
+        f"data.caches.length_dir={out_dir.parent / 'length_cache'}",
         f"batching.token_budget={args.token_budget}",
         # The window is the online policy's knob: only the online arms take it.
         *([f"batching.policy.outstanding_depth={args.outstanding_depth}"] * _online(own)),

@@ -5,7 +5,7 @@
 Each preset is composed as ``train.py`` composes it; its data module is set up (for the
 length-pass modes that measures every training sample), and the shapes are those
 :class:`~odb_lightning.lit.memory.warmup.MemoryWarmup` runs at fit start: the batching config,
-``data.max_seq_len``, the data module's ``length_range`` and ``largest_image``. Nothing is
+``data.sizes.max_seq_len``, the data module's ``length_range`` and ``largest_image``. Nothing is
 trained; prints a Markdown table and writes ``results.json`` next to this script.
 """
 
@@ -30,7 +30,7 @@ def preset_shapes(preset: str) -> dict:
     datamodule = parts.datamodule
     datamodule.setup("fit")
     lengths = datamodule.length_range()
-    max_seq_len = int(cfg.data.max_seq_len)
+    max_seq_len = int(cfg.data.sizes.max_seq_len)
     batching = parts.batching
     image = datamodule.largest_image()
     shapes = worst_case_shapes(batching, max_seq_len, lengths, image)

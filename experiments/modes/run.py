@@ -44,10 +44,10 @@ def main() -> None:
     overrides = [
         "model=cpu_bench",
         "logger=csv",
-        "data.max_seq_len=4096",
-        f"data.max_samples={args.samples}",
-        "data.val_samples=0",
-        f"data.length_cache_dir={cache_dir}",
+        "data.sizes.max_seq_len=4096",
+        f"data.sizes.max_samples={args.samples}",
+        "data.sizes.val_samples=0",
+        f"data.caches.length_dir={cache_dir}",
         f"batching.token_budget={args.token_budget}",
     ]
     runs: dict[str, dict[str, list[dict]]] = {r: {m: [] for m in modes} for r in REGIMES}
@@ -58,7 +58,8 @@ def main() -> None:
                 # The window is the online policy's knob: only the online modes take it.
                 window = ["batching.policy.outstanding_depth=256"] * ONLINE.get(mode, False)
                 summary = run_train(
-                    out_dir, [f"batching={mode}", f"data.regime={regime}", *window, *overrides]
+                    out_dir,
+                    [f"batching={mode}", f"data.source.regime={regime}", *window, *overrides],
                 )
                 runs[regime][mode].append(summary)
                 print(

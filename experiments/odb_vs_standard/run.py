@@ -52,10 +52,10 @@ def main() -> None:
     overrides = [
         "model=cpu_bench",
         "logger=csv",
-        "data.regime=whole",
-        "data.max_seq_len=4096",
-        f"data.max_samples={args.samples}",
-        "data.val_samples=0",
+        "data.source.regime=whole",
+        "data.sizes.max_seq_len=4096",
+        f"data.sizes.max_samples={args.samples}",
+        "data.sizes.val_samples=0",
         f"batching.token_budget={args.token_budget}",
     ]
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}

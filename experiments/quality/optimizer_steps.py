@@ -44,7 +44,7 @@ def predict_batches(
     ``sorted``, ``batch_size`` samples; in ``standard``) and, if ``batching`` is an online
     mode, of ``odb`` on this data (else ``odb`` is empty)."""
     train = datamodule.train_indices
-    stats = {i: inspect_sample(datamodule.dataset[i], i, cfg.data.max_seq_len) for i in train}
+    stats = {i: inspect_sample(datamodule.dataset[i], i, cfg.data.sizes.max_seq_len) for i in train}
     lengths = [stats[i].length for i in train]
     standard, odb = [], []
     for epoch in range(epochs):

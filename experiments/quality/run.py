@@ -65,8 +65,8 @@ def common_overrides(args: argparse.Namespace, seed: int) -> list[str]:
     return [
         "model=cpu_bench",
         "logger=csv",
-        f"data.max_samples={args.samples}",
-        f"data.val_samples={args.val_samples}",
+        f"data.sizes.max_samples={args.samples}",
+        f"data.sizes.val_samples={args.val_samples}",
         f"trainer.max_epochs={args.epochs}",
         f"seed={seed}",
     ]
@@ -114,7 +114,7 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
     def predicted(arm: str, batch_size: int = 8):
         # The caches' default paths are Hydra-runtime paths, unset outside train.py.
         caches = [f"data.{c}_cache_dir=null" for c in ("record", "stream")]
-        caches.append(f"data.length_cache_dir={args.out / 'length_cache'}")
+        caches.append(f"data.caches.length_dir={args.out / 'length_cache'}")
         cfg = compose([*common_overrides(args, seed), *batching_overrides(arm), *caches])
         batching = hydra.utils.instantiate(cfg.batching)
         datamodule = hydra.utils.instantiate(cfg.data, _partial_=True)(

@@ -35,7 +35,7 @@ def emitted(run_dir: Path) -> Counter[int]:
 
 def stop_and_resume(mode: str, trainer: str, stop_at: int, work: Path) -> dict:
     common = [*SMOKE, f"experiment=sharegpt_{mode}", f"trainer={trainer}"]
-    common.append(f"data.length_cache_dir={work / 'cache'}")
+    common.append(f"data.caches.length_dir={work / 'cache'}")
     first, second = work / f"{mode}_{trainer}_first", work / f"{mode}_{trainer}_second"
     stop = [f"trainer.max_steps={stop_at}", f"callbacks.checkpoint.every_n_train_steps={stop_at}"]
     run_train(first, [*common, *stop])

@@ -132,7 +132,7 @@ def records(
 ) -> Iterator[tuple[dict, int, bool]]:
     """``(record, token length, raised)`` for every record, in order (``raised``: the
     profile's target was below the template's minimum). The template is the default
-    run's: ``data.template=auto``, no system prompt."""
+    run's: ``data.source.template=auto``, no system prompt."""
     template = build_chat_template(tokenizer, "auto")
     overhead = [0, *(template_tokens(template, k) for k in range(1, MAX_EXCHANGES + 1))]
     shortest = overhead[1] + 2

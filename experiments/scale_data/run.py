@@ -4,7 +4,7 @@ For each size (``--sizes``, default 10k,100k,1M records of the case study's leng
 at ``--length-scale``, written once by :mod:`experiments.scale_data.generate`), each
 rank count (``--ranks``: ``trainer=cpu`` / ``trainer=ddp_cpu``) and each arm
 (``--arms``): ``odb`` and ``standard`` are ``python train.py data=jsonl
-data.path=<file> batching=<arm>`` with the tiny ``model=cpu_bench`` for
+data.source.path=<file> batching=<arm>`` with the tiny ``model=cpu_bench`` for
 ``--max-steps`` optimizer steps, W&B offline; ``reference`` is the reference package's
 loader on the same file (:mod:`experiments.scale_data.reference_run`). Per run:
 
@@ -233,8 +233,8 @@ class Settings:
 def train_job(arm: str, ranks: int, path: Path, root: Path, run_dir: Path, s: Settings) -> Job:
     overrides = [
         "data=jsonl",
-        f"data.path={path}",
-        f"data.max_seq_len={s.max_seq_len}",
+        f"data.source.path={path}",
+        f"data.sizes.max_seq_len={s.max_seq_len}",
         f"batching={arm}",
         f"batching.token_budget={s.token_budget}",
         f"batching.loader.num_workers={s.num_workers}",

@@ -184,7 +184,9 @@ def check_coverage(data: BenchData, arm: str, record: EpochRecord) -> None:
     expected = (len(data.lengths), sum(data.lengths))
     got = (record.samples, record.real_tokens)
     if got != expected:
-        raise RuntimeError(f"{data.regime}/{arm}: (samples, real tokens) {got} != {expected}")
+        raise RuntimeError(
+            f"{data.source.regime}/{arm}: (samples, real tokens) {got} != {expected}"
+        )
 
 
 def parse_args() -> argparse.Namespace:

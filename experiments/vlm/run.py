@@ -151,9 +151,9 @@ def throughput(name: str, samples: int, out_dir: Path, repeats: int, lock: Path 
     overrides = [
         f"experiment={name}_odb",
         "logger=csv",
-        f"data.max_samples={samples}",
-        "data.val_samples=0",
-        f"data.set_dir={out_dir}",
+        f"data.sizes.max_samples={samples}",
+        "data.sizes.val_samples=0",
+        f"data.caches.image_set_dir={out_dir}",
         "model.architecture.token_id_fold=4096",
         "trainer.max_epochs=1",
         "batching.loader.num_workers=1",

@@ -70,8 +70,8 @@ def train_command(
         f"hydra.run.dir={run_dir}",
         *(
             []
-            if any(o.startswith("data.val_samples=") for o in overrides)
-            else ["data.val_samples=0"]
+            if any(o.startswith("data.sizes.val_samples=") for o in overrides)
+            else ["data.sizes.val_samples=0"]
         ),
         f"model._target_={FAULT_MODULE}",
         f"+model.probe_dir={probe_dir}",

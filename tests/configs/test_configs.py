@@ -40,7 +40,7 @@ def test_every_config_group_is_covered() -> None:
 def test_experiment_composes_and_instantiates(experiment: str, compose_cfg: ComposeConfig) -> None:
     overrides = [f"experiment={experiment}"]
     if experiment.startswith("ultrachat"):
-        overrides.append("data.path=/nonexistent/ultrachat")
+        overrides.append("data.source.path=/nonexistent/ultrachat")
     cfg = compose_cfg(overrides)
     validate_config(cfg)
     batching = instantiate_checked(cfg.batching, "batching")
@@ -108,10 +108,10 @@ def startup_checks(cfg: DictConfig) -> None:
             "batching.loader.multiprocessing_context=threads",
             "batching.loader.multiprocessing_context",
         ),
-        ("data.max_seq_len=0", "data.max_seq_len"),
+        ("data.sizes.max_seq_len=0", "data.sizes.max_seq_len"),
         ("batching.loader.num_workers=-1", "batching.loader.num_workers"),
-        ("data.val_samples=-1", "data.val_samples"),
-        ("data.max_samples=0", "data.max_samples"),
+        ("data.sizes.val_samples=-1", "data.sizes.val_samples"),
+        ("data.sizes.max_samples=0", "data.sizes.max_samples"),
     ],
 )
 def test_out_of_range_value_names_the_hydra_key(
@@ -126,8 +126,10 @@ def test_out_of_range_value_names_the_hydra_key(
 
 
 def test_max_seq_len_over_budget_fails_at_startup(compose_cfg: ComposeConfig) -> None:
-    cfg = compose_cfg(["data.max_seq_len=8192", "batching.token_budget=4096"])
-    with pytest.raises(ConfigError, match=r"data.max_seq_len \(8192\).*batching.token_budget"):
+    cfg = compose_cfg(["data.sizes.max_seq_len=8192", "batching.token_budget=4096"])
+    with pytest.raises(
+        ConfigError, match=r"data.sizes.max_seq_len \(8192\).*batching.token_budget"
+    ):
         validate_config(cfg)
 
 
@@ -219,8 +221,8 @@ def test_model_defaults_are_the_dataclasses_and_typos_fail(compose_cfg: ComposeC
 
 def test_casestudy_presets_carry_its_budget_edges_and_profile(compose_cfg: ComposeConfig) -> None:
     odb = compose_cfg(["experiment=casestudy_odb"])
-    assert (odb.data.source, odb.data.regime) == ("synthetic", "casestudy")
-    assert (odb.data.max_samples, odb.data.max_seq_len) == (902_087, 8192)
+    assert (odb.data.source.name, odb.data.source.regime) == ("synthetic", "casestudy")
+    assert (odb.data.sizes.max_samples, odb.data.sizes.max_seq_len) == (902_087, 8192)
     assert instantiate_checked(odb.batching, "batching").token_budget == 49_152
     bucketed = compose_cfg(["experiment=casestudy_bucketed"])
     config = instantiate_checked(bucketed.batching, "batching")
@@ -229,8 +231,8 @@ def test_casestudy_presets_carry_its_budget_edges_and_profile(compose_cfg: Compo
     assert config.policy.max_batch_size == 64
     optimized = compose_cfg(["experiment=casestudy_bucketed", "batching.policy.boundaries=[]"])
     assert instantiate_checked(optimized.batching, "batching").policy.boundaries == ()
-    own_file = compose_cfg(["experiment=casestudy_odb", "data=jsonl", "data.path=cs.jsonl"])
-    assert (own_file.data.source, own_file.data.path) == ("jsonl", "cs.jsonl")
+    own_file = compose_cfg(["experiment=casestudy_odb", "data=jsonl", "data.source.path=cs.jsonl"])
+    assert (own_file.data.source.name, own_file.data.source.path) == ("jsonl", "cs.jsonl")
 
 
 @pytest.mark.parametrize(

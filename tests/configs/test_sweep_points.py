@@ -30,6 +30,6 @@ def test_sweep_point_validates(
     sweep: str, key: str, value: str, compose_cfg: ComposeConfig
 ) -> None:
     cfg = compose_cfg([f"sweep={sweep}", f"{key}={value}"])
-    validate_config(cfg)  # e.g. data.max_seq_len <= batching.token_budget at every budget
+    validate_config(cfg)  # e.g. data.sizes.max_seq_len <= batching.token_budget at every budget
     batching = instantiate_checked(cfg.batching, "batching")
     assert batching.knob(key.split(".")[-1]) == int(value)

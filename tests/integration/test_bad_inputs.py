@@ -449,7 +449,7 @@ def test_train_py_names_the_bad_line_and_field(tmp_path: Path) -> None:
         tmp_path / "chats.jsonl", [chat("a"), chat("b"), b'{"id": 3, "messages": [\xff]}']
     )
     command = [
-        sys.executable, "train.py", "debug=smoke", "data=jsonl", f"data.path={path}",
+        sys.executable, "train.py", "debug=smoke", "data=jsonl", f"data.source.path={path}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)

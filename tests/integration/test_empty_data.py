@@ -35,14 +35,14 @@ def test_an_empty_jsonl_file_is_refused_before_training(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "train.py", "debug=smoke", f"hydra.run.dir={run_dir}", "data=jsonl",
-         f"data.path={data}"],
+         f"data.source.path={data}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
     assert (
-        f"data.source='jsonl' data.path='{data}': no records to train on: the file has no "
-        f"non-blank line (0 records read). Each line is one conversation, {EXAMPLE}: point "
-        "data.path at your conversations"
+        f"data.source.name='jsonl' data.source.path='{data}': no records to train on: the file "
+        f"has no non-blank line (0 records read). Each line is one conversation, {EXAMPLE}: point "
+        "data.source.path at your conversations"
     ) in done.stderr
     assert "cosine" not in done.stderr and "Traceback" not in done.stderr
     assert not (run_dir / "summary.json").exists()
@@ -52,7 +52,7 @@ def test_an_empty_jsonl_file_is_refused_before_training(tmp_path: Path) -> None:
 
 def _setup(compose_cfg: ComposeConfig, data: Path, *overrides: str) -> RunReport:
     """The data module's report after ``setup``: what it read, kept and trains on."""
-    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={data}", *overrides])
+    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.source.path={data}", *overrides])
     datamodule = build_parts(cfg, world_size=1, device="cpu").datamodule
     datamodule.setup("fit")
     return datamodule.run_report()
@@ -66,8 +66,9 @@ def test_every_line_rejected_is_refused_naming_the_count(
     with pytest.raises(NoTrainingRecordsError) as refused:
         _setup(compose_cfg, data, "batching.loader.on_bad_sample=skip")
     assert str(refused.value) == (
-        f"data.source='jsonl' data.path='{data}': no records to train on: read 3 lines and "
-        "rejected all 3 as bad records (batching.loader.on_bad_sample=skip skipped them). "
+        f"data.source.name='jsonl' data.source.path='{data}': no records to train on: read 3 "
+        "lines and rejected all 3 as bad records (batching.loader.on_bad_sample=skip skipped "
+        "them). "
         f"Each line is one conversation, {EXAMPLE}: fix the lines: with "
         "batching.loader.on_bad_sample=raise the first bad one is named with its line number "
         "and field"

@@ -59,7 +59,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         f"hydra.run.dir={run_dir}",
         "debug=smoke",
         "data=jsonl",
-        f"data.path={data}",
+        f"data.source.path={data}",
         "batching.loader.on_bad_sample=skip",
         "model=pretrained",
         f"model.architecture.pretrained_path={model}",
@@ -77,7 +77,7 @@ def test_eval_of_the_checkpoint_matches_the_runs_val_loss(
     trained: tuple[Path, dict], tmp_path: Path
 ) -> None:
     run_dir, summary = trained
-    assert summary["template"] == "llama3"  # data.template=auto read the tokenizer's own
+    assert summary["template"] == "llama3"  # data.source.template=auto read the tokenizer's own
     assert summary["train_samples"] == 16 and summary["val_loss"] > 0
     done = _run(
         "eval.py", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path}"

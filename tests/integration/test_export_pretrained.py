@@ -27,7 +27,7 @@ def test_a_smoke_run_of_a_pretrained_model_exports_with_its_tokenizer(tmp_path: 
     train(
         run_dir, "model=pretrained", f"model.architecture.pretrained_path={model_dir}",
         "model.runtime.activation_checkpointing=false", "tokenizer=hf",
-        f"tokenizer.name_or_path={model_dir}", "data.max_samples=24",
+        f"tokenizer.name_or_path={model_dir}", "data.sizes.max_samples=24",
     )  # fmt: skip
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     saved = torch.load(checkpoint, weights_only=True)["hyper_parameters"]["architecture"]

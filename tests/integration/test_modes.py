@@ -42,7 +42,7 @@ def test_mode_under_ddp(experiment: str, tmp_path: Path) -> None:
         f"experiment=sharegpt_{experiment}",
         "trainer=ddp_cpu",
         "audit_ids=true",
-        f"data.length_cache_dir={cache_dir}",
+        f"data.caches.length_dir={cache_dir}",
     )
     audit = read_audit(run_dir, 2)
     assert len(audit[0]) == len(audit[1]) == summary["steps_per_rank"]

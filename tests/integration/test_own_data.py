@@ -24,8 +24,8 @@ def test_small_own_jsonl_counts_bad_lines_truncation_and_audits_record_ids(
         f"hydra.run.dir={run_dir}",
         "debug=smoke",
         "data=jsonl",
-        f"data.path={data}",
-        "data.max_seq_len=64",
+        f"data.source.path={data}",
+        "data.sizes.max_seq_len=64",
         "batching.loader.on_bad_sample=skip",
         "audit_ids=true",
     ]

@@ -75,11 +75,11 @@ def fit(
         outstanding_depth=16,
         num_workers=0,
     )
-    run = RunContext(max_seq_len=1024)
-    datamodule = ODBDataModule(
-        "synthetic",
+    run = RunContext()
+    datamodule = ODBDataModule.of(
         SimpleNamespace(pad_id=0),
         batching,
+        name="synthetic",
         regime="sharegpt_first_exchange",
         max_seq_len=1024,
         max_samples=NUM_TRAIN,

@@ -30,7 +30,7 @@ LIFT_THE_STOP = ("trainer.max_steps=-1", "callbacks.checkpoint.every_n_train_ste
 
 
 def _mode_overrides(mode: str, tmp_path: Path) -> list[str]:
-    return [f"experiment=sharegpt_{mode}", f"data.length_cache_dir={tmp_path / 'cache'}"]
+    return [f"experiment=sharegpt_{mode}", f"data.caches.length_dir={tmp_path / 'cache'}"]
 
 
 def stop_and_resume(
@@ -164,7 +164,7 @@ def test_checkpoint_of_other_data_is_refused(tmp_path: Path) -> None:
         sys.executable,
         "train.py",
         "debug=smoke",
-        "data.max_samples=72",
+        "data.sizes.max_samples=72",
         f"hydra.run.dir={tmp_path / 'second'}",
         f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}",
     ]

@@ -50,10 +50,10 @@ def _datamodule(mode: str) -> ODBDataModule:
         persistent_workers=False,
         num_workers=0,
     )
-    return ODBDataModule(
-        "synthetic",
+    return ODBDataModule.of(
         SimpleNamespace(pad_id=0),
         batching,
+        name="synthetic",
         regime="sharegpt_first_exchange",
         max_seq_len=1024,
         max_samples=NUM_TRAIN,

@@ -21,7 +21,7 @@ from helpers.train_run import ROOT
 from odb_lightning.app.train import main
 from odb_lightning.app.validation import ConfigError
 
-BUDGET_ERROR = "data.max_seq_len (1024) must not exceed batching.token_budget (512)"
+BUDGET_ERROR = "data.sizes.max_seq_len (1024) must not exceed batching.token_budget (512)"
 
 
 def run_train(cwd: Path, *overrides: str, env: dict[str, str] | None = None, timeout_s=600):

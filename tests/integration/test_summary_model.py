@@ -46,7 +46,7 @@ def lora_parameter_count(model: dict, r: int) -> int:
 @pytest.mark.slow  # LoRA's trainable count is checked in-process in tests/unit/lit/test_model_setup
 def test_lora_run_summary_counts_only_the_adapters_as_trainable(tmp_path: Path) -> None:
     lora = ("model.finetuning.method=lora", f"model.finetuning.lora.r={LORA_R}")
-    summary = train(tmp_path, *lora, "data.max_samples=24", "data.val_samples=0")
+    summary = train(tmp_path, *lora, "data.sizes.max_samples=24", "data.sizes.val_samples=0")
     config = OmegaConf.load(tmp_path / ".hydra" / "config.yaml")
     model = OmegaConf.to_container(config.model.architecture)
     adapters = lora_parameter_count(model, LORA_R)

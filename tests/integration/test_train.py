@@ -85,9 +85,9 @@ def test_two_ranks_skewed_shards_every_sample_once(trainer: str, tmp_path: Path)
         f"trainer={trainer}",
         "audit_ids=true",
         "data=jsonl",
-        f"data.path={data}",
-        "data.max_samples=null",
-        "data.val_samples=0",
+        f"data.source.path={data}",
+        "data.sizes.max_samples=null",
+        "data.sizes.val_samples=0",
         "batching.policy.max_steps_per_round=1",
         "batching.policy.outstanding_depth=64",
         "batching.policy.shard_dealing=fixed",  # the skew stays on one rank: IDLE steps
@@ -118,7 +118,7 @@ def test_fsdp2_validation_with_an_idle_batch_runs_every_forward(tmp_path: Path) 
     """24 validation samples in batches of 8 over 2 ranks: rank 1's second batch is IDLE.
     Its forward still runs (the all-gathers of the sharded forward are collectives), and
     its loss is not counted."""
-    summary = train(tmp_path, "trainer=fsdp_cpu", "data.val_samples=24")
+    summary = train(tmp_path, "trainer=fsdp_cpu", "data.sizes.val_samples=24")
     assert summary["world_size"] == 2 and summary["val_loss"] > 0
 
 
@@ -141,11 +141,12 @@ def test_user_only_records_are_refused_at_startup(tmp_path: Path) -> None:
     data = tmp_path / "user_only.jsonl"
     turns = [("system", "be brief"), ("user", "hello")]
     _write_records(data, [[("user", f"question {i}?")] for i in range(39)] + [turns])
-    done = _run(tmp_path / "run", "data=jsonl", f"data.path={data}")
+    done = _run(tmp_path / "run", "data=jsonl", f"data.source.path={data}")
     assert done.returncode != 0
     assert (
-        f"data.source='jsonl' data.path='{data}': no supervised tokens to train on: read 40 "
-        "records, 32 for training, and none has an assistant turn"  # debug=smoke holds out 0.2
+        f"data.source.name='jsonl' data.source.path='{data}': no supervised tokens to train on: "
+        # debug=smoke holds out 0.2
+        "read 40 records, 32 for training, and none has an assistant turn"
     ) in done.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -164,13 +165,18 @@ def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_pa
     records += [[("user", "tell me"), ("assistant", LONG)] for _ in range(3)]  # truncated
     data = tmp_path / "mix.jsonl"
     _write_records(data, records)
-    common = ["data=jsonl", f"data.path={data}", "data.max_samples=null", "data.val_samples=0"]
+    common = [
+        "data=jsonl",
+        f"data.source.path={data}",
+        "data.sizes.max_samples=null",
+        "data.sizes.val_samples=0",
+    ]
     summary = train(
         tmp_path / "run",
         *common,
-        "data.max_seq_len=64",
+        "data.sizes.max_seq_len=64",
         f"batching={batching}",
-        f"data.length_cache_dir={tmp_path / 'cache'}",
+        f"data.caches.length_dir={tmp_path / 'cache'}",
     )
     assert summary["train_samples"] == 29 == summary["emitted_samples"]
     assert summary["unsupervised_samples"] == 6
@@ -217,7 +223,12 @@ def test_assistant_turns_cut_off_are_refused_after_the_first_epoch(tmp_path: Pat
     max_seq_len, so the run stops after the first epoch instead of finishing silently."""
     data = tmp_path / "cut.jsonl"
     _write_records(data, [[("user", LONG), ("assistant", f"answer {i}")] for i in range(24)])
-    overrides = ["data=jsonl", f"data.path={data}", "data.max_seq_len=64", "data.val_samples=0"]
+    overrides = [
+        "data=jsonl",
+        f"data.source.path={data}",
+        "data.sizes.max_seq_len=64",
+        "data.sizes.val_samples=0",
+    ]
     done = _run(tmp_path / "run", *overrides)
     assert done.returncode != 0
     assert (

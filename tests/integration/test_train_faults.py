@@ -60,7 +60,7 @@ def test_killed_rank_stops_the_job(tmp_path: Path) -> None:
 
 
 STOP_LINE = "received SIGTERM: stopping after this step"
-EPOCH = list(range(80))  # debug=smoke with data.val_samples=0: all 80 records train
+EPOCH = list(range(80))  # debug=smoke with data.sizes.val_samples=0: all 80 records train
 
 
 def _stopped_and_resumed(tmp_path: Path, result: TrainFaultResult) -> tuple[Counter, Counter]:
@@ -77,7 +77,7 @@ def _stopped_and_resumed(tmp_path: Path, result: TrainFaultResult) -> tuple[Coun
 
 # A resume runs with the config saved in its checkpoint, the stopped run's fault included:
 # the resume turns it off (the injecting module without a fault trains as the plain one).
-RESUME = ("trainer=ddp_cpu", "data.val_samples=0", "+model.fault=none")
+RESUME = ("trainer=ddp_cpu", "data.sizes.val_samples=0", "+model.fault=none")
 
 
 def test_sigterm_during_an_epoch_stops_every_rank(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_ctrl_c_skips_validation_says_it_stopped_and_prints_a_resume_command(tmp
     command that works as printed."""
     marks = tmp_path / "marks" / "stop"
     result = run_train_fault(
-        tmp_path, "sigint", 0, "audit_ids=true", "data.val_samples=8", MARKS,
+        tmp_path, "sigint", 0, "audit_ids=true", "data.sizes.val_samples=8", MARKS,
         f"+callbacks.stop_marks.path={marks}",
     )  # fmt: skip
     _check_all_gone(result)
@@ -202,7 +202,7 @@ def test_ctrl_c_skips_validation_says_it_stopped_and_prints_a_resume_command(tmp
         "trainer=ddp_cpu",
         "+model.fault=none",
         "audit_ids=true",
-        "data.val_samples=8",
+        "data.sizes.val_samples=8",
         *overrides,
     )
     before = Counter(i for rank in read_audit(tmp_path / "run", 2) for step in rank for i in step)

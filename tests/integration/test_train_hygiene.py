@@ -85,8 +85,8 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         "none",
         0,
         "data=jsonl",
-        f"data.path={data}",
-        "data.max_samples=null",
+        f"data.source.path={data}",
+        "data.sizes.max_samples=null",
         "batching.loader.on_bad_sample=skip",
         "audit_ids=true",
         "tokenizer._target_=testing.harness.fault_injection.RaisingTokenizer",
@@ -105,7 +105,7 @@ def test_run_stays_in_its_directory_and_skips_a_raising_record(tmp_path: Path) -
         for i in json.loads(line)["indices"]
     ]  # fmt: skip
     assert sorted(audit) == sorted(set(range(NUM_RECORDS)) - set(RAISING))  # once each
-    records = ".cache/odb_lightning/records"  # data.record_cache_dir: one table, two ranks
+    records = ".cache/odb_lightning/records"  # data.caches.record_dir: one table, two ranks
     (entry,) = [p.name for p in (cwd / records).iterdir() if p.is_dir()]
     tree = [".cache", ".cache/odb_lightning", records, f"{records}/{entry}"]
     tree += [f"{records}/{entry}.lock", f"{records}/{entry}/records.arrow"]

@@ -37,15 +37,15 @@ def test_two_ranks_every_image_sample_once(tmp_path: Path) -> None:
         "experiment=llava_odb",
         "trainer=ddp_cpu",
         "audit_ids=true",
-        "data.source=llava_jsonl",
-        f"data.path={data}",
-        "data.max_samples=null",
-        "data.val_samples=0",
+        "data.source.name=llava_jsonl",
+        f"data.source.path={data}",
+        "data.sizes.max_samples=null",
+        "data.sizes.val_samples=0",
         f"data.images.max_pixels={MAX_PIXELS}",
         "batching.policy.max_steps_per_round=1",
         "batching.policy.outstanding_depth=8",
         "batching.token_budget=512",
-        "data.max_seq_len=512",
+        "data.sizes.max_seq_len=512",
     )
     audit = read_audit(run_dir, 2)
     assert len(audit[0]) == len(audit[1]) == summary["steps_per_rank"]
@@ -69,9 +69,9 @@ def test_llava_odb_experiment_runs(tmp_path: Path) -> None:
     summary = train(
         tmp_path / "run",
         "experiment=llava_odb",
-        "data.max_samples=24",
-        "data.val_samples=4",
-        f"data.set_dir={tmp_path / 'sets'}",
+        "data.sizes.max_samples=24",
+        "data.sizes.val_samples=4",
+        f"data.caches.image_set_dir={tmp_path / 'sets'}",
     )
     assert summary["emitted_samples"] == 20 and summary["source"] == "llava"
     assert summary["image_tokens"] > 0 and summary["val_loss"] > 0

@@ -23,7 +23,8 @@ from omegaconf import DictConfig
 
 from odb_lightning.app.validation import ConfigError, instantiate_checked
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.data.vision_family import Qwen2VLFamily
+from odb_lightning.data.config import DataSizes
+from odb_lightning.data.vision_family import vision_family_of
 from odb_lightning.lit.callbacks.counters import StepCounters
 from odb_lightning.lit.callbacks.run_report import (
     AddsToSummary,
@@ -51,6 +52,7 @@ class RunParts:
     run: RunContext
     datamodule: Any
     embedding_rows: int | None  # of the model's input embedding
+    sizes: DataSizes  # the data's (``data.sizes``): max_seq_len among them
 
 
 def launched_accelerator(trainer: DictConfig) -> str:
@@ -82,7 +84,7 @@ def launched_world(trainer: DictConfig) -> tuple[int, str]:
 
 
 def max_samples_from(cfg: DictConfig) -> str | None:
-    """``debug=smoke`` when that preset chose ``data.max_samples`` (the command line does
+    """``debug=smoke`` when that preset chose ``data.sizes.max_samples`` (the command line does
     not set it), so the data module's warning of a file read in part names the preset;
     else ``None``."""
     if not HydraConfig.initialized():
@@ -91,7 +93,7 @@ def max_samples_from(cfg: DictConfig) -> str | None:
     if hydra_cfg.runtime.choices.get("debug") != "smoke":
         return None
     keys = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
-    return None if "data.max_samples" in keys else "debug=smoke"
+    return None if "data.sizes.max_samples" in keys else "debug=smoke"
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,6 @@ def build_data(
     # checkpoint's), so the run context exists before the module that receives it.
     architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
     run = RunContext(
-        max_seq_len=int(cfg.data.max_seq_len),
         vocab_size=architecture.checked_vocab_size(),
         world_size=world_size,
         device=device,
@@ -143,7 +144,7 @@ def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
     architecture = data.architecture
     model_objects: dict[str, Any] = {"run": run}
     if issubclass(hydra.utils.get_class(cfg.model._target_), VisionLanguageModule):
-        model_objects["family"] = Qwen2VLFamily.of_tokenizer(tokenizer)  # the tokenizer's ids
+        model_objects["family"] = vision_family_of(tokenizer)  # the tokenizer's ids
     # Plain Python arguments: the module's hyperparameters go into every checkpoint, which
     # torch.load(weights_only=True) then reads without OmegaConf types.
     model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
@@ -153,7 +154,7 @@ def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
     if advice is not None:
         log.warning(advice)
     embedding_rows = architecture.embedding_rows()
-    return RunParts(tokenizer, batching, model, run, datamodule, embedding_rows)
+    return RunParts(tokenizer, batching, model, run, datamodule, embedding_rows, datamodule.sizes)
 
 
 def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]]:
@@ -165,7 +166,7 @@ def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]
         "progress_bar": {"train_samples": parts.run.train_samples},
         "memory_warmup": {
             "batching": parts.batching,
-            "max_seq_len": parts.run.max_seq_len,
+            "max_seq_len": parts.sizes.max_seq_len,
             "vocab_size": parts.embedding_rows,
             "apply_token_budget": datamodule.apply_token_budget,
             "length_range": datamodule.length_range,
@@ -212,7 +213,7 @@ def build_callbacks(cfg: DictConfig | None, parts: RunParts) -> RunCallbacks:
         compiled=model if isinstance(model, ReportsCompile) else None,
         extras=[c for c in configured if isinstance(c, AddsToSummary)],
     )
-    check = SupervisionCheck(counters, parts.run.max_seq_len)
+    check = SupervisionCheck(counters, parts.sizes.max_seq_len)
     return RunCallbacks([counters, check, *configured, summary], summary)
 
 

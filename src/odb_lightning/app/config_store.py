@@ -23,8 +23,12 @@ from odb_lightning.app.run_dir import register_run_name_resolver
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES, Mode
 from odb_lightning.core.nodes import node_of, target_of
+from odb_lightning.data.config import DataCaches, DataSizes, DataSource
+from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_family import VisionTower
 from odb_lightning.lit.callbacks.graceful_stop import StopSettings
+from odb_lightning.lit.data.datamodule import ODBDataModule
+from odb_lightning.lit.data.vlm_datamodule import VisionDataModule
 from odb_lightning.lit.model.config import Architecture, Finetuning, ModelRuntime, StepPolicy
 from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.lit.model.vlm_module import VisionLanguageModule
@@ -60,11 +64,42 @@ def model_node(module: type = CausalLMModule) -> dict[str, Any]:
     return node
 
 
+CACHE_ROOT = "${paths.root_dir}/.cache/odb_lightning"
+"""Where the generated data nodes keep the data's caches: beside the project, not in the
+run directory, so every run shares them."""
+
+
+def data_node(module: type = ODBDataModule) -> dict[str, Any]:
+    """The base ``data`` node of a data module class: its concerns with their defaults,
+    the caches under :data:`CACHE_ROOT` (and, for image-text data, the image settings)."""
+    caches = node_of(
+        DataCaches,
+        record_dir=f"{CACHE_ROOT}/records",
+        length_dir=f"{CACHE_ROOT}/lengths",
+        stream_dir=f"{CACHE_ROOT}/streams",
+        image_set_dir=f"{CACHE_ROOT}/vlm_sets",
+    )
+    node: dict[str, Any] = {
+        "_target_": target_of(module),
+        "source": node_of(DataSource),
+        "sizes": node_of(DataSizes),
+        "caches": caches,
+    }
+    if issubclass(module, VisionDataModule):
+        node["source"] = node_of(DataSource, name="llava")
+        node["images"] = node_of(ImageSettings)
+    else:
+        node["streaming"] = False
+    return node
+
+
 def _generated_nodes() -> list[tuple[str, str, dict[str, Any]]]:
     """``(group, option, node)`` of every generated config option."""
     batching = [("batching", mode.name, batching_node(mode)) for mode in MODES.values()]
     return [
         *batching,
+        ("data", "chat", data_node(ODBDataModule)),
+        ("data", "image_text", data_node(VisionDataModule)),
         ("model", "causal_lm", model_node(CausalLMModule)),
         ("model", "vision_language", model_node(VisionLanguageModule)),
         ("stop", "default", node_of(StopSettings)),

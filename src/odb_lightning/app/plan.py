@@ -184,12 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", default="qwen2.5", help="--source: qwen2.5 or a Hugging Face directory"
     )
     parser.add_argument(
-        "--template", default="auto", help="--source: chat template (data.template)"
+        "--template", default="auto", help="--source: chat template (data.source.template)"
     )
     parser.add_argument(
         "--record-cache-dir", metavar="DIR",
         help="--source: convert the records once into a memory-mapped table here and read "
-        "them from it (train.py's data.record_cache_dir, default "
+        "them from it (train.py's data.caches.record_dir, default "
         "<project>/.cache/odb_lightning/records, shares it); default: odb_lightning/records "
         "in the datasets cache",
     )  # fmt: skip

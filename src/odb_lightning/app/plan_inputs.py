@@ -9,11 +9,11 @@ from typing import Any
 
 from odb_lightning.core.plans import validate_lengths
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.data.sources.table import SourceKind, source_named, source_names
 
-SOURCES = ("sharegpt", "chitchat", "ultrachat", "jsonl", "synthetic")
-"""``--source`` names: :class:`~odb_lightning.data.sources.SourceName` and ``synthetic``
-(spelled here so that ``--help`` needs no data layer; a test keeps them equal)."""
-SOURCES_WITH_PATH = ("ultrachat", "jsonl")
+SOURCES = source_names(SourceKind.CHAT, SourceKind.TOKENS)
+"""``--source`` names: the text sources of the source table (its module loads without
+the data stack, so ``--help`` stays fast)."""
 
 
 class PlanCliError(Exception):
@@ -21,8 +21,8 @@ class PlanCliError(Exception):
 
 
 _TRAIN_KEYS = (
-    ("set data.template to", "set --template to"),
-    ("(data.template=auto picks it)", "(--template auto picks it)"),
+    ("set data.source.template to", "set --template to"),
+    ("(data.source.template=auto picks it)", "(--template auto picks it)"),
     ("(tokenizer=hf)", "(--tokenizer <a Hugging Face directory>)"),
 )
 """What the data layer's messages tell a ``train.py`` user to set, and the same said in
@@ -30,7 +30,7 @@ this command's flags."""
 
 
 def in_flags(message: str) -> str:
-    """``message`` with the ``train.py`` keys it names (``data.template``) said as the
+    """``message`` with the ``train.py`` keys it names (``data.source.template``) said as the
     flags of ``odb-plan`` (``--template``)."""
     for key, flag in _TRAIN_KEYS:
         message = message.replace(key, flag)
@@ -88,7 +88,7 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
                 f"--source needs the data layer (odb_lightning.data.lengths): {error}"
             ) from error
         max_seq_len = args.max_seq_len or 4096
-        if args.source in SOURCES_WITH_PATH and args.path is None:
+        if source_named(args.source).needs_path and args.path is None:
             raise PlanCliError(f"--source {args.source} needs --path (the data to tokenize)")
         from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
 

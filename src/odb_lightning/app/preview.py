@@ -2,10 +2,10 @@
 
 ``odb-preview [--num N] [--ids ID,ID] [--plain] [train.py overrides ...]`` composes
 ``conf/train.yaml`` with the same overrides ``train.py`` takes (``data=jsonl
-data.path=my_chats.jsonl``, ``tokenizer=hf ...``, ``debug=smoke``), builds only the
+data.source.path=my_chats.jsonl``, ``tokenizer=hf ...``, ``debug=smoke``), builds only the
 tokenizer and the data module (:func:`~odb_lightning.app.components.build_data`: no model,
 no trainer), and prints N training samples (default 3; ``--ids``: those records) after the
-whole pipeline: the chat template, truncation to ``data.max_seq_len`` and the
+whole pipeline: the chat template, truncation to ``data.sizes.max_seq_len`` and the
 augmentation of epoch 0. Each sample shows its record id, its length, its supervised
 tokens (the loss's denominator: supervised positions after the causal shift) and its
 text, the tokens that carry a label marked: coloured on a terminal, between ``[[`` and
@@ -196,7 +196,7 @@ def chosen_indices(datamodule: Any, num: int, ids: Sequence[str] | None) -> list
     if missing:
         raise PreviewError(
             f"--ids: no record with id {', '.join(map(repr, missing))} among the "
-            f"{len(datamodule.dataset):,} records read (data.max_samples and "
+            f"{len(datamodule.dataset):,} records read (data.sizes.max_samples and "
             "batching.loader.on_bad_sample decide which are read)"
         )
     return [(found[str(i)], "train" if found[str(i)] in in_train else "val") for i in ids]
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "terminal)",
     )  # fmt: skip
     parser.add_argument(
-        "overrides", nargs="*", help="train.py overrides, e.g. data=jsonl data.path=my.jsonl"
+        "overrides", nargs="*", help="train.py overrides, e.g. data=jsonl data.source.path=my.jsonl"
     )
     return parser
 

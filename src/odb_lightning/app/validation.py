@@ -14,7 +14,6 @@ from omegaconf import DictConfig
 
 from odb_lightning.app.run_dir import srun_tasks
 from odb_lightning.core.checks import is_int
-from odb_lightning.data.sizes import check_size
 from odb_lightning.runtime.binding import gloo_binding
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.runtime.rendezvous import job_store_address
@@ -65,30 +64,16 @@ def instantiate_checked(
         ) from error
 
 
-def _validate_data(data: DictConfig) -> None:
-    """Data knobs that would otherwise fail late (inside DDP setup or the first loader
-    build); the sizes by the data layer's own rule."""
-    max_seq_len = data.get("max_seq_len")
-    if max_seq_len is not None and not (is_int(max_seq_len) and max_seq_len >= 1):
-        raise ConfigError(f"data.max_seq_len must be an integer >= 1, got {max_seq_len!r}")
-    for name, least in (("max_samples", 1), ("val_samples", 0)):
-        try:
-            check_size(name, data.get(name), least=least)
-        except ValueError as error:
-            raise ConfigError(f"data.{error}") from None
-
-
 def validate_config(cfg: DictConfig) -> None:
-    """Checks no single constructor makes at startup: data knobs that are otherwise only
-    checked inside the DDP processes, and cross-group limits."""
-    _validate_data(cfg.data)
+    """Checks no single constructor makes at startup: the data sizes (by their dataclass,
+    before any process starts), and cross-group limits."""
+    sizes = instantiate_checked(cfg.data.sizes, "data.sizes")
     budget = cfg.batching.get("token_budget")
-    max_seq_len = cfg.data.get("max_seq_len")
     # An invalid budget itself is the batching schema's to report, naming its key.
-    if max_seq_len is not None and is_int(budget) and budget > 0 and max_seq_len > budget:
+    if is_int(budget) and budget > 0 and sizes.max_seq_len > budget:
         raise ConfigError(
-            f"data.max_seq_len ({max_seq_len}) must not exceed batching.token_budget "
-            f"({budget}): a sample of max_seq_len tokens must fit one step"
+            f"data.sizes.max_seq_len ({sizes.max_seq_len}) must not exceed "
+            f"batching.token_budget ({budget}): a sample of max_seq_len tokens must fit one step"
         )
     _validate_row_attention(cfg)
     _validate_strategy(cfg.get("trainer"))

@@ -3,96 +3,70 @@
 Sources yield conversations (:class:`ChatRecord`); :class:`ChatDataset` applies the ChatML
 template and tokenizer per item. Imports torch, tokenizer and data libraries, the core and
 the sample contract (:mod:`odb_lightning.sample`); never the runtime, Lightning or Hydra.
+
+Importing the package is cheap: each name below loads its module when it is first used,
+so a command line can check its arguments before torch and the tokenizers load.
 """
 
-from odb_lightning.data.augment import DEFAULT_SYSTEM_PROMPTS, Augmentation, augment_messages
-from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, Role
-from odb_lightning.data.dataset import ChatDataset, TokenizedDataset
-from odb_lightning.data.hf_tokenizer import HFTokenizer, export_hf_tokenizer, load_tokenizer
-from odb_lightning.data.length_cache import (
-    CachedLengths,
-    LengthCache,
-    length_fingerprint,
-    source_parts,
-    source_version,
-)
-from odb_lightning.data.lengths import (
-    LengthReport,
-    LengthStats,
-    OverLength,
-    measure_source,
-    source_lengths,
-)
-from odb_lightning.data.qwen_bpe import QwenTokenizer
-from odb_lightning.data.sources import (
-    ShareGPTRegime,
-    SourceName,
-    SourceRecords,
-    chitchat_records,
-    jsonl_records,
-    load_source,
-    sharegpt_records,
-    ultrachat_records,
-)
-from odb_lightning.data.synthetic import (
-    LENGTH_PROFILES,
-    LengthProfile,
-    SyntheticDataset,
-)
-from odb_lightning.data.template import QWEN25_SYSTEM_PROMPT, ChatMLTemplate, TokenizedChat
-from odb_lightning.data.tokenizer import ChatTokenizer
-from odb_lightning.sample import (
-    IGNORE_INDEX,
-    BadSampleError,
-    Sample,
-    SampleStats,
-    count_loss_tokens,
-    inspect_sample,
-)
+from __future__ import annotations
 
-__all__ = [
-    "IGNORE_INDEX",
-    "BadSampleError",
-    "Sample",
-    "SampleStats",
-    "count_loss_tokens",
-    "inspect_sample",
-    "DEFAULT_SYSTEM_PROMPTS",
-    "LENGTH_PROFILES",
-    "QWEN25_SYSTEM_PROMPT",
-    "Augmentation",
-    "BadRecordError",
-    "CachedLengths",
-    "ChatDataset",
-    "ChatMLTemplate",
-    "ChatRecord",
-    "ChatTokenizer",
-    "HFTokenizer",
-    "LengthCache",
-    "LengthProfile",
-    "LengthReport",
-    "LengthStats",
-    "Message",
-    "OverLength",
-    "QwenTokenizer",
-    "Role",
-    "ShareGPTRegime",
-    "SourceName",
-    "SourceRecords",
-    "SyntheticDataset",
-    "TokenizedChat",
-    "TokenizedDataset",
-    "augment_messages",
-    "chitchat_records",
-    "export_hf_tokenizer",
-    "jsonl_records",
-    "length_fingerprint",
-    "load_source",
-    "load_tokenizer",
-    "measure_source",
-    "sharegpt_records",
-    "source_lengths",
-    "source_parts",
-    "source_version",
-    "ultrachat_records",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "Augmentation": "odb_lightning.data.augment",
+    "BadRecordError": "odb_lightning.data.conversation",
+    "BadSampleError": "odb_lightning.sample",
+    "CachedLengths": "odb_lightning.data.length_cache",
+    "ChatDataset": "odb_lightning.data.dataset",
+    "ChatMLTemplate": "odb_lightning.data.template",
+    "ChatRecord": "odb_lightning.data.conversation",
+    "ChatTokenizer": "odb_lightning.data.tokenizer",
+    "DEFAULT_SYSTEM_PROMPTS": "odb_lightning.data.augment",
+    "HFTokenizer": "odb_lightning.data.hf_tokenizer",
+    "IGNORE_INDEX": "odb_lightning.sample",
+    "LENGTH_PROFILES": "odb_lightning.data.synthetic",
+    "LengthCache": "odb_lightning.data.length_cache",
+    "LengthProfile": "odb_lightning.data.synthetic",
+    "LengthReport": "odb_lightning.data.lengths",
+    "LengthStats": "odb_lightning.data.lengths",
+    "Message": "odb_lightning.data.conversation",
+    "OverLength": "odb_lightning.data.lengths",
+    "QWEN25_SYSTEM_PROMPT": "odb_lightning.data.template",
+    "QwenTokenizer": "odb_lightning.data.qwen_bpe",
+    "Role": "odb_lightning.data.conversation",
+    "SOURCES": "odb_lightning.data.sources.table",
+    "Sample": "odb_lightning.sample",
+    "SampleStats": "odb_lightning.sample",
+    "ShareGPTRegime": "odb_lightning.data.sources",
+    "SourceKind": "odb_lightning.data.sources.table",
+    "SourceRecords": "odb_lightning.data.sources",
+    "SyntheticDataset": "odb_lightning.data.synthetic",
+    "TokenizedChat": "odb_lightning.data.template",
+    "TokenizedDataset": "odb_lightning.data.dataset",
+    "augment_messages": "odb_lightning.data.augment",
+    "chitchat_records": "odb_lightning.data.sources",
+    "count_loss_tokens": "odb_lightning.sample",
+    "export_hf_tokenizer": "odb_lightning.data.hf_tokenizer",
+    "inspect_sample": "odb_lightning.sample",
+    "jsonl_records": "odb_lightning.data.sources",
+    "length_fingerprint": "odb_lightning.data.length_cache",
+    "load_source": "odb_lightning.data.sources",
+    "load_tokenizer": "odb_lightning.data.hf_tokenizer",
+    "measure_source": "odb_lightning.data.lengths",
+    "sharegpt_records": "odb_lightning.data.sources",
+    "source_lengths": "odb_lightning.data.lengths",
+    "source_parts": "odb_lightning.data.length_cache",
+    "source_version": "odb_lightning.data.length_cache",
+    "ultrachat_records": "odb_lightning.data.sources",
+}
+"""Each public name and the module that defines it."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

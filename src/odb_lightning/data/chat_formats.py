@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class TemplateName(StrEnum):
-    """Chat templates ``data.template`` selects."""
+    """Chat templates ``data.source.template`` selects."""
 
     AUTO = "auto"
     CHATML = "chatml"

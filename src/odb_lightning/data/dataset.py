@@ -45,7 +45,7 @@ class ChatDataset(Dataset[Sample]):
         max_seq_len: Samples are right-truncated to this many tokens.
         system_prompt: Default system prompt for conversations that have none (after
             augmentation, which may already have given one).
-        template: The chat template (``data.template``): ``auto``, ``chatml``, ``qwen3``,
+        template: The chat template (``data.source.template``): ``auto``, ``chatml``, ``qwen3``,
             ``llama3``, ``mistral``, ``gemma`` or ``hf``, chosen and checked here, before
             any sample is read (:func:`~odb_lightning.data.template.build_chat_template`).
         augmentation: Seeded per-epoch augmentation, applied before the template; it

@@ -56,7 +56,7 @@ def exact_lengths(
         )
         return ExactLengths(lengths, loss_tokens, None)
     if cache_dir is None:
-        raise ValueError("length-pass modes need data.length_cache_dir")
+        raise ValueError("length-pass modes need data.caches.length_dir")
     parts = {**source_parts(**source), **dataset.length_settings()}
     distributed = world_size > 1 and barrier is not None
     if distributed and rank != 0:

@@ -23,7 +23,8 @@ from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
 from odb_lightning.data.hf_tokenizer import load_tokenizer
 from odb_lightning.data.qwen_bpe import QwenTokenizer
-from odb_lightning.data.sources import SourceName, load_source
+from odb_lightning.data.sources import load_source
+from odb_lightning.data.sources.table import SourceKind, source_named
 from odb_lightning.data.synthetic import LENGTH_PROFILES
 from odb_lightning.data.template import ChatTemplate, build_chat_template
 from odb_lightning.data.tokenizer import ChatTokenizer
@@ -31,7 +32,6 @@ from odb_lightning.data.tokenizer import ChatTokenizer
 if TYPE_CHECKING:
     from odb_lightning.data.record_table import RecordCache
 
-SYNTHETIC = "synthetic"
 SYNTHETIC_DEFAULT_SAMPLES = 10_000
 
 
@@ -145,7 +145,7 @@ def _tokenized_lengths(
 
 
 def measure_source(
-    name: SourceName | str,
+    name: str,
     *,
     max_seq_len: int = 4096,
     max_samples: int | None = None,
@@ -163,12 +163,13 @@ def measure_source(
     """Token lengths of a source after the chat template, with counts and timing.
 
     Args:
-        name: A :class:`SourceName` or ``"synthetic"`` (lognormal draws; ``regime`` picks
-            the ``sharegpt_<regime>`` profile, ``max_samples`` the count, default 10,000).
+        name: A text source of the source table; ``synthetic`` draws lognormal lengths
+            (``regime`` picks the ``sharegpt_<regime>`` profile, ``max_samples`` the
+            count, default 10,000).
         max_seq_len: Length limit, applied per ``over_length`` (see the module docstring).
         tokenizer: Defaults to the Qwen2.5 BPE; a string is a name or directory for
             :func:`~odb_lightning.data.hf_tokenizer.load_tokenizer`.
-        template: The chat template (``data.template``; ``auto`` reads the tokenizer's).
+        template: The chat template (``data.source.template``; ``auto`` reads the tokenizer's).
         on_bad_record: ``jsonl``: ``raise`` at a bad line, or ``skip`` it (counted under
             ``dropped/bad_record``).
         path: Source path (``ultrachat``, ``jsonl``).
@@ -178,7 +179,7 @@ def measure_source(
         record_cache: Read the records from a memory-mapped record table there (converted
             once), not into memory (:func:`~odb_lightning.data.sources.load_source`).
     """
-    if name == SYNTHETIC:
+    if source_named(name, (SourceKind.CHAT, SourceKind.TOKENS)).kind is SourceKind.TOKENS:
         return _synthetic_report(regime, max_seq_len, max_samples, seed)
     source = load_source(
         name,
@@ -205,7 +206,7 @@ def measure_source(
 
 
 def source_lengths(
-    name: SourceName | str,
+    name: str,
     *,
     max_seq_len: int = 4096,
     max_samples: int | None = None,

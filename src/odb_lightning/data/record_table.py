@@ -16,7 +16,7 @@ identifies its content without reading it (a file's resolved path, size and
 records (``max_samples``, ``on_bad_record``, the ShareGPT regime and mix seed). A changed
 file is a new fingerprint, so a new table.
 
-**Layout** of the cache directory (``data.record_cache_dir``), one entry per fingerprint::
+**Layout** of the cache directory (``data.caches.record_dir``), one entry per fingerprint::
 
     <source>-<fingerprint[:16]>/records.arrow  the records
     <source>-<fingerprint[:16]>/source.json    format, fingerprint, what it was made of,

@@ -1,6 +1,6 @@
 """Data sizes given as counts or as fractions of what the source holds.
 
-``data.max_samples`` and ``data.val_samples`` take an integer (a count), a fraction in
+``data.sizes.max_samples`` and ``data.sizes.val_samples`` take an integer (a count), a fraction in
 ``(0, 1)`` of the records the source has, or ``null`` (``max_samples``: every record;
 ``val_samples``: no validation). So one config fits a file of 20 records and one of 2
 million: ``val_samples: 0.05`` holds out 5% of either.

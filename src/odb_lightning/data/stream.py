@@ -74,7 +74,7 @@ def stream_fingerprint(path: str | Path, on_bad_record: str) -> str:
     time), the bad-line policy and :data:`STREAM_FORMAT`."""
     path = Path(path).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
+        raise FileNotFoundError(f"data.source.path={str(path)!r}: no such JSON Lines file")
     stat = path.stat()
     key = [str(path), stat.st_size, stat.st_mtime_ns, OnBadRecord(on_bad_record).value]
     key.append(STREAM_FORMAT)

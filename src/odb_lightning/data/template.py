@@ -215,7 +215,7 @@ _SHIPPED = ", ".join(n.value for n in TemplateName if n not in (TemplateName.AUT
 
 
 def _detect(tokenizer: ChatTokenizer) -> TemplateName:
-    """``data.template=auto``: the tokenizer's own template where it marks assistant
+    """``data.source.template=auto``: the tokenizer's own template where it marks assistant
     tokens, else the shipped layout its template (or its vocabulary) shows."""
     own = tokenizer.chat_template if isinstance(tokenizer, HFTokenizer) else None
     if own is not None and _GENERATION_BLOCK.search(own):
@@ -232,7 +232,7 @@ def _detect(tokenizer: ChatTokenizer) -> TemplateName:
     raise ValueError(
         f"template=auto: tokenizer {tokenizer!r}: {kind} matches none of the shipped "
         f"layouts ({_SHIPPED}), and no {{% generation %}} block marks its assistant "
-        "tokens for apply_chat_template: set data.template to one of them"
+        "tokens for apply_chat_template: set data.source.template to one of them"
     )
 
 
@@ -253,7 +253,7 @@ def _check_tokens(tokenizer: ChatTokenizer, name: TemplateName) -> None:
             raise ValueError(
                 f"template=hf: the chat template of tokenizer {tokenizer!r} has no "
                 "{% generation %} block, so apply_chat_template cannot mark the "
-                f"assistant tokens; set data.template to a shipped layout ({_SHIPPED})"
+                f"assistant tokens; set data.source.template to a shipped layout ({_SHIPPED})"
             )
         missing = []
     else:
@@ -261,7 +261,7 @@ def _check_tokens(tokenizer: ChatTokenizer, name: TemplateName) -> None:
     if missing:
         raise ValueError(
             f"template={name.value}: tokenizer {tokenizer!r} lacks the control tokens "
-            f"{', '.join(missing)}: its model uses another chat layout (data.template=auto "
+            f"{', '.join(missing)}: its model uses another chat layout (data.source.template=auto "
             "picks it)"
         )
 
@@ -318,7 +318,7 @@ def resolve_template_name(tokenizer: ChatTokenizer, template: str = "auto") -> T
 def build_chat_template(
     tokenizer: ChatTokenizer, template: str = "auto", system_prompt: str | None = None
 ) -> ChatTemplate:
-    """The chat template for ``tokenizer`` (``data.template``), chosen and checked now.
+    """The chat template for ``tokenizer`` (``data.source.template``), chosen and checked now.
 
     Args:
         template: ``auto`` (the tokenizer's own template when it has ``{% generation %}``

@@ -39,7 +39,6 @@ class RunContext:
     """The facts of one run that several components need.
 
     Attributes:
-        max_seq_len: Samples are right-truncated to this many tokens (``data.max_seq_len``).
         vocab_size: The model's input vocabulary, against which the loaders check token
             ids; ``None`` when it is not known or the model folds token ids.
         world_size: Processes of the job (``devices x num_nodes``).
@@ -49,7 +48,6 @@ class RunContext:
             run's files (the data module's ``skipped_records.jsonl``); ``None``: none.
     """
 
-    max_seq_len: int
     vocab_size: int | None = None
     world_size: int = 1
     device: str = "cpu"

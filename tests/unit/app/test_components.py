@@ -37,7 +37,9 @@ def test_parts_share_one_run_context(compose_cfg: ComposeConfig) -> None:
     cfg = compose_cfg(["debug=smoke"])
     parts = build_parts(cfg, world_size=1, device="cpu")
     run = parts.run
-    assert parts.datamodule.run is run and run.max_seq_len == cfg.data.max_seq_len
+    assert parts.datamodule.run is run
+    assert parts.sizes is parts.datamodule.sizes
+    assert parts.sizes.max_seq_len == cfg.data.sizes.max_seq_len
     # debug=smoke folds token ids to 4,096: the embedding has 4,096 rows, and the loaders
     # check nothing (every id is folded into range by the module).
     assert run.vocab_size is None and parts.embedding_rows == 4096
@@ -63,7 +65,7 @@ def test_callbacks_get_their_objects_from_the_app(compose_cfg: ComposeConfig) ->
     counters = by_kind[StepCounters]
     assert by_kind[StepMetricsCallback].counters is counters
     assert by_kind[SupervisionCheck].counters is counters
-    assert by_kind[SupervisionCheck].max_seq_len == cfg.data.max_seq_len
+    assert by_kind[SupervisionCheck].max_seq_len == cfg.data.sizes.max_seq_len
     assert by_kind[ODBProgressBar].train_samples is parts.run.train_samples
     audit = by_kind[IdAudit]
     assert audit.enabled and audit.record_ids == parts.datamodule.record_ids

@@ -192,7 +192,7 @@ def fsdp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
         "model.architecture.token_id_fold=null",
         "model.optimizer.lr=1e-2",
     )
-    data = ("data.max_samples=12", "data.val_samples=0", "data.max_seq_len=128")
+    data = ("data.sizes.max_samples=12", "data.sizes.val_samples=0", "data.sizes.max_seq_len=128")
     summary = train(run_dir, *overrides, *data)
     return run_dir / "checkpoints" / "last.ckpt", summary
 

@@ -11,13 +11,15 @@ import pytest
 
 from helpers.own_data import write_own_jsonl
 from odb_lightning.app.plan import SOURCES, build_parser, main
-from odb_lightning.data import HFTokenizer, QwenTokenizer, SourceName, jsonl_records
-from odb_lightning.data.lengths import SYNTHETIC
+from odb_lightning.data import HFTokenizer, QwenTokenizer, jsonl_records
+from odb_lightning.data.sources.table import SOURCES as TABLE
+from odb_lightning.data.sources.table import SourceKind
 from odb_lightning.data.template import build_chat_template
 
 
-def test_source_choices_are_the_data_layers() -> None:
-    assert list(SOURCES) == [*(s.value for s in SourceName), SYNTHETIC]
+def test_source_choices_are_the_source_tables_text_sources() -> None:
+    text = [s.name for s in TABLE.values() if s.kind is not SourceKind.IMAGE_CHAT]
+    assert list(SOURCES) == text == ["sharegpt", "chitchat", "ultrachat", "jsonl", "synthetic"]
 
 
 def test_help_lists_sources_and_modes_and_speaks_of_samples() -> None:
@@ -64,7 +66,7 @@ def test_source_that_needs_a_path_says_so(capsys) -> None:
 
 def test_a_template_error_names_the_flag_not_the_training_key(tmp_path: Path, capsys) -> None:
     """A tokenizer whose layout no template recognizes: ``odb-plan`` says ``--template``
-    (its own flag); train.py's wording (``data.template``) stays in the data layer."""
+    (its own flag); train.py's wording (``data.source.template``) stays in the data layer."""
     from helpers.chat_tokenizers import write_deepseek_tokenizer
 
     tokenizer = write_deepseek_tokenizer(tmp_path / "tok", chat_template=None)
@@ -82,6 +84,6 @@ def test_a_template_error_names_the_flag_not_the_training_key(tmp_path: Path, ca
     assert main([*argv, "--record-cache-dir", str(tmp_path / "records")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "matches none of the shipped layouts" in err
-    assert "set --template to one of them" in err and "data.template" not in err
-    with pytest.raises(ValueError, match="set data.template to one of them"):
+    assert "set --template to one of them" in err and "data.source.template" not in err
+    with pytest.raises(ValueError, match="set data.source.template to one of them"):
         build_chat_template(HFTokenizer(str(tokenizer)))

@@ -115,7 +115,7 @@ def test_a_jsonl_file_with_overrides(
     records = write_chats(path)
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    overrides = ["data=jsonl", f"data.path={path}", "data.val_samples=0"]
+    overrides = ["data=jsonl", f"data.source.path={path}", "data.sizes.val_samples=0"]
     assert main(["--num", "3", *overrides], console=Console(file=out)) == 0
     samples = shown(out.getvalue())
     assert [s["id"] for s in samples] == ["a", "b", "c"]
@@ -129,9 +129,9 @@ def test_a_jsonl_file_with_overrides(
     assert samples[1]["supervised"] == 0 and samples[1]["spans"] == []
     assert "<|im_start|>system\nAnswer briefly.<|im_end|>" in samples[0]["text"]
 
-    # --ids, a held-out record among them, and truncation to data.max_seq_len.
+    # --ids, a held-out record among them, and truncation to data.sizes.max_seq_len.
     out = io.StringIO()
-    cut = [*overrides[:2], "data.val_samples=1", "data.max_seq_len=12"]
+    cut = [*overrides[:2], "data.sizes.val_samples=1", "data.sizes.max_seq_len=12"]
     datamodule = build_data(compose_cfg(cut), world_size=1, device="cpu").datamodule
     datamodule.setup("fit")
     held = str(datamodule.record_ids(list(datamodule.val_set.indices))[0])
@@ -149,7 +149,9 @@ def test_colour_marks_the_same_tokens_and_plain_is_forced(
     path = tmp_path / "mine.jsonl"
     write_chats(path)
     monkeypatch.chdir(tmp_path)
-    (sample,) = preview(["data=jsonl", f"data.path={path}", "data.val_samples=0"], num=1)
+    (sample,) = preview(
+        ["data=jsonl", f"data.source.path={path}", "data.sizes.val_samples=0"], num=1
+    )
     text = rich_text(sample)
     styled = [text.plain[s.start : s.end] for s in text.spans if s.style == SUPERVISED_STYLE]
     assert styled == ["4.<|im_end|>", "6, of course.<|im_end|>"]
@@ -158,7 +160,7 @@ def test_colour_marks_the_same_tokens_and_plain_is_forced(
     )
     terminal = io.StringIO()
     console = Console(file=terminal, force_terminal=True)
-    args = ["--num", "1", "data=jsonl", f"data.path={path}", "data.val_samples=0"]
+    args = ["--num", "1", "data=jsonl", f"data.source.path={path}", "data.sizes.val_samples=0"]
     assert main(args, console=console) == 0 and "[[" not in terminal.getvalue()
     assert "\x1b[" in terminal.getvalue()  # coloured
     forced = io.StringIO()
@@ -173,9 +175,9 @@ def test_bad_input_is_named_without_a_traceback(
     path = tmp_path / "mine.jsonl"
     write_chats(path)
     monkeypatch.chdir(tmp_path)
-    assert main(["--ids", "nope", "data=jsonl", f"data.path={path}"]) == 2
+    assert main(["--ids", "nope", "data=jsonl", f"data.source.path={path}"]) == 2
     assert "--ids: no record with id 'nope' among the 8 records read" in capsys.readouterr().err
-    assert main(["data=jsonl", f"data.path={tmp_path / 'missing.jsonl'}"]) == 2
+    assert main(["data=jsonl", f"data.source.path={tmp_path / 'missing.jsonl'}"]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
     assert main(["data=nosuchgroup"]) == 2
     assert "nosuchgroup" in capsys.readouterr().err

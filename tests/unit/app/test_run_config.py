@@ -30,7 +30,7 @@ SAVED = {
     "ckpt_path": None,
     "model": {"hidden_size": 48, "num_hidden_layers": 1, "learning_rate": 0.001},
     "trainer": {"max_epochs": 1},
-    "data": {"max_samples": 80, "path": "${paths.root_dir}/data.jsonl"},
+    "data": {"sizes": {"max_samples": 80}, "source": {"path": "${paths.root_dir}/data.jsonl"}},
     "logger": {"csv": {"_target_": "CSVLogger", "save_dir": "${paths.output_dir}"}},
     "paths": {"output_dir": "/first/run", "root_dir": "/first"},
 }
@@ -40,7 +40,7 @@ CURRENT = {
     "ckpt_path": "/first/run/checkpoints/last.ckpt",
     "model": {"hidden_size": 896, "num_hidden_layers": 24, "learning_rate": 0.001},
     "trainer": {"max_epochs": 3},
-    "data": {"max_samples": 224, "path": "${paths.root_dir}/data.jsonl"},
+    "data": {"sizes": {"max_samples": 224}, "source": {"path": "${paths.root_dir}/data.jsonl"}},
     "logger": {
         "csv": {"_target_": "CSVLogger", "save_dir": "${paths.output_dir}"},
         "wandb": {"_target_": "WandbLogger", "offline": True},
@@ -70,7 +70,7 @@ def test_leaves_and_nest_round_trip() -> None:
 def test_resume_without_overrides_takes_the_checkpoint_config() -> None:
     merged, changed = _merge(["ckpt_path=/first/run/checkpoints/last.ckpt"])
     assert merged["model"] == SAVED["model"]  # not the defaults' 896 x 24
-    assert merged["trainer"] == {"max_epochs": 1} and merged["data"]["max_samples"] == 80
+    assert merged["trainer"] == {"max_epochs": 1} and merged["data"]["sizes"]["max_samples"] == 80
     assert merged["ckpt_path"] == CURRENT["ckpt_path"]
     assert merged["paths"] == CURRENT["paths"]  # where this run writes
     assert merged["new_knob"] == 7  # a key the checkpoint's config predates
@@ -94,9 +94,9 @@ def test_a_group_override_takes_the_whole_group_even_when_it_is_the_default() ->
 
 
 def test_command_line_keys_win() -> None:
-    merged, changed = _merge(["ckpt_path=x", "trainer.max_epochs=3", "~data.max_samples"])
+    merged, changed = _merge(["ckpt_path=x", "trainer.max_epochs=3", "~data.sizes.max_samples"])
     assert merged["trainer"]["max_epochs"] == 3
-    assert "max_samples" not in merged["data"]
+    assert "max_samples" not in merged["data"].get("sizes", {})
     assert merged["model"]["hidden_size"] == 48
     assert changed == ["ckpt_path", "trainer.max_epochs"]
 

@@ -51,7 +51,7 @@ def sweep(tmp_path: Path) -> Path:
         make_job(
             tmp_path, job, overrides, summary_of(budget, 20 // (job + 1), 1000.0 * (job + 1), 8.3)
         )
-    failure = {"error": "ConfigError", "message": "data.max_seq_len (1024) must not exceed"}
+    failure = {"error": "ConfigError", "message": "data.sizes.max_seq_len (1024) must not exceed"}
     make_job(tmp_path, 2, ["debug=smoke", "batching.token_budget=512"], failure=failure)
     (tmp_path / "multirun.yaml").write_text("{}\n")  # not a job: no .hydra/
     return tmp_path
@@ -75,7 +75,7 @@ def test_table_compares_the_points_on_what_differs(sweep: Path) -> None:
     markdown = (sweep / TABLE_NAME).read_text().splitlines()
     assert markdown[0].startswith("| job | batching.token_budget | status | mode |")
     assert len([line for line in markdown if line.startswith("| ")]) == 1 + 3
-    assert "- job 2: data.max_seq_len (1024) must not exceed" in markdown
+    assert "- job 2: data.sizes.max_seq_len (1024) must not exceed" in markdown
     assert (sweep / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

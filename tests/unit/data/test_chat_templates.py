@@ -151,7 +151,7 @@ def test_auto_picks_chatml_for_the_bundled_qwen_tokenizer(tokenizer: QwenTokeniz
 @pytest.mark.parametrize(
     ("tokenizer_key", "template", "message"),
     [
-        ("deepseek_plain", "auto", r"template=auto: .*no chat template.*data.template"),
+        ("deepseek_plain", "auto", r"template=auto: .*no chat template.*data.source.template"),
         ("llama3", "hf", r"template=hf: .*no \{% generation %\} block"),
         (
             "llama3",
@@ -176,11 +176,15 @@ def test_wrong_template_fails_at_startup_naming_the_key(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_template_name(HFTokenizer(tokenizer_dirs[tokenizer_key]), template)
-    # The data module checks at construction, and the error names data.template.
+    # The data module checks at construction, and the error names data.source.template.
     cfg = compose_cfg(
-        ["data=jsonl", f"data.path={tmp_path / 'chats.jsonl'}", f"data.template={template}"],
+        [
+            "data=jsonl",
+            f"data.source.path={tmp_path / 'chats.jsonl'}",
+            f"data.source.template={template}",
+        ],
     )
-    with pytest.raises(ConfigError, match=r"invalid config 'data.template'"):
+    with pytest.raises(ConfigError, match=r"invalid config 'data.source.template'"):
         instantiate_checked(
             cfg.data,
             "data",

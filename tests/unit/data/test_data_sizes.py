@@ -44,8 +44,9 @@ def test_kept_records() -> None:
 def test_bad_sizes_are_refused_naming_the_key(value, compose_cfg: ComposeConfig) -> None:
     with pytest.raises(ValueError, match=r"^val_samples must be null, an integer >= 0"):
         check_size("val_samples", value, least=0)
-    cfg = compose_cfg([f"data.max_samples={json.dumps(value)}"])
-    with pytest.raises(ConfigError, match=r"^data.max_samples must be null, an integer >= 1"):
+    cfg = compose_cfg([f"data.sizes.max_samples={json.dumps(value)}"])
+    expected = r"^invalid config 'data.sizes.max_samples': data.sizes.max_samples must be null"
+    with pytest.raises(ConfigError, match=expected):
         validate_config(cfg)
 
 
@@ -53,18 +54,18 @@ def test_a_file_of_ten_records_trains_on_nine(tmp_path: Path, compose_cfg: Compo
     path = tmp_path / "ten.jsonl"
     turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     path.write_text("".join(json.dumps({"id": k, "messages": turns}) + "\n" for k in range(10)))
-    cfg = compose_cfg(["data=jsonl", f"data.path={path}"])
-    assert cfg.data.max_samples is None and cfg.data.val_samples == 0.05
-    data = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path),
-        max_samples=cfg.data.max_samples, val_samples=cfg.data.val_samples,
-        record_cache_dir=str(tmp_path / "records"),
+    cfg = compose_cfg(["data=jsonl", f"data.source.path={path}"])
+    assert cfg.data.sizes.max_samples is None and cfg.data.sizes.val_samples == 0.05
+    data = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(), name="jsonl", path=str(path),
+        max_samples=cfg.data.sizes.max_samples, val_samples=cfg.data.sizes.val_samples,
+        record_dir=str(tmp_path / "records"),
     )  # fmt: skip
     data.setup("fit")
     assert data.num_train_samples == 9 and len(data.val_set) == 1
-    half = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path), max_samples=0.5,
-        val_samples=0.2, record_cache_dir=str(tmp_path / "records"),
+    half = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(), name="jsonl", path=str(path), max_samples=0.5,
+        val_samples=0.2, record_dir=str(tmp_path / "records"),
     )  # fmt: skip
     half.setup("fit")
     assert len(half.dataset) == 5 and half.source_counts["kept"] == 5

@@ -118,9 +118,9 @@ def test_ultrachat_from_local_parquet(tmp_path: Path) -> None:
 
 
 def test_ultrachat_without_a_path_names_data_path(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="data.path"):
+    with pytest.raises(ValueError, match="data.source.path"):
         ultrachat_records(None)
-    with pytest.raises(FileNotFoundError, match="data.path"):
+    with pytest.raises(FileNotFoundError, match="data.source.path"):
         ultrachat_records(tmp_path / "nowhere")
 
 
@@ -171,9 +171,9 @@ def test_jsonl_errors_name_line_and_field(
 def test_unknown_source_and_missing_paths(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nope"):
         load_source("nope")
-    with pytest.raises(ValueError, match="data.path"):
+    with pytest.raises(ValueError, match="data.source.path"):
         load_source("jsonl")
-    with pytest.raises(FileNotFoundError, match="data.path"):
+    with pytest.raises(FileNotFoundError, match="data.source.path"):
         jsonl_records(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="max_samples"):
         jsonl_records(write_lines(tmp_path / "ok.jsonl", [GOOD]), max_samples=-1)

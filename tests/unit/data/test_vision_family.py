@@ -22,12 +22,6 @@ ADAPTOR = "data/vision_family.py"
 """The one file that names a family."""
 FAMILY_NAME = re.compile(r"qwen2[-_ ]?vl", re.IGNORECASE)
 """``Qwen2VL``, ``qwen2_vl``, ``Qwen2-VL`` in any case."""
-NOT_YET_THROUGH_THE_ADAPTOR = {
-    "lit/data/vlm_datamodule.py": "calls Qwen2VLFamily.of_tokenizer; to use vision_family_of",
-    "app/components.py": "calls Qwen2VLFamily.of_tokenizer; to use vision_family_of",
-}
-"""Temporary: files that still name the family, each with what is left to do. Empty it
-as they move to the generic API (an entry that no longer names a family fails)."""
 
 
 def files_naming_a_family() -> set[str]:
@@ -42,13 +36,11 @@ def files_naming_a_family() -> set[str]:
 def test_no_module_but_the_adaptor_names_a_family() -> None:
     naming = files_naming_a_family()
     assert ADAPTOR in naming  # the check sees the family where it is
-    outside = naming - {ADAPTOR} - set(NOT_YET_THROUGH_THE_ADAPTOR)
+    outside = naming - {ADAPTOR}
     assert not outside, (
         f"{sorted(outside)} name an image-text family: ask the family through "
         f"odb_lightning.data.vision_family (VisionFamily, vision_family_of) instead"
     )
-    stale = set(NOT_YET_THROUGH_THE_ADAPTOR) - naming
-    assert not stale, f"{sorted(stale)} no longer name a family: drop them from the list"
 
 
 def test_the_registry_has_each_family_under_its_own_name() -> None:

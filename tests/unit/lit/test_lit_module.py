@@ -232,11 +232,7 @@ def test_the_sample_budget_cosine_reads_the_run_context() -> None:
 
     samples = TrainSampleCount()
     samples.set(8)  # the data module's setup fills it: 8 samples over 4 steps
-    fit(
-        tiny_module(
-            lr=1e-2, min_lr_ratio=0.1, run=RunContext(max_seq_len=64, train_samples=samples)
-        )
-    )
+    fit(tiny_module(lr=1e-2, min_lr_ratio=0.1, run=RunContext(train_samples=samples)))
     # After step k the schedule has seen 2 (k + 1) of the 8 planned samples.
     expected = [
         1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 * (k + 1) / 8))) for k in range(4)

@@ -275,10 +275,10 @@ def test_flash_backends_get_varlen_kwargs_and_no_mask(backend: str) -> None:
 @pytest.mark.parametrize("mode", ["odb_packed", "odb"])
 def test_data_module_collates_by_mode(mode: str) -> None:
     batching = BatchingConfig.of(mode=mode, token_budget=2048, outstanding_depth=16, num_workers=0)
-    data = ODBDataModule(
-        "synthetic",
+    data = ODBDataModule.of(
         QwenTokenizer(),
         batching,
+        name="synthetic",
         regime="sharegpt_first_exchange",
         max_seq_len=1024,
         max_samples=24,

@@ -1,7 +1,7 @@
 """Records read but not trained on are named, not only counted: ``skipped_records.jsonl``
 in the run directory holds every skipped source line (file:line and reason) and every
 training record without an assistant turn (its id); a file read only up to
-``data.max_samples`` (``debug=smoke``) says so."""
+``data.sizes.max_samples`` (``debug=smoke``) says so."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def test_skipped_lines_and_unsupervised_records_are_named_in_the_run_dir(
     lines.append(chat("q2", answer=False))  # line 10
     path = write_lines(tmp_path / "chats.jsonl", lines)
     run_dir = tmp_path / "run"
-    data = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig.of(on_bad_sample="skip"), path=str(path),
-        val_samples=0, record_cache_dir=str(tmp_path / "records"),
-        run=RunContext(max_seq_len=4096, output_dir=str(run_dir)),
+    data = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(on_bad_sample="skip"), name="jsonl", path=str(path),
+        val_samples=0, record_dir=str(tmp_path / "records"),
+        run=RunContext(output_dir=str(run_dir)),
     )  # fmt: skip
     with caplog.at_level(logging.WARNING):
         data.setup("fit")
@@ -69,10 +69,10 @@ def test_skipped_lines_and_unsupervised_records_are_named_in_the_run_dir(
 
 def test_a_clean_file_writes_no_list(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "chats.jsonl", [chat(k) for k in range(5)])
-    data = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path), val_samples=0,
-        record_cache_dir=str(tmp_path / "records"),
-        run=RunContext(max_seq_len=4096, output_dir=str(tmp_path / "run")),
+    data = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(), name="jsonl", path=str(path), val_samples=0,
+        record_dir=str(tmp_path / "records"),
+        run=RunContext(output_dir=str(tmp_path / "run")),
     )  # fmt: skip
     data.setup("fit")
     assert not (tmp_path / "run" / SKIPPED_RECORDS_FILE).exists()
@@ -86,7 +86,7 @@ def test_debug_smoke_says_it_read_only_the_first_records(
     tmp_path: Path, compose_cfg: ComposeConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_lines(tmp_path / "mine.jsonl", [chat(k) for k in range(100)])
-    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={path}"])
+    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.source.path={path}"])
     validate_config(cfg)
     with caplog.at_level(logging.WARNING):
         data = build_data(cfg, world_size=1, device="cpu").datamodule
@@ -98,12 +98,14 @@ def test_debug_smoke_says_it_read_only_the_first_records(
     ]
     # Set on the command line, the key is named instead of the preset.
     caplog.clear()
-    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={path}", "data.max_samples=90"])
+    cfg = compose_cfg(
+        ["debug=smoke", "data=jsonl", f"data.source.path={path}", "data.sizes.max_samples=90"]
+    )
     with caplog.at_level(logging.WARNING):
         build_data(cfg, world_size=1, device="cpu").datamodule.setup("fit")
     assert partial_read_warnings(caplog) == [
-        f"data.max_samples=90: read the first 90 records of {path}; the rest is not checked "
-        "(data.max_samples=null reads every record)"
+        f"data.sizes.max_samples=90: read the first 90 records of {path}; the rest is not checked "
+        "(data.sizes.max_samples=null reads every record)"
     ]
 
 
@@ -111,7 +113,7 @@ def test_a_file_read_whole_under_debug_smoke_says_nothing(
     tmp_path: Path, compose_cfg: ComposeConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_lines(tmp_path / "mine.jsonl", [chat(k) for k in range(30)])
-    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={path}"])
+    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.source.path={path}"])
     with caplog.at_level(logging.WARNING):
         data = build_data(cfg, world_size=1, device="cpu").datamodule
         data.setup("fit")
@@ -123,9 +125,9 @@ def test_without_a_run_directory_the_first_records_are_named_in_the_log(
 ) -> None:
     lines = [chat("a"), *(chat(f"q{k}", answer=False) for k in range(7))]
     path = write_lines(tmp_path / "chats.jsonl", lines)
-    data = ODBDataModule(
-        "jsonl", QwenTokenizer(), BatchingConfig.of(), path=str(path), val_samples=0,
-        record_cache_dir=str(tmp_path / "records"),
+    data = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(), name="jsonl", path=str(path), val_samples=0,
+        record_dir=str(tmp_path / "records"),
     )  # fmt: skip
     with caplog.at_level(logging.WARNING):
         data.setup("fit")
@@ -141,8 +143,10 @@ def test_the_whole_files_count_is_given_where_a_run_read_it_before(
     """A run that read every record left the file's table: debug=smoke then says of how
     many records it read 80, without reading the rest."""
     path = write_lines(tmp_path / "mine.jsonl", [chat(k) for k in range(120)])
-    build_data(compose_cfg(["data=jsonl", f"data.path={path}"]), 1, "cpu").datamodule.setup("fit")
-    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.path={path}"])
+    build_data(compose_cfg(["data=jsonl", f"data.source.path={path}"]), 1, "cpu").datamodule.setup(
+        "fit"
+    )
+    cfg = compose_cfg(["debug=smoke", "data=jsonl", f"data.source.path={path}"])
     with caplog.at_level(logging.WARNING):
         build_data(cfg, world_size=1, device="cpu").datamodule.setup("fit")
     assert partial_read_warnings(caplog) == [

@@ -22,8 +22,8 @@ FIXED = {"shard_dealing": "fixed", "token_budget": 4096}
         ("sharegpt", FIXED, {}, "data=jsonl"),
         ("jsonl", {"mode": "sorted"}, {}, "batching=odb or odb_packed"),
         ("jsonl", {}, {}, "batching.policy.shard_dealing=fixed"),
-        ("jsonl", FIXED, {"val_samples": 0.05}, "data.val_samples=0"),
-        ("jsonl", FIXED, {"max_samples": 100}, "data.max_samples=100 must be null"),
+        ("jsonl", FIXED, {"val_samples": 0.05}, "data.sizes.val_samples=0"),
+        ("jsonl", FIXED, {"max_samples": 100}, "data.sizes.max_samples=100 must be null"),
     ],
 )
 def test_settings_a_stream_cannot_serve_are_refused(
@@ -31,9 +31,9 @@ def test_settings_a_stream_cannot_serve_are_refused(
 ) -> None:
     arguments = {"val_samples": 0, "max_samples": None} | sizes
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        ODBDataModule(
-            source, tokenizer, BatchingConfig.of(**batching), path="x.jsonl", streaming=True,
-            stream_cache_dir="cache", template="chatml", **arguments,
+        ODBDataModule.of(
+        tokenizer, BatchingConfig.of(**batching), name=source, path="x.jsonl", streaming=True,
+            stream_dir="cache", template="chatml", **arguments,
         )  # fmt: skip
 
 
@@ -44,9 +44,9 @@ def test_a_streamed_module_trains_on_every_record(tmp_path: Path, tokenizer) -> 
     cache = tmp_path / "streams"
     # Written here, as the conversion's child would (that path is tested in data/).
     write_chat_stream(path, cache / stream_fingerprint(path, "raise"), "raise")
-    data = ODBDataModule(
-        "jsonl", tokenizer, BatchingConfig.of(num_workers=0, **FIXED), path=str(path),
-        max_samples=None, val_samples=0, streaming=True, stream_cache_dir=str(cache),
+    data = ODBDataModule.of(
+        tokenizer, BatchingConfig.of(num_workers=0, **FIXED), name="jsonl", path=str(path),
+        max_samples=None, val_samples=0, streaming=True, stream_dir=str(cache),
         template="chatml",
     )  # fmt: skip
     data.setup("fit")

@@ -1,114 +1,132 @@
-"""Chat sources, each mapped onto ChatML roles as :class:`~odb_lightning.data.ChatRecord`.
+"""The data sources, each mapped onto ChatML roles as :class:`~odb_lightning.data.ChatRecord`
+(or, for ``synthetic``, token samples drawn from a length profile).
 
-``synthetic`` is not here: it yields token samples directly
-(:class:`~odb_lightning.data.synthetic.SyntheticDataset`).
+Which sources exist, what each needs and how it is read is one table,
+:data:`~odb_lightning.data.sources.table.SOURCES`. The readers' modules load when a name
+of theirs is first used, so that importing the table stays cheap.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from odb_lightning.data.sources.chitchat import chitchat_records, chitchat_source
-from odb_lightning.data.sources.jsonl import OnBadRecord, jsonl_records, jsonl_source
-from odb_lightning.data.sources.sharegpt import (
-    ShareGPTRegime,
-    recover_json_array,
-    sharegpt_records,
-    sharegpt_source,
+from odb_lightning.data.sources.table import (
+    SOURCES,
+    Source,
+    SourceKind,
+    SourceRequest,
+    resolve,
+    source_named,
+    source_names,
 )
-from odb_lightning.data.sources.source_records import SourceReader, SourceRecords
-from odb_lightning.data.sources.ultrachat import ULTRACHAT_HUB_NAME, ultrachat_records
 
 if TYPE_CHECKING:
     from odb_lightning.data.record_table import RecordCache
+    from odb_lightning.data.sources.source_records import SourceReader, SourceRecords
+
+_LAZY = {
+    "ULTRACHAT_HUB_NAME": "ultrachat",
+    "ultrachat_records": "ultrachat",
+    "OnBadRecord": "jsonl",
+    "jsonl_records": "jsonl",
+    "ShareGPTRegime": "sharegpt",
+    "recover_json_array": "sharegpt",
+    "sharegpt_records": "sharegpt",
+    "chitchat_records": "chitchat",
+    "SourceReader": "source_records",
+    "SourceRecords": "source_records",
+}
 
 
-class SourceName(StrEnum):
-    """Conversation sources :func:`load_source` knows."""
-
-    SHAREGPT = "sharegpt"
-    CHITCHAT = "chitchat"
-    ULTRACHAT = "ultrachat"
-    JSONL = "jsonl"
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def source_reader(
-    name: SourceName | str,
+    name: str,
     *,
     path: str | Path | None = None,
-    regime: ShareGPTRegime | str = ShareGPTRegime.WHOLE,
+    regime: str = "whole",
     max_samples: int | None = None,
     seed: int = 0,
-    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+    on_bad_record: str = "raise",
+    set_dir: str | None = None,
 ) -> SourceReader:
-    """The reader of a source that is not a table already (every one but ``ultrachat``;
-    the arguments as :func:`load_source` takes them)."""
-    name = SourceName(name)
-    if name is SourceName.SHAREGPT:
-        return sharegpt_source(regime=regime, max_samples=max_samples, seed=seed)
-    if name is SourceName.CHITCHAT:
-        return chitchat_source(max_samples=max_samples)
-    if name is SourceName.ULTRACHAT:
-        raise ValueError("ultrachat is read as the parquet table it is (ultrachat_records)")
-    if path is None:
-        raise ValueError("the jsonl source needs data.path: a JSON Lines file")
-    return jsonl_source(path, max_samples=max_samples, on_bad_record=on_bad_record)
+    """The reader of a source whose records a record table converts (every source in
+    :data:`SOURCES` with a ``reader``; the arguments as :func:`load_source` takes them)."""
+    source = source_named(name)
+    if source.reader is None:
+        raise ValueError(f"data.source.name={source.name} has no records to convert")
+    if source.needs_path and path is None:
+        raise ValueError(f"data.source.name={source.name} needs data.source.path")
+    request = SourceRequest(
+        None if path is None else str(path), str(regime), max_samples, seed,
+        str(getattr(on_bad_record, "value", on_bad_record)), set_dir,
+    )  # fmt: skip
+    return resolve(source.reader)(request)
 
 
 def load_source(
-    name: SourceName | str,
+    name: str,
     *,
     path: str | Path | None = None,
-    regime: ShareGPTRegime | str = ShareGPTRegime.WHOLE,
+    regime: str = "whole",
     max_samples: int | None = None,
     seed: int = 0,
-    on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+    on_bad_record: str = "raise",
     record_cache: RecordCache | None = None,
+    set_dir: str | None = None,
 ) -> SourceRecords:
-    """Load a conversation source by name.
+    """Load a source's records by name (:data:`SOURCES`).
 
     Args:
-        path: Required by ``ultrachat`` (parquet file/dir or hub name) and ``jsonl``.
+        path: Required by the sources that need one (``ultrachat``: parquet file/dir or
+            hub name; ``jsonl``, ``llava_jsonl``: the file).
         regime: ShareGPT only.
         max_samples: Cap on the number of records.
-        seed: ShareGPT ``mix`` seed.
-        on_bad_record: ``jsonl`` only (see :func:`jsonl_records`). The bundled sources
+        seed: ShareGPT ``mix`` seed; a written image set's seed.
+        on_bad_record: The user's files (see :func:`jsonl_records`). The bundled sources
             drop what they cannot use and count it; UltraChat rows are converted when
             read, so their problems are bad samples in the loader.
         record_cache: Where the records are converted once into a memory-mapped table
             and read from (:class:`~odb_lightning.data.record_table.RecordCache`);
             ``None`` reads them into memory. UltraChat is a parquet table already.
+        set_dir: Where ``llava`` and ``sharegpt4o`` are written.
 
     Returns:
         The records and the counts of what was read, kept and dropped.
     """
-    if SourceName(name) is SourceName.ULTRACHAT:
-        return ultrachat_records(path, max_samples=max_samples)
-    reader = source_reader(
-        name,
-        path=path,
-        regime=regime,
-        max_samples=max_samples,
-        seed=seed,
-        on_bad_record=on_bad_record,
-    )
-    return reader.collect() if record_cache is None else record_cache.records(reader)
+    source = source_named(name)
+    if source.needs_path and path is None:
+        raise ValueError(f"data.source.name={source.name} needs data.source.path")
+    request = SourceRequest(
+        None if path is None else str(path), str(getattr(regime, "value", regime)),
+        max_samples, seed, str(getattr(on_bad_record, "value", on_bad_record)), set_dir,
+    )  # fmt: skip
+    return source.records(request, record_cache)
 
 
 __all__ = [
+    "SOURCES",
     "ULTRACHAT_HUB_NAME",
     "OnBadRecord",
     "ShareGPTRegime",
-    "SourceName",
+    "Source",
+    "SourceKind",
     "SourceReader",
     "SourceRecords",
+    "SourceRequest",
     "chitchat_records",
     "jsonl_records",
     "load_source",
     "recover_json_array",
     "sharegpt_records",
+    "source_named",
+    "source_names",
     "source_reader",
     "ultrachat_records",
 ]

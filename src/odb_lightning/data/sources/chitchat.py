@@ -21,6 +21,7 @@ from odb_lightning.data.sources.source_records import (
     source_version,
     take,
 )
+from odb_lightning.data.sources.table import SourceRequest
 
 
 def chitchat_path() -> Path:
@@ -76,3 +77,8 @@ def chitchat_records(*, max_samples: int | None = None) -> SourceRecords:
         ``dropped/no_assistant`` and ``kept``.
     """
     return chitchat_source(max_samples=max_samples).collect()
+
+
+def reader(request: SourceRequest) -> SourceReader:
+    """The source table's reader of ``chitchat`` (``max_samples``)."""
+    return chitchat_source(max_samples=request.max_samples)

@@ -29,6 +29,7 @@ from odb_lightning.data.sources.source_records import (
     checked_max_samples,
     source_version,
 )
+from odb_lightning.data.sources.table import SourceRequest
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def iter_jsonl_lines(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data.path={str(path)!r}: no such JSON Lines file")
+        raise FileNotFoundError(f"data.source.path={str(path)!r}: no such JSON Lines file")
     limit = checked_max_samples(max_samples)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
     return _parsed_lines(path, parse, limit, skip, result, keep)
@@ -215,3 +216,10 @@ def _note_duplicate(
         )
         result.warnings.append(warning)
         logger.warning("%s", warning)
+
+
+def reader(request: SourceRequest) -> SourceReader:
+    """The source table's reader of ``jsonl`` (the file, ``max_samples``, bad lines)."""
+    return jsonl_source(
+        request.path, max_samples=request.max_samples, on_bad_record=request.on_bad_record
+    )

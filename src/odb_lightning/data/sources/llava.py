@@ -26,6 +26,7 @@ from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.data.image_generator import ResolutionProfile, write_images
 from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages, iter_jsonl_lines
 from odb_lightning.data.sources.source_records import SourceReader, SourceRecords, source_version
+from odb_lightning.data.sources.table import SourceRequest
 from odb_lightning.data.vision import IMAGE_PLACEHOLDER
 
 LLAVA_RESOLUTIONS = ResolutionProfile(mean_pixels=420_000, cv=0.35)
@@ -168,3 +169,27 @@ def build_llava_set(
         for k, ((_, qa), image) in enumerate(zip(items, images, strict=True))
     ]
     return write_jsonl(records, out_dir / f"llava_{seed}_{num_samples}.jsonl")
+
+
+DEFAULT_SET_SAMPLES = 512
+"""Records of a written image-text set when ``max_samples`` is unset."""
+
+
+def reader(request: SourceRequest) -> SourceReader:
+    """The source table's reader of an image-text JSON Lines file (``request.path``:
+    located by the entry's ``image_file``)."""
+    return llava_source(
+        request.path, max_samples=request.max_samples, on_bad_record=request.on_bad_record
+    )
+
+
+def user_file(request: SourceRequest) -> Path:
+    """``llava_jsonl``: the user's file."""
+    return Path(request.path)
+
+
+def written_set(request: SourceRequest) -> Path:
+    """``llava``: the set written (once) under ``set_dir``, ``max_samples`` records (512
+    when unset), drawn by the seed."""
+    count = request.max_samples or DEFAULT_SET_SAMPLES
+    return build_llava_set(request.set_dir, count, seed=request.seed)

@@ -34,6 +34,7 @@ from odb_lightning.data.sources.source_records import (
     source_version,
     take,
 )
+from odb_lightning.data.sources.table import SourceRequest
 
 _BETWEEN_ITEMS = re.compile(r"[\s,]*")
 
@@ -161,3 +162,10 @@ def sharegpt_records(
         the raw records read (``max_samples`` may stop the scan early).
     """
     return sharegpt_source(regime=regime, max_samples=max_samples, seed=seed).collect()
+
+
+def reader(request: SourceRequest) -> SourceReader:
+    """The source table's reader of ``sharegpt`` (regime, ``max_samples``, the mix seed)."""
+    return sharegpt_source(
+        regime=request.regime, max_samples=request.max_samples, seed=request.seed
+    )

@@ -15,11 +15,13 @@ from pathlib import Path
 
 from odb_lightning.data.image_generator import ResolutionProfile, write_images
 from odb_lightning.data.sources.llava import (
+    DEFAULT_SET_SAMPLES,
     easy_vqa_conversations,
     image_conversation,
     write_jsonl,
 )
 from odb_lightning.data.sources.sharegpt import sharegpt_records
+from odb_lightning.data.sources.table import SourceRequest
 
 SHAREGPT4O_RESOLUTIONS = ResolutionProfile(mean_pixels=400_000, cv=2.0)
 """From thumbnails to large screenshots: a heavy tail of pixel counts (many small images,
@@ -68,3 +70,10 @@ def build_sharegpt4o_set(
             messages, paths = list(next(chats)["messages"]), []
         records.append({"id": f"sharegpt4o-{k}", "images": paths, "messages": messages})
     return write_jsonl(records, out_dir / f"sharegpt4o_{seed}_{num_samples}.jsonl")
+
+
+def written_set(request: SourceRequest) -> Path:
+    """``sharegpt4o``: the mix written (once) under ``set_dir``, ``max_samples`` records
+    (512 when unset), drawn by the seed."""
+    count = request.max_samples or DEFAULT_SET_SAMPLES
+    return build_sharegpt4o_set(request.set_dir, count, seed=request.seed)

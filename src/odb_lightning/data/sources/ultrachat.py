@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from odb_lightning.data.conversation import ChatRecord, normalize_role
 from odb_lightning.data.sources.arrow_records import ArrowRecords
 from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
+from odb_lightning.data.sources.table import SourceRequest
 
 if TYPE_CHECKING:
     import datasets
@@ -53,7 +54,9 @@ def _parquet_files(path: Path, split: str) -> list[str]:
     files = sorted(path.rglob("*.parquet"))
     in_split = [f for f in files if f.name.startswith(f"{split}-") or f.stem == split]
     if not (in_split or files):
-        raise FileNotFoundError(f"data.path={str(path)!r}: no .parquet files in this directory")
+        raise FileNotFoundError(
+            f"data.source.path={str(path)!r}: no .parquet files in this directory"
+        )
     return [str(f) for f in in_split or files]
 
 
@@ -67,13 +70,13 @@ def _load_table(path: str, split: str, cache_dir: str | None) -> datasets.Datase
             "parquet", data_files=files, split="train", cache_dir=cache_dir
         )
     if path.startswith(("/", ".", "~")) or path.count("/") != 1:
-        raise FileNotFoundError(f"data.path={path!r} does not exist (UltraChat parquet)")
+        raise FileNotFoundError(f"data.source.path={path!r} does not exist (UltraChat parquet)")
     try:
         return datasets.load_dataset(path, split=split, cache_dir=cache_dir)
     except (ConnectionError, OSError) as error:
         raise OSError(
-            f"data.path={path!r}: could not load UltraChat from the Hugging Face hub "
-            "(offline?). Download the parquet files and set data.path to the local file "
+            f"data.source.path={path!r}: could not load UltraChat from the Hugging Face hub "
+            "(offline?). Download the parquet files and set data.source.path to the local file "
             "or directory."
         ) from error
 
@@ -100,7 +103,7 @@ def ultrachat_records(
     """
     if path is None:
         raise ValueError(
-            "UltraChat needs data.path: a local parquet file or directory in the "
+            "UltraChat needs data.source.path: a local parquet file or directory in the "
             f"ultrachat_200k schema, or the hub name {ULTRACHAT_HUB_NAME!r} where the hub "
             "is reachable."
         )
@@ -112,3 +115,8 @@ def ultrachat_records(
     result.records = UltraChatRecords(table)
     result.counts["kept"] = len(table)
     return result
+
+
+def open_table(request: SourceRequest) -> SourceRecords:
+    """The source table's opener of ``ultrachat`` (the parquet path, ``max_samples``)."""
+    return ultrachat_records(request.path, max_samples=request.max_samples)

@@ -119,8 +119,9 @@ class AtomicLinkModelCheckpoint(ModelCheckpoint):
             raise UntrainedCheckpointError(
                 f"epoch {trainer.current_epoch} ended after 0 optimizer steps: nothing was "
                 f"trained, so no checkpoint is written ({filepath}). The training loader "
-                "gave no batch: check data.path, data.max_samples and data.val_samples "
-                "(the source counts are in train.log) and trainer.limit_train_batches"
+                "gave no batch: check data.source.path, data.sizes.max_samples and "
+                "data.sizes.val_samples (the source counts are in train.log) and "
+                "trainer.limit_train_batches"
             )
         super()._save_checkpoint(trainer, filepath)
 

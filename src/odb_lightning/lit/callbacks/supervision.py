@@ -21,7 +21,7 @@ class SupervisionCheck(pl.Callback):
 
     Args:
         counters: This rank's step counters (the callback that counts them).
-        max_seq_len: The run's ``data.max_seq_len``, named in the error.
+        max_seq_len: The run's ``data.sizes.max_seq_len``, named in the error.
     """
 
     def __init__(self, counters: StepCounters, max_seq_len: int | None) -> None:
@@ -44,5 +44,5 @@ class SupervisionCheck(pl.Callback):
             f"no supervised tokens in the first training epoch: {emitted} samples emitted "
             f"over {trainer.world_size} rank(s), every label -100 after the template and "
             f"max_seq_len={self.max_seq_len}; training changes nothing. SFT trains on "
-            "assistant turns: check that the data has them within data.max_seq_len tokens"
+            "assistant turns: check that the data has them within data.sizes.max_seq_len tokens"
         )

@@ -4,24 +4,28 @@ counts."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.data import load_source
+from odb_lightning.data.config import DataSource
 from odb_lightning.data.length_pass import ExactLengths, exact_lengths
 from odb_lightning.data.record_table import RecordCache
 from odb_lightning.data.sizes import kept_records, records_to_read
-from odb_lightning.data.sources import SourceName, source_reader
+from odb_lightning.data.sources.table import SourceRequest, resolve
 
+log = logging.getLogger(__name__)
 RecordT = TypeVar("RecordT")
 
 
 def keep_records(
     records: Sequence[RecordT], counts: Mapping[str, int], max_samples: int | float | None
 ) -> tuple[Sequence[RecordT], dict[str, int]]:
-    """The records kept of those a source read (``data.max_samples`` as a fraction keeps
+    """The records kept of those a source read (``data.sizes.max_samples`` as a fraction keeps
     a share of them: a slice, which of a record table is a view of it) and the source's
     counts, with ``kept`` where some were left out."""
     num_kept = kept_records(max_samples, len(records))
@@ -34,37 +38,38 @@ def keep_records(
 
 @dataclass(frozen=True)
 class ChatSource:
-    """The records of ``data.source`` (``sharegpt``, ``chitchat``, ``ultrachat``,
-    ``jsonl``) at ``data.path`` in ``data.regime``, ``data.max_samples`` of them, drawn by
-    ``seed``."""
+    """The records of ``data.source`` (an entry of the source table) in its regime,
+    ``data.sizes.max_samples`` of them, drawn by ``seed``; a written image-text set goes
+    under ``set_dir``."""
 
-    name: str
-    path: str | None
-    regime: str
+    source: DataSource
     max_samples: int | float | None
     seed: int
+    set_dir: str | None = None
 
     def arguments(self) -> dict[str, Any]:
         """The source's arguments of :func:`~odb_lightning.data.load_source`, which also
         key its length cache."""
-        return {"name": self.name, "path": self.path, "regime": self.regime} | {
+        return {"name": self.source.name, "path": self.source.path} | {
+            "regime": self.source.regime,
             "max_samples": records_to_read(self.max_samples),
             "seed": self.seed,
         }
 
+    def request(self, on_bad_record: str, max_samples: int | None) -> SourceRequest:
+        return SourceRequest(
+            self.source.path, self.source.regime, max_samples, self.seed, on_bad_record,
+            self.set_dir,
+        )  # fmt: skip
+
     def read(
         self, on_bad_record: str, record_cache: RecordCache
     ) -> tuple[Sequence[Any], dict[str, int], list[str]]:
-        """The records kept, read from their record table in ``record_cache`` (UltraChat:
-        from its parquet table), the counts of what was read, kept and dropped, and the
-        source's message of each line it rejected (``on_bad_record=skip``)."""
-        arguments = self.arguments()
-        records = load_source(
-            arguments.pop("name"),
-            **arguments,
-            on_bad_record=on_bad_record,
-            record_cache=record_cache,
-        )
+        """The records kept, read from their record table in ``record_cache`` (a source
+        that is a table already: from it), the counts of what was read, kept and dropped,
+        and the source's message of each line it rejected (``on_bad_record=skip``)."""
+        request = self.request(on_bad_record, records_to_read(self.max_samples))
+        records = self.source.entry.records(request, record_cache)
         kept, counts = keep_records(records.records, records.counts, self.max_samples)
         return kept, counts, list(records.rejected)
 
@@ -72,13 +77,35 @@ class ChatSource:
         """The records of the whole source (every line of a file, ``max_samples``
         aside), where a table of it was converted already (a run without
         ``max_samples``); ``None`` where that is not known without reading it."""
-        if self.name not in set(SourceName) or SourceName(self.name) is SourceName.ULTRACHAT:
-            return None  # a table already, or a source this reader does not read (images)
-        whole = source_reader(
-            self.name, path=self.path, regime=self.regime, max_samples=None, seed=self.seed,
-            on_bad_record=on_bad_record,
-        )  # fmt: skip
+        entry = self.source.entry
+        if entry.reader is None or entry.image_file is not None:
+            return None  # a table already, or a set written to size
+        whole = resolve(entry.reader)(self.request(on_bad_record, None))
         return record_cache.converted_count(whole, "kept")
+
+    def warn_partial_read(
+        self, num_kept: int, on_bad_record: str, record_cache: RecordCache, origin: str | None
+    ) -> None:
+        """Warn (rank 0) that a file was read only up to ``max_samples`` records, so its
+        other records are neither trained on nor checked, naming what set the limit
+        (``origin``: a preset; ``None``: ``data.sizes.max_samples`` itself) and how to
+        read them all."""
+        limit = records_to_read(self.max_samples)
+        path = self.source.path
+        if path is None or limit is None or num_kept < limit or rank_zero_only.rank != 0:
+            return
+        if origin is None:
+            origin = f"data.sizes.max_samples={limit}"
+            fix = "data.sizes.max_samples=null reads every record"
+        else:
+            fix = f"drop {origin} to read every record"
+        # Known without reading the file where a run read it whole before.
+        whole = self.whole_count(on_bad_record, record_cache)
+        of = f" of {whole:,}" if whole is not None else ""
+        log.warning(
+            "%s: read the first %d%s records of %s; the rest is not checked (%s)",
+            origin, limit, of, path, fix,
+        )  # fmt: skip
 
     def exact_lengths(
         self,

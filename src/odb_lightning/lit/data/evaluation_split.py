@@ -36,7 +36,7 @@ def split_indices(
     splits = {"val": val_indices, "train": train_indices, "all": range(num_records)}
     indices = sorted(splits[split])
     if not indices:
-        raise ValueError(f"split={split!r} holds no records (data.val_samples=0?)")
+        raise ValueError(f"split={split!r} holds no records (data.sizes.val_samples=0?)")
     return indices
 
 
@@ -63,7 +63,7 @@ def hold_out(
     if num_val and num_val >= num_records:
         raise ValueError(
             f"val_samples ({val_samples}) leaves no training data: the source has "
-            f"{num_records} records; hold out a fraction (data.val_samples=0.1) or "
+            f"{num_records} records; hold out a fraction (data.sizes.val_samples=0.1) or "
             "fewer records"
         )
     order = epoch_permutation(num_records, seed, epoch=-1)

@@ -14,6 +14,7 @@ from typing import Any
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import HANDSHAKE_FIELDS
+from odb_lightning.data.config import DataSizes, DataSource
 from odb_lightning.runtime.resume import ResumeStateError
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,16 @@ def data_identity(
         "num_records": num_records,
         "train_samples": train_samples,
         "records": digest.hexdigest()[:16],
+    }
+
+
+def data_settings(source: DataSource, sizes: DataSizes, seed: int) -> dict[str, Any]:
+    """The data settings that decide which record a dataset index names (the path is left
+    out: moved data still resumes)."""
+    return {"source": source.name, "regime": source.regime} | {
+        "max_samples": sizes.max_samples,
+        "seed": seed,
+        "val_samples": sizes.val_samples,
     }
 
 

@@ -36,7 +36,7 @@ _REJECTED = re.compile(r"^record (?P<record>.+?): (?P<reason>field .*)$", re.DOT
 
 NO_ASSISTANT_TURN = "no assistant turn: nothing to supervise (SFT trains on assistant turns)"
 NO_SUPERVISED_TOKEN = (
-    "0 supervised tokens after the chat template and data.max_seq_len (the assistant turns "
+    "0 supervised tokens after the chat template and data.sizes.max_seq_len (the assistant turns "
     "are cut off or empty)"
 )
 
@@ -85,3 +85,27 @@ def report_skipped_records(
             out.write(json.dumps(entry, default=str) + "\n")
     log.warning("%s; each one named in %s", what, path)
     return path
+
+
+def report_skipped(
+    source: str,
+    counts: dict[str, int],
+    rejected: list[str],
+    unsupervised_ids: Sequence[str | int],
+    exact: bool,
+    output_dir: str | Path | None,
+) -> None:
+    """Name every source line skipped (``rejected``: the source's messages) and every
+    training record without a supervised token (``unsupervised_ids``; ``exact``: counted
+    by the length pass) in the run directory's ``skipped_records.jsonl`` (rank 0), and
+    log the counts with its path."""
+    entries = rejected_entries(source, rejected)
+    entries += unsupervised_entries(source, unsupervised_ids, exact=exact)
+    report_skipped_records(
+        entries,
+        {
+            "source lines skipped as bad records": counts.get("dropped/bad_record", 0),
+            "training records without a supervised token": len(unsupervised_ids),
+        },
+        output_dir,
+    )

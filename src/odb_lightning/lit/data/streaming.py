@@ -4,22 +4,28 @@ reason and the fix: a stream is read in order, each rank its own part, and never
 from __future__ import annotations
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.data.stream import require_litdata
+from odb_lightning.data.config import DataCaches, DataSizes, DataSource
+from odb_lightning.data.stream import (
+    ChatStream,
+    StreamedChatDataset,
+    convert_jsonl_stream,
+    require_litdata,
+)
+from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.lit.data.train_records import no_records_error
 
 
 def check_streaming(
-    source: str,
-    batching: BatchingConfig,
-    max_samples: int | float | None,
-    val_samples: int | float | None,
-    stream_cache_dir: str | None,
+    source: DataSource, sizes: DataSizes, batching: BatchingConfig, stream_dir: str | None
 ) -> None:
     """Raise ``ValueError`` naming the key and the fix for a setting a stream cannot serve."""
-    if source != "jsonl":
+    if source.name != "jsonl":
         raise ValueError(
             f"data.streaming=true streams a JSON Lines file (data=jsonl), got "
-            f"data.source={source!r}: write the records as JSON Lines, or set data.streaming=false"
+            f"data.source.name={source.name!r}: write the records as JSON Lines, or set "
+            "data.streaming=false"
         )
+    val_samples, max_samples = sizes.val_samples, sizes.max_samples
     policy = batching.policy
     if not policy.online:
         raise ValueError(
@@ -35,15 +41,39 @@ def check_streaming(
         )
     if val_samples:
         raise ValueError(
-            f"data.streaming=true: data.val_samples={val_samples} holds out a seeded choice "
-            "of records, which needs random access; set data.val_samples=0 (validate on "
+            f"data.streaming=true: data.sizes.val_samples={val_samples} holds out a seeded choice "
+            "of records, which needs random access; set data.sizes.val_samples=0 (validate on "
             "another file with data.streaming=false)"
         )
     if max_samples is not None:
         raise ValueError(
-            f"data.streaming=true reads the whole file; data.max_samples={max_samples} must "
-            "be null (cut the file instead)"
+            f"data.streaming=true reads the whole file; data.sizes.max_samples={max_samples} "
+            "must be null (cut the file instead)"
         )
-    if stream_cache_dir is None:
-        raise ValueError("data.streaming=true needs data.stream_cache_dir (where chunks go)")
+    if stream_dir is None:
+        raise ValueError("data.streaming=true needs data.caches.stream_dir (where chunks go)")
     require_litdata()  # the engine: missing, the error says how to install it
+
+
+def open_stream(
+    source: DataSource,
+    caches: DataCaches,
+    tokenizer: ChatTokenizer,
+    max_seq_len: int,
+    template: str,
+    on_bad_record: str,
+) -> tuple[ChatStream, StreamedChatDataset]:
+    """The stream of ``source``'s file (written once as chunks under
+    ``caches.stream_dir``) and its tokenizing dataset; refuses a file of no record."""
+    stream = ChatStream(convert_jsonl_stream(source.path, caches.stream_dir, on_bad_record))
+    if stream.num_records == 0:
+        raise no_records_error(source, dict(stream.counts), on_bad_record)
+    dataset = StreamedChatDataset(
+        stream.num_records,
+        tokenizer,
+        max_seq_len,
+        system_prompt=source.system_prompt,
+        augmentation=source.augmentation,
+        template=template,
+    )
+    return stream, dataset

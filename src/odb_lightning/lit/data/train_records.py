@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from odb_lightning.data import ChatDataset
+from odb_lightning.data.config import DataSource
+from odb_lightning.data.dataset import ChatDataset
 from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
 
 
@@ -44,15 +45,19 @@ def count_train_records(
     return counts, unsupervised
 
 
+def data_named(source: DataSource) -> str:
+    """The data as its keys name it: ``data.source.name='jsonl' data.source.path='...'``."""
+    where = f"data.source.name={source.name!r}"
+    return where + (f" data.source.path={source.path!r}" if source.path is not None else "")
+
+
 def no_supervision_error(
-    source: str, path: str | None, read: int, num_train: int, max_seq_len: int, *, exact: bool
+    source: DataSource, read: int, num_train: int, max_seq_len: int, *, exact: bool
 ) -> NoSupervisedTokensError:
     """The refusal of a training set without a supervised token, naming the data
-    (``data.source``, ``data.path``), what was read, and why none is supervised (``exact``:
-    the length pass counted every record's supervised tokens)."""
-    where = f"data.source={source!r}"
-    if path is not None:
-        where += f" data.path={path!r}"
+    (``data.source``), what was read, and why none is supervised (``exact``: the length
+    pass counted every record's supervised tokens)."""
+    where = data_named(source)
     why = (
         f"every one has 0 supervised tokens after the template and max_seq_len={max_seq_len}"
         if exact
@@ -66,22 +71,37 @@ def no_supervision_error(
     )
 
 
+def refuse_unsupervised(
+    source: DataSource,
+    read: int,
+    num_train: int,
+    num_unsupervised: int,
+    max_seq_len: int,
+    *,
+    exact: bool,
+) -> None:
+    """Raise :func:`no_supervision_error` where every one of ``num_train`` training
+    records (> 0) is without a supervised token."""
+    if num_train and num_unsupervised == num_train:
+        raise no_supervision_error(source, read, num_train, max_seq_len, exact=exact)
+
+
 class NoTrainingRecordsError(NoSupervisedTokensError):
     """The source gave no record at all to train on (an empty file, every line rejected)."""
 
 
 def no_records_error(
-    source: str, path: str | None, counts: dict[str, int], on_bad_record: str
+    source: DataSource, counts: dict[str, int], on_bad_record: str
 ) -> NoTrainingRecordsError:
     """The refusal of a source that kept no record, naming the data, what was read and
     dropped (``counts``: the source's ``read``, ``kept`` and ``dropped/<reason>``), and the
     fix."""
-    where = f"data.source={source!r}" + (f" data.path={path!r}" if path is not None else "")
+    where = data_named(source)
     read = counts.get("read", 0)
     rejected = counts.get("dropped/bad_record", 0)
     if read == 0:
-        what = "the file has no non-blank line" if source == "jsonl" else "the source is empty"
-        found, fix = f"{what} (0 records read)", "point data.path at your conversations"
+        what = "the file has no non-blank line" if source.path else "the source is empty"
+        found, fix = f"{what} (0 records read)", "point data.source.path at your conversations"
     elif rejected == read:
         found = (
             f"read {read} lines and rejected all {read} as bad records "
@@ -93,7 +113,10 @@ def no_records_error(
         )
     else:
         dropped = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if k != "read")
-        found, fix = f"read {read} records and kept none ({dropped})", "check data.max_samples"
+        found, fix = (
+            f"read {read} records and kept none ({dropped})",
+            "check data.sizes.max_samples",
+        )
     example = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
     return NoTrainingRecordsError(
         f"{where}: no records to train on: {found}. Each line is one conversation, {example}: {fix}"

@@ -8,7 +8,7 @@ runtime batches them (:mod:`odb_lightning.runtime.vlm_batch`).
 
 from __future__ import annotations
 
-from enum import StrEnum
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,74 +17,57 @@ from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.rows import ImageExtent
+from odb_lightning.data.config import DataCaches, DataSizes, DataSource
 from odb_lightning.data.sizes import records_to_read
-from odb_lightning.data.sources.llava import build_llava_set, llava_source
-from odb_lightning.data.sources.sharegpt4o import build_sharegpt4o_set
+from odb_lightning.data.sources.table import SourceKind, resolve
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import ImageSettings
 from odb_lightning.data.vision_dataset import VisionChatDataset
-from odb_lightning.data.vision_family import Qwen2VLFamily
-from odb_lightning.lit.data.chat_source import keep_records
+from odb_lightning.data.vision_family import vision_family_of
+from odb_lightning.lit.data.chat_source import ChatSource
 from odb_lightning.lit.data.datamodule import ODBDataModule
 
 
-class VisionSource(StrEnum):
-    """Image-text sources: your LLaVA-style JSON Lines file, or a set written offline."""
-
-    LLAVA_JSONL = "llava_jsonl"
-    LLAVA = "llava"
-    SHAREGPT4O = "sharegpt4o"
-
-
-DEFAULT_SET_SAMPLES = 512
-"""Records of a written set when ``max_samples`` is unset."""
-
-
 class VisionDataModule(ODBDataModule):
-    """Image-text data for a Qwen2-VL-family model.
+    """Image-text data for a model of a vision family
+    (:mod:`odb_lightning.data.vision_family`; its ids are the tokenizer's own).
 
     Args:
-        source: ``llava_jsonl`` (``path``: your file, images under ``image_root`` or
-            its directory), ``llava`` or ``sharegpt4o`` (a LLaVA- or ShareGPT4o-shaped
-            set written once under ``set_dir``, ``max_samples`` records, 512 when unset;
-            a fraction keeps that share of the 512).
+        tokenizer, batching, source, sizes, caches: As :class:`ODBDataModule`'s; the
+            source is an image-text source of the source table (``llava_jsonl``: your
+            file; ``llava``, ``sharegpt4o``: a set written once under
+            ``caches.image_set_dir``, ``sizes.max_samples`` records, 512 when unset).
         images: Resize and patch settings (:class:`~odb_lightning.data.vision.ImageSettings`
             fields); they must match the model's vision tower.
-        image_root: Directory of relative image paths (``llava_jsonl``).
-        set_dir: Where ``llava`` and ``sharegpt4o`` are written.
-        **kwargs: :class:`ODBDataModule` arguments (``max_seq_len``, ``max_samples``,
-            ``val_samples``, ``system_prompt``, ``length_cache_dir``, ...).
+        **kwargs: The other :class:`ODBDataModule` arguments (``run``, ...).
     """
+
+    KINDS = (SourceKind.IMAGE_CHAT,)
 
     def __init__(
         self,
-        source: str,
         tokenizer: ChatTokenizer,
         batching: BatchingConfig,
-        *,
+        source: DataSource | None = None,
+        sizes: DataSizes | None = None,
+        caches: DataCaches | None = None,
         images: ImageSettings | dict[str, Any] | None = None,
-        image_root: str | None = None,
-        set_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
-        try:
-            self.vision_source = VisionSource(source)
-        except ValueError:
-            choices = ", ".join(s.value for s in VisionSource)
-            raise ValueError(f"data.source must be one of {choices}, got {source!r}") from None
-        if kwargs.get("augmentation") is not None:
-            raise ValueError("data.augmentation is not supported for image-text sources")
-        super().__init__(source, tokenizer, batching, **kwargs)
+        source = source if source is not None else DataSource("llava")
+        if source.augmentation is not None:
+            raise ValueError("data.source.augmentation is not supported for image-text sources")
+        super().__init__(tokenizer, batching, source, sizes, caches, **kwargs)
         self.images = (
             images if isinstance(images, ImageSettings) else ImageSettings(**(images or {}))
         )
-        # The ids that frame an image are the tokenizer's own.
-        self.family = Qwen2VLFamily.of_tokenizer(tokenizer)
-        self.image_root, self.set_dir = image_root, set_dir
-        if self.vision_source is VisionSource.LLAVA_JSONL and self.path is None:
-            raise ValueError("data.source=llava_jsonl needs data.path: a JSON Lines file")
-        if self.vision_source is not VisionSource.LLAVA_JSONL and set_dir is None:
-            raise ValueError(f"data.source={source} needs data.set_dir: where it is written")
+        self.family = vision_family_of(tokenizer)  # the tokenizer's own ids
+        self._image_file: Path | None = None  # the JSON Lines file read (located at setup)
+        if not self.entry.needs_path and self.caches.image_set_dir is None:
+            raise ValueError(
+                f"data.source.name={self.source.name} needs data.caches.image_set_dir: "
+                "where the set is written"
+            )
 
     @override
     def largest_image(self) -> ImageExtent:
@@ -92,34 +75,27 @@ class VisionDataModule(ODBDataModule):
         warm-up checks steps of it."""
         return ImageExtent(self.images.largest_grid, self.images.merge_size)
 
-    def records_path(self) -> Path:
-        """The JSON Lines file of the source (a written set is written first)."""
-        if self.vision_source is VisionSource.LLAVA_JSONL:
-            return Path(self.path)
-        count = records_to_read(self.max_samples) or DEFAULT_SET_SAMPLES
-        build = (
-            build_llava_set if self.vision_source is VisionSource.LLAVA else build_sharegpt4o_set
-        )
-        return build(self.set_dir, count, seed=self.batching.seed)
+    @override
+    def _chat_source(self) -> ChatSource:
+        """The source with its JSON Lines file located (a written set is written first,
+        once)."""
+        if self._image_file is None:
+            request = super()._chat_source().request("raise", None)
+            request = replace(request, max_samples=records_to_read(self.sizes.max_samples))
+            self._image_file = resolve(self.entry.image_file)(request)
+        source = replace(self.source, path=str(self._image_file))
+        return ChatSource(source, self.sizes.max_samples, self.batching.seed)
 
     @override
     def _load_dataset(self) -> Dataset:
-        path = self.records_path()
-        source = llava_source(
-            path,
-            max_samples=records_to_read(self.max_samples),
-            on_bad_record=self.batching.loader.on_bad_sample.value,
-        )
-        records = self.record_cache.records(source)
-        kept, self.source_counts = keep_records(records.records, records.counts, self.max_samples)
-        self.source_rejected = list(records.rejected)
-        self._note_partial_read(len(kept))
+        records = self._read_records()
+        image_root = self.source.image_root or self._image_file.parent
         return VisionChatDataset(
-            kept,
+            records,
             self.tokenizer,
             self.max_seq_len,
             images=self.images,
             family=self.family,
-            image_root=self.image_root or path.parent,
-            system_prompt=self.system_prompt,
+            image_root=image_root,
+            system_prompt=self.source.system_prompt,
         )

@@ -81,7 +81,7 @@ def suggestion(report: WarmupReport) -> str:
     fitting = fitting_budget(report)
     if fitting is None:
         return (
-            "Even a small budget would not fit: lower data.max_seq_len, set "
+            "Even a small budget would not fit: lower data.sizes.max_seq_len, set "
             "model.runtime.activation_checkpointing=true, or shard the model (trainer=gpu8_fsdp)."
         )
     return (

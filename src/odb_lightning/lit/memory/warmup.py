@@ -77,7 +77,7 @@ class MemoryWarmup(pl.Callback):
         capacity_gib: The memory to fit into, instead of the device's total (a smaller
             share of a GPU, or the CPU check).
         batching: The run's batching config, whose steps are measured (the app hands it).
-        max_seq_len: The run's ``data.max_seq_len``.
+        max_seq_len: The run's ``data.sizes.max_seq_len``.
         vocab_size: Rows of the model's input embedding: the warm-up draws ids below it.
         apply_token_budget: Takes the budget ``auto`` resolved to (the data module's
             :meth:`~odb_lightning.lit.data.datamodule.ODBDataModule.apply_token_budget`);
@@ -256,10 +256,10 @@ class MemoryWarmup(pl.Callback):
         for _ in range(5):
             if budget is None or budget < max_seq_len:
                 raise MemoryBudgetError(
-                    f"batching.token_budget=auto: not even one sample of data.max_seq_len="
+                    f"batching.token_budget=auto: not even one sample of data.sizes.max_seq_len="
                     f"{max_seq_len} tokens fits with {self.margin:.0%} of "
                     f"{format_bytes(report.capacity_bytes)} kept free: lower "
-                    "data.max_seq_len, set model.runtime.activation_checkpointing=true, or "
+                    "data.sizes.max_seq_len, set model.runtime.activation_checkpointing=true, or "
                     "shard the model (trainer=gpu8_fsdp)"
                 )
             report = measure(replace(config, token_budget=budget), max_seq_len)
