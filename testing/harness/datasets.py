@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from odb_lightning.sample import MROPE_POSITIONS
+
 IGNORE = -100
 
 
@@ -76,7 +78,8 @@ class SyntheticChatDataset:
 class SyntheticPatchDataset(SyntheticChatDataset):
     """:class:`SyntheticChatDataset` whose samples also carry one image of a seeded even
     number of ViT patches (0 for some: text-only), as ``pixel_values`` ``[p, 4]`` and
-    ``image_grid_thw`` ``[[1, 2, p / 2]]``: what the patch budget reads.
+    ``image_grid_thw`` ``[[1, 2, p / 2]]`` (what the patch budget reads), with plain
+    ``position_ids`` in four rows as an image sample carries them.
 
     Args:
         lengths: Token length of each sample.
@@ -103,6 +106,9 @@ class SyntheticPatchDataset(SyntheticChatDataset):
         if patches and sample["input_ids"].numel():
             sample["pixel_values"] = torch.zeros(patches, 4)
             sample["image_grid_thw"] = torch.tensor([[1, 2, patches // 2]])
+            # Plain positions in a vision family's four rows, as an image sample carries.
+            length = sample["input_ids"].numel()
+            sample[MROPE_POSITIONS] = torch.arange(length).expand(4, length).clone()
         return sample
 
 
