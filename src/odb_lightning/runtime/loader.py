@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -20,15 +23,9 @@ from odb_lightning.runtime.batch import (
 )
 from odb_lightning.runtime.engine import EpochRunner, InlineSlots, InlineSource, SampleSource
 from odb_lightning.runtime.exchange import Channel, open_channel
-from odb_lightning.runtime.messages import EpochEnd
 from odb_lightning.runtime.pipeline import Pipeline
 from odb_lightning.runtime.rank_indices import ShardFn, epoch_indices, given_indices
-from odb_lightning.runtime.rendezvous import (
-    JobRendezvous,
-    MetadataStore,
-    Rendezvous,
-    default_world,
-)
+from odb_lightning.runtime.rendezvous import JobRendezvous, MetadataStore, Rendezvous
 from odb_lightning.runtime.resume import EpochRecord, EpochResume, gather_objects
 from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.stream_source import (
@@ -129,13 +126,10 @@ class ODBLoader:
             check_streamable(self._policy, shard, order)
         self._shard = given_indices(self._policy, shard, order)
         self._store = metadata_store
-        if rendezvous is None:
-            world_size, rank = default_world()
-            if world_size > 1:
-                job = JobRendezvous.connect(
-                    world_size, rank, self.config.loader.alignment_timeout_s
-                )
-                rendezvous, self._store = job.for_loader("loader"), job.store
+        timeout_s = self.config.loader.alignment_timeout_s
+        job = None if rendezvous is not None else JobRendezvous.of_default_group(timeout_s)
+        if job is not None:
+            rendezvous, self._store = job.for_loader("loader"), job.store
         self._rendezvous = rendezvous
         self.rank = 0 if rendezvous is None else rendezvous.rank
         self.world_size = 1 if rendezvous is None else rendezvous.world_size
@@ -267,25 +261,23 @@ class ODBLoader:
 
     def _start_pipeline(self, generation: int) -> Pipeline:
         """The worker and collate processes of ``generation``; rank 0 forks first."""
-        ordered = self._store is not None and self._rendezvous is not None
-        prefix = self._rendezvous.channel_prefix(generation) if ordered else ""
-        if ordered:
-            self._store.wait_for_rank_zero(prefix, self.config.loader.alignment_timeout_s)
-        pipeline = Pipeline(
-            self.dataset,
-            self.config,
-            self.collate_fn,
-            rank=self.rank,
-            rendezvous=self._rendezvous,
-            generation=generation,
-            max_seq_len=self._limits,
-            pad_id=self.pad_id,
-            data=self._data_handshake(),
-            stream=self.stream,
-        )
-        if ordered:
-            self._store.rank_zero_started(prefix)
-        return pipeline
+        ordered: AbstractContextManager[None] = contextlib.nullcontext()
+        if self._store is not None and self._rendezvous is not None:
+            prefix = self._rendezvous.channel_prefix(generation)
+            ordered = self._store.rank_zero_first(prefix, self.config.loader.alignment_timeout_s)
+        with ordered:
+            return Pipeline(
+                self.dataset,
+                self.config,
+                self.collate_fn,
+                rank=self.rank,
+                rendezvous=self._rendezvous,
+                generation=generation,
+                max_seq_len=self._limits,
+                pad_id=self.pad_id,
+                data=self._data_handshake(),
+                stream=self.stream,
+            )
 
     def _iterate_with_processes(self) -> Generator[ODBBatch, None, None]:
         if self._pipeline is not None and self._epoch_active:
@@ -295,24 +287,9 @@ class ODBLoader:
         pipeline, epoch = self._pipeline, self._epoch
         record, indices = self._begin_epoch(epoch)
         pipeline.start_epoch(epoch, indices)
-        self._epoch_active = True
-        waited_s = 0.0
-        try:
-            while True:
-                started = time.perf_counter()
-                message = pipeline.next_message()
-                waited_s += time.perf_counter() - started
-                if isinstance(message, EpochEnd):
-                    break
-                record.yielded.append(message.meta.sample_ids)
-                yield self._pinned(message)
-        except Exception:
-            self._close_pipeline(graceful=False)  # peers then fail fast, not by timeout
-            self._epoch_active = False
-            raise
-        self._epoch_active = False
-        record.finished = True
-        self.last_epoch_stats = replace(message.stats, loader_wait_s=waited_s)
+        # A failure stops the processes at once: the peers then fail fast, not by timeout.
+        stop = functools.partial(self._close_pipeline, graceful=False)
+        yield from self._yield_epoch(record, pipeline.epoch_batches(), stop)
         if not self.config.loader.persistent_workers:
             self._close_pipeline(graceful=True)
 
@@ -335,9 +312,17 @@ class ODBLoader:
             collate_fn=self.collate_fn,
             pad_id=self.pad_id,
         )
-        epoch = self._epoch
-        record, indices = self._begin_epoch(epoch)
-        batches = runner.run(epoch, indices)
+        record, indices = self._begin_epoch(self._epoch)
+        yield from self._yield_epoch(record, runner.run(self._epoch, indices), self._close_channel)
+
+    def _yield_epoch(
+        self,
+        record: EpochRecord,
+        batches: Generator[ODBBatch, None, EpochStats],
+        on_failure: Callable[[], None],
+    ) -> Generator[ODBBatch, None, None]:
+        """Yield the epoch's ``batches``, recording their ids for resume and the time spent
+        waiting for them; on a failure call ``on_failure`` and re-raise."""
         self._epoch_active = True
         waited_s = 0.0
         try:
@@ -353,7 +338,7 @@ class ODBLoader:
                 record.yielded.append(batch.meta.sample_ids)
                 yield self._pinned(batch)
         except Exception:
-            self._close_channel()
+            on_failure()
             self._epoch_active = False
             raise
         self._epoch_active = False

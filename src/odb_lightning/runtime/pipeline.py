@@ -8,7 +8,7 @@ import multiprocessing
 import multiprocessing.connection
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from multiprocessing.process import BaseProcess
 
 import torch
@@ -27,6 +27,7 @@ from odb_lightning.runtime.messages import (
     StopWorker,
 )
 from odb_lightning.runtime.rendezvous import Rendezvous
+from odb_lightning.runtime.stats import EpochStats
 from odb_lightning.runtime.stream_source import RankStream
 from odb_lightning.runtime.worker import MapDataset, worker_main
 from odb_lightning.sample import SampleLimits
@@ -178,6 +179,13 @@ class Pipeline:
                 # check above never ran: a child that died meanwhile is reported here.
                 self._check_alive()
             return message
+
+    def epoch_batches(self) -> Generator[ODBBatch, None, EpochStats]:
+        """The epoch's batches, then its statistics, as ``EpochRunner.run`` gives them in
+        process (:meth:`next_message` until the end of the epoch)."""
+        while not isinstance(message := self.next_message(), EpochEnd):
+            yield message
+        return message.stats
 
     def _check_alive(self) -> None:
         exited = exited_child(self._processes())

@@ -15,9 +15,11 @@ of the host name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -112,6 +114,14 @@ class MetadataStore:
         """On rank 0: every process of the pipeline of ``prefix`` has been forked."""
         if self._rank == 0:
             set_once(self._store, f"{prefix}/started", STARTED, f"{prefix}/started")
+
+    @contextlib.contextmanager
+    def rank_zero_first(self, prefix: str, timeout_s: float) -> Iterator[None]:
+        """Start the pipeline of ``prefix`` inside: on rank 0 first, then on the others
+        (:meth:`wait_for_rank_zero`, :meth:`rank_zero_started`)."""
+        self.wait_for_rank_zero(prefix, timeout_s)
+        yield
+        self.rank_zero_started(prefix)
 
 
 STARTED = b"started"
@@ -233,6 +243,13 @@ class JobRendezvous:
         self.host, self.port, self.rank, self.world_size = host, port, rank, world_size
         self.job_prefix, self.binding = job_prefix, binding
         self.store = MetadataStore(store, rank)
+
+    @classmethod
+    def of_default_group(cls, timeout_s: float) -> JobRendezvous | None:
+        """:meth:`connect` with the initialized default process group's world size and
+        rank (a collective), or ``None`` when it has one rank or none is initialized."""
+        world_size, rank = default_world()
+        return cls.connect(world_size, rank, timeout_s) if world_size > 1 else None
 
     @classmethod
     def connect(cls, world_size: int, rank: int, timeout_s: float) -> JobRendezvous:
