@@ -1,142 +1,24 @@
-"""Image-text model families: what the rest of the code may ask of one, and the families.
-
-:class:`VisionFamily` is that contract: the ids that frame an image (read from the
-tokenizer), the image processor, the rotary position rule, the patch layout of the
-model's vision tower, the model config of a random init, the multimodal body and the
-zero-weight dummy pass that keeps the vision tower in every step. :data:`VISION_FAMILIES`
-registers each family by name, one line each, and :func:`vision_family_of` picks the one
-that fits a tokenizer. The data layer
-(:class:`~odb_lightning.data.vision_dataset.VisionChatDataset`) and the module
-(:class:`~odb_lightning.lit.model.vlm_module.VisionLanguageModule`) ask the family; the
-runtime's collates (:mod:`odb_lightning.runtime.vlm_batch`) only concatenate what it put in
-the samples. This file is the only one that names a family
-(``tests/unit/data/test_vision_family.py``); a second family is a second subclass of
-:class:`VisionFamily` and one more registry line.
-
-:class:`Qwen2VLFamily`, the one family today, owns everything that is Qwen2-VL's rather
-than any image-text model's: ``<|vision_start|>``, ``<|vision_end|>`` and ``<|image_pad|>``,
+"""The Qwen2-VL family: ``<|vision_start|>``, ``<|vision_end|>`` and ``<|image_pad|>``,
 ``transformers``' own image processor (PIL backend) and its smart resize, M-RoPE (the
-model's ``get_rope_index``) and ``Qwen2VLConfig``.
-"""
+model's ``get_rope_index``) and ``Qwen2VLConfig``."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Self
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from odb_lightning.data.tokenizer import IMAGE_PAD, VISION_END, VISION_START, SpecialTokens
 from odb_lightning.data.vision import ImageSettings, VisionTokens
-
-DUMMY_GRID = (1, 2, 2)
-"""The dummy image's patch grid: one merge window, the smallest image the tower takes."""
-
-
-class PatchLayout(NamedTuple):
-    """How a model's vision tower takes its patches."""
-
-    patch_dim: int
-    """Values per row of ``pixel_values`` (channels x frames x patch area)."""
-    merge_size: int
-    """Patches merged per side into one LLM token."""
-
-
-ImageProcessing = Callable[[Sequence[Any]], tuple[Tensor, Tensor]]
-"""Decoded images to ``pixel_values`` float32 ``[patches, patch_dim]`` and
-``image_grid_thw`` long ``[images, 3]`` (both empty for no image)."""
-
-
-class VisionFamily(ABC):
-    """What the rest of the code may ask an image-text model family (the module docstring).
-
-    A family is a frozen dataclass (its instances travel to the loader workers and into
-    the module's hyperparameters as ``_target_`` nodes) whose ``tokens`` field holds the
-    tokenizer's ids that frame an image. The samples it makes carry ``pixel_values``,
-    ``image_grid_thw``, ``position_ids`` and ``num_image_tokens``
-    (:mod:`odb_lightning.sample`); the collates lay out whatever position rows they carry.
-    """
-
-    name: ClassVar[str]
-    """Its :data:`VISION_FAMILIES` name; the length cache's key holds it (the family's
-    image processor decides each image's token count)."""
-    tokens: VisionTokens
-    """The ids that open an image, close it and stand for one merged cell."""
-
-    @classmethod
-    @abstractmethod
-    def of_tokenizer(cls, tokenizer: object) -> Self:
-        """The family with ``tokenizer``'s own ids of its framing tokens.
-
-        Raises:
-            ValueError: The tokenizer lacks one of them (the message says which).
-        """
-
-    @abstractmethod
-    def image_processor(self, settings: ImageSettings) -> ImageProcessing:
-        """The image processor of ``settings`` (``data.images``), picklable for the workers."""
-
-    @abstractmethod
-    def positions(self, input_ids: Tensor, grid_thw: Tensor, merge_size: int) -> Tensor:
-        """One sample's rotary positions, long ``[rows, L]`` (row 0 the text positions)."""
-
-    @abstractmethod
-    def patch_layout(self, model: nn.Module) -> PatchLayout:
-        """How ``model``'s vision tower takes its patches."""
-
-    @abstractmethod
-    def model_config(self, text: Any, tower: VisionTower, fold: int | None) -> Any:
-        """The ``transformers`` config of a random init: the language model of ``text`` (a
-        causal-LM config), the vision tower ``tower``, and the vision ids (the last three
-        of a ``fold``-token vocabulary when ids are folded)."""
-
-    @abstractmethod
-    def multimodal_body(self, model: nn.Module) -> nn.Module:
-        """The model's vision tower + language model (hidden states, no LM head), under
-        LoRA too."""
-
-    @abstractmethod
-    def dummy_vision_loss(self, model: nn.Module) -> Tensor:
-        """A loss term that is 0 and reaches every vision parameter (a batch without an
-        image still runs the tower)."""
-
-
-@dataclass(frozen=True)
-class VisionTower:
-    """The vision tower of a random init (``model.vision``); its patch settings must match
-    the data's ``images``."""
-
-    depth: int = 2
-    """Vision transformer blocks."""
-    embed_dim: int = 32
-    """Their width."""
-    num_heads: int = 2
-    """Their attention heads."""
-    mlp_ratio: int = 2
-    """MLP width over ``embed_dim``."""
-    patch_size: int = 14
-    """ViT patch side in pixels (``data.images.patch_size``)."""
-    spatial_merge_size: int = 2
-    """Patches merged per side into one LLM token (``data.images.merge_size``)."""
-    temporal_patch_size: int = 2
-    """Frames per patch."""
-    mrope_section: tuple[int, ...] | None = None
-    """Rotary frequency pairs per axis (temporal, height, width); ``None``: Qwen2-VL's
-    1:1.5:1.5 proportion."""
-    rope_theta: float = 1_000_000.0
-    """Rotary base of the language model."""
-
-    def __post_init__(self) -> None:
-        if self.mrope_section is not None:
-            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
-        sizes = ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size")
-        for name in (*sizes, "spatial_merge_size", "temporal_patch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.vision.{name} must be an integer >= 1, got {value!r}")
+from odb_lightning.data.vision_family.contract import (
+    DUMMY_GRID,
+    PatchLayout,
+    VisionFamily,
+    VisionTower,
+)
 
 
 def default_mrope_section(head_dim: int) -> list[int]:
@@ -361,30 +243,3 @@ class Qwen2VLFamily(VisionFamily):
         out = visual(pixels, grid_thw=grid)
         features = out.pooler_output if hasattr(out, "pooler_output") else out
         return features.sum() * 0.0
-
-
-VISION_FAMILIES: dict[str, type[VisionFamily]] = {
-    family.name: family
-    for family in [
-        Qwen2VLFamily,
-    ]
-}
-"""Every image-text family by name; a new family is its class plus one line here."""
-
-
-def vision_family_of(tokenizer: object) -> VisionFamily:
-    """The first registered family whose framing tokens ``tokenizer`` has, with its ids.
-
-    Raises:
-        ValueError: No family fits; the message names each family and what it lacks.
-    """
-    misfits = []
-    for name, family in VISION_FAMILIES.items():
-        try:
-            return family.of_tokenizer(tokenizer)
-        except ValueError as error:
-            misfits.append(f"{name}: {error}")
-    raise ValueError(
-        f"no vision family fits the tokenizer {type(tokenizer).__name__}; the families "
-        f"known are {', '.join(VISION_FAMILIES)} ({'; '.join(misfits)})"
-    )
