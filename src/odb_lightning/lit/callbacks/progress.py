@@ -104,6 +104,15 @@ def planned_steps(loader: Any) -> int | None:
         return None
 
 
+def planned_total(total: int | float, loader: Any, cap: int | None) -> int | float:
+    """Lightning's ``total`` of a bar when it is finite, else the steps ``loader`` plans
+    (:func:`planned_steps`; at most ``cap``), else the infinite ``total``."""
+    steps = None if math.isfinite(total) else planned_steps(loader)
+    if steps is None:
+        return total
+    return steps if cap is None else min(steps, cap)
+
+
 class ODBProgressBar(TQDMProgressBar):
     """Lightning's ``TQDMProgressBar`` with a step total for planned modes, an estimated
     one for ODB, and short metric names (tokens/s, samples/s, MFU where logged).
@@ -149,33 +158,20 @@ class ODBProgressBar(TQDMProgressBar):
     @property
     @override
     def total_train_batches(self) -> int | float:
-        total = super().total_train_batches
-        if not math.isinf(total):
-            return total
-        steps = planned_steps(self.trainer.train_dataloader)
-        if steps is None:
-            return total
         trainer = self.trainer
-        if trainer.max_steps is not None and trainer.max_steps > 0:
-            steps = min(steps, trainer.max_steps - trainer.global_step)
-        return steps
+        limited = trainer.max_steps is not None and trainer.max_steps > 0
+        cap = trainer.max_steps - trainer.global_step if limited else None
+        return planned_total(super().total_train_batches, trainer.train_dataloader, cap)
 
     @property
     @override
     def total_val_batches_current_dataloader(self) -> int | float:
-        total = super().total_val_batches_current_dataloader
-        if not math.isinf(total):
-            return total
         loaders = self.trainer.val_dataloaders
         if isinstance(loaders, list | tuple):
             index = self._current_eval_dataloader_idx or 0
             loaders = loaders[index] if index < len(loaders) else None
-        steps = planned_steps(loaders)
-        if steps is None:
-            return total
-        if self.trainer.sanity_checking:
-            return min(steps, self.trainer.num_sanity_val_steps)
-        return steps
+        cap = self.trainer.num_sanity_val_steps if self.trainer.sanity_checking else None
+        return planned_total(super().total_val_batches_current_dataloader, loaders, cap)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
