@@ -38,7 +38,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.loss_weights import rank_loss_scale
-from odb_lightning.data import IGNORE_INDEX, ChatDataset, jsonl_records, load_tokenizer
+from odb_lightning.data import IGNORE_INDEX, ChatDataset, load_tokenizer
+from odb_lightning.data.sources.jsonl import jsonl_records
 from odb_lightning.runtime import ODBLoader
 
 

@@ -25,9 +25,9 @@ from odb_lightning.data import (
     ChatDataset,
     QwenTokenizer,
     load_source,
-    ultrachat_records,
 )
 from odb_lightning.data.length_cache import LengthCache, length_fingerprint
+from odb_lightning.data.sources.ultrachat import ultrachat_records
 from odb_lightning.runtime import BadSampleError, ODBLoader
 from odb_lightning.runtime.planned import PlannedLoader
 from odb_lightning.runtime.stats import EpochStats

@@ -11,7 +11,8 @@ import pytest
 
 from helpers.own_data import write_own_jsonl
 from odb_lightning.app.plan import SOURCES, build_parser, main
-from odb_lightning.data import HFTokenizer, QwenTokenizer, jsonl_records
+from odb_lightning.data import HFTokenizer, QwenTokenizer
+from odb_lightning.data.sources.jsonl import jsonl_records
 from odb_lightning.data.sources.table import SOURCES as TABLE
 from odb_lightning.data.sources.table import SourceKind
 from odb_lightning.data.template import build_chat_template

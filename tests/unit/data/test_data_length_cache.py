@@ -19,12 +19,12 @@ from odb_lightning.data import (
     LengthCache,
     QwenTokenizer,
     count_loss_tokens,
-    jsonl_records,
     length_fingerprint,
     source_parts,
     source_version,
 )
 from odb_lightning.data.length_cache import changed_parts
+from odb_lightning.data.sources.jsonl import jsonl_records
 
 LOGGER = "odb_lightning.data.length_cache"
 

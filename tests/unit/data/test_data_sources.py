@@ -9,14 +9,12 @@ import pytest
 
 from odb_lightning.data import (
     BadRecordError,
-    ShareGPTRegime,
-    chitchat_records,
-    jsonl_records,
     load_source,
-    sharegpt_records,
-    ultrachat_records,
 )
-from odb_lightning.data.sources import recover_json_array
+from odb_lightning.data.sources.chitchat import chitchat_records
+from odb_lightning.data.sources.jsonl import jsonl_records
+from odb_lightning.data.sources.sharegpt import ShareGPTRegime, recover_json_array, sharegpt_records
+from odb_lightning.data.sources.ultrachat import ultrachat_records
 
 ROLES = {"system", "user", "assistant"}
 

@@ -15,7 +15,7 @@ from odb_lightning.data import (
     export_hf_tokenizer,
     load_tokenizer,
 )
-from odb_lightning.data.sources import recover_json_array
+from odb_lightning.data.sources.sharegpt import recover_json_array
 
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
 

@@ -262,7 +262,7 @@ def test_ultrachat_supervision_from_its_role_column(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from odb_lightning.data import ultrachat_records
+    from odb_lightning.data.sources.ultrachat import ultrachat_records
 
     roles = [["user", "assistant"], ["user"], ["System", "User", "GPT"], [], ["user", "model"]]
     rows = [

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from odb_lightning.data import BadRecordError, jsonl_records
+from odb_lightning.data import BadRecordError
+from odb_lightning.data.sources.jsonl import jsonl_records
 from odb_lightning.data.stream import (
     ChatStream,
     StreamedChatDataset,

@@ -2,15 +2,15 @@
 (or, for ``synthetic``, token samples drawn from a length profile).
 
 Which sources exist, what each needs and how it is read is one table,
-:data:`~odb_lightning.data.sources.table.SOURCES`. The readers' modules load when a name
-of theirs is first used, so that importing the table stays cheap.
+:data:`~odb_lightning.data.sources.table.SOURCES`. Each reader lives in its own module
+here (``sharegpt.py``, ``jsonl.py``, ...), named by its table line and imported when the
+source is read, so that importing the table stays cheap.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from odb_lightning.data.sources.table import (
     SOURCES,
@@ -26,24 +26,26 @@ if TYPE_CHECKING:
     from odb_lightning.data.record_table import RecordCache
     from odb_lightning.data.sources.source_records import SourceReader, SourceRecords
 
-_LAZY = {
-    "ULTRACHAT_HUB_NAME": "ultrachat",
-    "ultrachat_records": "ultrachat",
-    "OnBadRecord": "jsonl",
-    "jsonl_records": "jsonl",
-    "ShareGPTRegime": "sharegpt",
-    "recover_json_array": "sharegpt",
-    "sharegpt_records": "sharegpt",
-    "chitchat_records": "chitchat",
-    "SourceReader": "source_records",
-    "SourceRecords": "source_records",
-}
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _request(
+    name: str,
+    path: str | Path | None,
+    regime: object,
+    max_samples: int | None,
+    seed: int,
+    on_bad_record: object,
+    set_dir: str | None,
+) -> tuple[Source, SourceRequest]:
+    """The table's entry of ``name`` and what it is asked for (a source that needs a path
+    refused without one)."""
+    source = source_named(name)
+    if source.needs_path and path is None:
+        raise ValueError(f"data.source.name={source.name} needs data.source.path")
+    request = SourceRequest(
+        None if path is None else str(path), str(getattr(regime, "value", regime)),
+        max_samples, seed, str(getattr(on_bad_record, "value", on_bad_record)), set_dir,
+    )  # fmt: skip
+    return source, request
 
 
 def source_reader(
@@ -58,15 +60,9 @@ def source_reader(
 ) -> SourceReader:
     """The reader of a source whose records a record table converts (every source in
     :data:`SOURCES` with a ``reader``; the arguments as :func:`load_source` takes them)."""
-    source = source_named(name)
+    source, request = _request(name, path, regime, max_samples, seed, on_bad_record, set_dir)
     if source.reader is None:
         raise ValueError(f"data.source.name={source.name} has no records to convert")
-    if source.needs_path and path is None:
-        raise ValueError(f"data.source.name={source.name} needs data.source.path")
-    request = SourceRequest(
-        None if path is None else str(path), str(regime), max_samples, seed,
-        str(getattr(on_bad_record, "value", on_bad_record)), set_dir,
-    )  # fmt: skip
     return resolve(source.reader)(request)
 
 
@@ -89,9 +85,9 @@ def load_source(
         regime: ShareGPT only.
         max_samples: Cap on the number of records.
         seed: ShareGPT ``mix`` seed; a written image set's seed.
-        on_bad_record: The user's files (see :func:`jsonl_records`). The bundled sources
-            drop what they cannot use and count it; UltraChat rows are converted when
-            read, so their problems are bad samples in the loader.
+        on_bad_record: The user's files (``raise``, or ``skip`` and count). The bundled
+            sources drop what they cannot use and count it; UltraChat rows are converted
+            when read, so their problems are bad samples in the loader.
         record_cache: Where the records are converted once into a memory-mapped table
             and read from (:class:`~odb_lightning.data.record_table.RecordCache`);
             ``None`` reads them into memory. UltraChat is a parquet table already.
@@ -100,33 +96,17 @@ def load_source(
     Returns:
         The records and the counts of what was read, kept and dropped.
     """
-    source = source_named(name)
-    if source.needs_path and path is None:
-        raise ValueError(f"data.source.name={source.name} needs data.source.path")
-    request = SourceRequest(
-        None if path is None else str(path), str(getattr(regime, "value", regime)),
-        max_samples, seed, str(getattr(on_bad_record, "value", on_bad_record)), set_dir,
-    )  # fmt: skip
+    source, request = _request(name, path, regime, max_samples, seed, on_bad_record, set_dir)
     return source.records(request, record_cache)
 
 
 __all__ = [
     "SOURCES",
-    "ULTRACHAT_HUB_NAME",
-    "OnBadRecord",
-    "ShareGPTRegime",
     "Source",
     "SourceKind",
-    "SourceReader",
-    "SourceRecords",
     "SourceRequest",
-    "chitchat_records",
-    "jsonl_records",
     "load_source",
-    "recover_json_array",
-    "sharegpt_records",
     "source_named",
     "source_names",
     "source_reader",
-    "ultrachat_records",
 ]
