@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
@@ -205,25 +205,7 @@ def measure_source(
     return report
 
 
-def source_lengths(
-    name: str,
-    *,
-    max_seq_len: int = 4096,
-    max_samples: int | None = None,
-    regime: str = "whole",
-    tokenizer: ChatTokenizer | str | None = None,
-    path: str | Path | None = None,
-    over_length: OverLength | str = OverLength.DROP,
-    template: str = "auto",
-) -> list[int]:
-    """Token lengths of a source (see :func:`measure_source`); what the planner CLI uses."""
-    return measure_source(
-        name,
-        max_seq_len=max_seq_len,
-        max_samples=max_samples,
-        regime=regime,
-        tokenizer=tokenizer,
-        path=path,
-        over_length=over_length,
-        template=template,
-    ).lengths
+def source_lengths(name: str, **arguments: Any) -> list[int]:
+    """Token lengths of a source: :func:`measure_source`'s (same arguments) without its
+    counts and timing; what the studies plan over."""
+    return measure_source(name, **arguments).lengths

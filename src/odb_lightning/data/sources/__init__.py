@@ -10,7 +10,7 @@ source is read, so that importing the table stays cheap.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from odb_lightning.data.sources.table import (
     SOURCES,
@@ -29,15 +29,16 @@ if TYPE_CHECKING:
 
 def _request(
     name: str,
-    path: str | Path | None,
-    regime: object,
-    max_samples: int | None,
-    seed: int,
-    on_bad_record: object,
-    set_dir: str | None,
+    *,
+    path: str | Path | None = None,
+    regime: object = "whole",
+    max_samples: int | None = None,
+    seed: int = 0,
+    on_bad_record: object = "raise",
+    set_dir: str | None = None,
 ) -> tuple[Source, SourceRequest]:
     """The table's entry of ``name`` and what it is asked for (a source that needs a path
-    refused without one)."""
+    refused without one; the arguments as :func:`load_source` takes them)."""
     source = source_named(name)
     if source.needs_path and path is None:
         raise ValueError(f"data.source.name={source.name} needs data.source.path")
@@ -48,55 +49,35 @@ def _request(
     return source, request
 
 
-def source_reader(
-    name: str,
-    *,
-    path: str | Path | None = None,
-    regime: str = "whole",
-    max_samples: int | None = None,
-    seed: int = 0,
-    on_bad_record: str = "raise",
-    set_dir: str | None = None,
-) -> SourceReader:
+def source_reader(name: str, **arguments: Any) -> SourceReader:
     """The reader of a source whose records a record table converts (every source in
     :data:`SOURCES` with a ``reader``; the arguments as :func:`load_source` takes them)."""
-    source, request = _request(name, path, regime, max_samples, seed, on_bad_record, set_dir)
+    source, request = _request(name, **arguments)
     if source.reader is None:
         raise ValueError(f"data.source.name={source.name} has no records to convert")
     return resolve(source.reader)(request)
 
 
 def load_source(
-    name: str,
-    *,
-    path: str | Path | None = None,
-    regime: str = "whole",
-    max_samples: int | None = None,
-    seed: int = 0,
-    on_bad_record: str = "raise",
-    record_cache: RecordCache | None = None,
-    set_dir: str | None = None,
+    name: str, *, record_cache: RecordCache | None = None, **arguments: Any
 ) -> SourceRecords:
     """Load a source's records by name (:data:`SOURCES`).
 
     Args:
-        path: Required by the sources that need one (``ultrachat``: parquet file/dir or
-            hub name; ``jsonl``, ``llava_jsonl``: the file).
-        regime: ShareGPT only.
-        max_samples: Cap on the number of records.
-        seed: ShareGPT ``mix`` seed; a written image set's seed.
-        on_bad_record: The user's files (``raise``, or ``skip`` and count). The bundled
-            sources drop what they cannot use and count it; UltraChat rows are converted
-            when read, so their problems are bad samples in the loader.
         record_cache: Where the records are converted once into a memory-mapped table
             and read from (:class:`~odb_lightning.data.record_table.RecordCache`);
             ``None`` reads them into memory. UltraChat is a parquet table already.
-        set_dir: Where ``llava`` and ``sharegpt4o`` are written.
+        **arguments: What the source is asked for
+            (:class:`~odb_lightning.data.sources.table.SourceRequest`'s fields): ``path``
+            (required by the sources that need one), ``regime`` (ShareGPT),
+            ``max_samples``, ``seed``, ``on_bad_record`` (the user's files: ``raise``, or
+            ``skip`` and count; the bundled sources drop what they cannot use and count
+            it) and ``set_dir`` (where ``llava`` and ``sharegpt4o`` are written).
 
     Returns:
         The records and the counts of what was read, kept and dropped.
     """
-    source, request = _request(name, path, regime, max_samples, seed, on_bad_record, set_dir)
+    source, request = _request(name, **arguments)
     return source.records(request, record_cache)
 
 

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from odb_lightning.lit.callbacks.rank_gather import Counts
+from odb_lightning.lit.callbacks.step_end import StepEndCallback
 
 
 @dataclass
@@ -54,7 +55,7 @@ class RankTotals(Counts):
         self.loss_tokens += meta.local_loss_tokens
 
 
-class StepCounters(pl.Callback):
+class StepCounters(StepEndCallback):
     """Counts every training step of this rank from its metadata (:class:`RankTotals`) and
     the training wall time (epochs from their start to their last batch).
 
@@ -130,14 +131,7 @@ class StepCounters(pl.Callback):
         self._wait_s = now - (self._last_batch_end or now)
 
     @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         self.totals.add(batch.meta, self._wait_s)
         self._last_batch_end = time.perf_counter()
 

@@ -49,12 +49,13 @@ import lightning.pytorch as pl
 import psutil
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from odb_lightning.core.checks import check_positive
 from odb_lightning.lit.callbacks.checkpointing import replace_link, stop_checkpoint_name
+from odb_lightning.lit.callbacks.step_end import StepEndCallback
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class StopSettings:
         check_positive("stop.deadline_s", self.deadline_s, "seconds")
 
 
-class GracefulStop(Callback):
+class GracefulStop(StepEndCallback):
     """Records stop signals and stops every rank after the same step (module docstring).
 
     Args:
@@ -168,14 +169,7 @@ class GracefulStop(Callback):
         self._launched_child = launched_child(trainer)
 
     @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         self._step = trainer.global_step
         agreed = self._agree(trainer, pl_module.device)
         if not agreed or trainer.should_stop:

@@ -11,12 +11,14 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
+from odb_lightning.lit.callbacks.step_end import StepEndCallback
+
 RecordIds = Callable[[list[int]], Sequence[Any]]
 """The source's own ids of the records at some dataset indices
 (:meth:`~odb_lightning.lit.data.datamodule.ODBDataModule.record_ids`)."""
 
 
-class IdAudit(pl.Callback):
+class IdAudit(StepEndCallback):
     """Writes ``emitted_ids_rank{r}.jsonl``: one line per training step,
     ``{"ids": [...], "indices": [...]}``, the records' own ids and their dataset indices,
     both ``[]`` for IDLE. A resumed run appends to the file of the run it resumes.
@@ -56,14 +58,7 @@ class IdAudit(pl.Callback):
         self._file = path.open("a" if self._resumed else "w", encoding="utf-8")
 
     @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         if self._file is None:
             return
         indices = [int(i) for i in batch.meta.sample_ids]

@@ -36,6 +36,7 @@ from typing_extensions import override
 from odb_lightning.core.checks import check_positive, check_positive_int
 from odb_lightning.lit.callbacks.counters import StepCounters
 from odb_lightning.lit.callbacks.rank_gather import Counts
+from odb_lightning.lit.callbacks.step_end import StepEndCallback
 from odb_lightning.lit.model.flops import ModelFlops, peak_bf16_flops
 
 
@@ -127,7 +128,7 @@ def reduce_windows(windows: list[Window], peak_flops: float | None) -> dict[str,
     return out
 
 
-class StepMetricsCallback(pl.Callback):
+class StepMetricsCallback(StepEndCallback):
     """Logs ``perf/real_tokens_per_s``, ``perf/samples_per_s`` and
     ``odb/padding_efficiency`` of the run so far (from the first step, then every
     ``log_every_n_steps``), and ``perf/mfu``, ``perf/tokens_per_s_per_device``,
@@ -215,14 +216,7 @@ class StepMetricsCallback(pl.Callback):
             self._clock.forward_done()
 
     @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         if self._clock is not None:
             self._clock.stop()
         self.window.steps += 1

@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.rows import ImageExtent
-from odb_lightning.data.config import DataCaches, DataSizes, DataSource
+from odb_lightning.data.config import DataSource
 from odb_lightning.data.sizes import records_to_read
 from odb_lightning.data.sources.table import SourceKind, resolve
 from odb_lightning.data.tokenizer import ChatTokenizer
@@ -33,13 +33,14 @@ class VisionDataModule(ODBDataModule):
     (:mod:`odb_lightning.data.vision_family`; its ids are the tokenizer's own).
 
     Args:
-        tokenizer, batching, source, sizes, caches: As :class:`ODBDataModule`'s; the
-            source is an image-text source of the source table (``llava_jsonl``: your
+        tokenizer, batching, source: As :class:`ODBDataModule`'s; the source is an
+            image-text source of the source table (``llava_jsonl``: your
             file; ``llava``, ``sharegpt4o``: a set written once under
             ``caches.image_set_dir``, ``sizes.max_samples`` records, 512 when unset).
         images: Resize and patch settings (:class:`~odb_lightning.data.vision.ImageSettings`
             fields); they must match the model's vision tower.
-        **kwargs: The other :class:`ODBDataModule` arguments (``run``, ...).
+        **kwargs: The other :class:`ODBDataModule` arguments (``sizes``, ``caches``,
+            ``run``, ...).
     """
 
     KINDS = (SourceKind.IMAGE_CHAT,)
@@ -49,15 +50,13 @@ class VisionDataModule(ODBDataModule):
         tokenizer: ChatTokenizer,
         batching: BatchingConfig,
         source: DataSource | None = None,
-        sizes: DataSizes | None = None,
-        caches: DataCaches | None = None,
         images: ImageSettings | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         source = source if source is not None else DataSource("llava")
         if source.augmentation is not None:
             raise ValueError("data.source.augmentation is not supported for image-text sources")
-        super().__init__(tokenizer, batching, source, sizes, caches, **kwargs)
+        super().__init__(tokenizer, batching, source, **kwargs)
         self.images = (
             images if isinstance(images, ImageSettings) else ImageSettings(**(images or {}))
         )
