@@ -15,8 +15,8 @@ from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any
 
 from odb_lightning.core.checks import is_int
-from odb_lightning.data.sizes import check_size, records_to_read
-from odb_lightning.data.sources.table import Source, SourceRequest, source_named
+from odb_lightning.data.sizes import check_size
+from odb_lightning.data.sources.table import SOURCES, Source, source_named
 
 if TYPE_CHECKING:
     from odb_lightning.data.augment import Augmentation
@@ -33,6 +33,10 @@ class DataSource:
     path: str | None = None
     """The user's data: a JSON Lines file (``jsonl``, ``llava_jsonl``), a parquet file,
     directory or hub name (``ultrachat``). Required by those sources, unused by the rest."""
+    format: str = "auto"
+    """The record layout of the user's files (``jsonl``): ``messages``, ``sharegpt`` or
+    ``alpaca`` (:mod:`odb_lightning.data.formats`); ``auto`` detects it from the first
+    record and the log says what it found."""
     regime: str = "whole"
     """ShareGPT ``whole``, ``first_exchange`` or ``mix``; for ``synthetic`` the length
     profile (``sharegpt_whole``, ``sharegpt_first_exchange``, ``sharegpt_mix``)."""
@@ -51,7 +55,16 @@ class DataSource:
     directory)."""
 
     def __post_init__(self) -> None:
+        from odb_lightning.data.formats import format_named
+
+        format_named(self.format)  # an unknown layout fails here, listing the layouts
         source = self.entry  # an unknown name fails here, listing the sources
+        if self.format != "auto" and not source.layouts:
+            readers = ", ".join(s.name for s in SOURCES.values() if s.layouts)
+            raise ValueError(
+                f"data.source.format={self.format}: data.source.name={self.name} has one "
+                f"layout of its own; the layouts are read from your files ({readers})"
+            )
         if source.needs_path and self.path is None:
             raise ValueError(
                 f"data.source.path is required by data.source.name={self.name}: the file, "
@@ -62,15 +75,6 @@ class DataSource:
     def entry(self) -> Source:
         """The source table's entry of :attr:`name`."""
         return source_named(self.name)
-
-    def request(
-        self, max_samples: int | float | None, seed: int, on_bad_record: str, set_dir: str | None
-    ) -> SourceRequest:
-        """What the source is asked for (a fraction of ``max_samples`` reads every record
-        and keeps its share afterwards)."""
-        return SourceRequest(
-            self.path, self.regime, records_to_read(max_samples), seed, on_bad_record, set_dir
-        )
 
 
 @dataclass(frozen=True)

@@ -169,8 +169,9 @@ class RecordCache:
             logger.warning("%s", warning)
         logger.info("record table hit: %d %s records, %s", len(table), name, entry)
         return SourceRecords(
-            name, TableRecords(table), Counter(meta["counts"]), meta["rejected"], meta["warnings"]
-        )
+            name, TableRecords(table), Counter(meta["counts"]), meta["rejected"],
+            meta["warnings"], meta.get("detected", ""),
+        )  # fmt: skip
 
     @contextmanager
     def _locked(self, entry: Path) -> Iterator[None]:
@@ -221,6 +222,7 @@ class RecordCache:
                 "counts": dict(result.counts),
                 "rejected": result.rejected,
                 "warnings": result.warnings,
+                "detected": result.detected,
                 "convert_s": round(time.perf_counter() - start, 3),
             }
             (temp / SOURCE_FILE).write_text(json.dumps(meta, default=str), encoding="utf-8")

@@ -1,11 +1,15 @@
-"""The generic user path: a JSON Lines file, one conversation per line.
+"""The generic user path: the user's conversations as they keep them.
 
-Each line is ``{"id": str | int, "messages": [{"role": ..., "content": str}, ...]}``;
-``id`` is optional (the 1-based line number is used). Roles go through the same aliases
-as every source (``human``/``gpt`` are accepted). Blank lines are skipped. Any other
-problem (invalid UTF-8 or JSON, a missing or empty ``messages``, a bad role or content)
-raises :class:`~odb_lightning.data.conversation.BadRecordError` naming the file, the line
-number and the field, before any training starts; with ``on_bad_record="skip"`` the line
+The files (:mod:`odb_lightning.data.sources.files`: JSON Lines, a JSON array, parquet, a
+folder or glob of them, a ``save_to_disk`` folder) hold one record per row in one of the
+layouts of :mod:`odb_lightning.data.formats` (``messages``, ShareGPT, Alpaca), detected
+from the first record or named by ``data.source.format``. ``id`` is optional (the row's
+1-based number in its file is used; with several files, where it is in which file:
+``a.jsonl:3``, ``b.json[2]``, ``c.parquet#5``). Roles
+go through the same aliases as every source. Blank lines are skipped. Any other problem
+(invalid UTF-8 or JSON, a missing or empty conversation, a bad role or content) raises
+:class:`~odb_lightning.data.conversation.BadRecordError` naming the file, the line or
+row and the field, before any training starts; with ``on_bad_record="skip"`` the record
 is dropped and counted instead.
 
 Ids need not be unique (batching and the id audit go by line, i.e. dataset index): a
@@ -22,7 +26,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, normalize_role
+from odb_lightning.data.conversation import BadRecordError, ChatRecord
+from odb_lightning.data.formats import AUTO, Format, detect_format, format_named, from_messages
+from odb_lightning.data.sources.files import Row, data_files, file_lines, iter_rows
 from odb_lightning.data.sources.source_records import (
     SourceReader,
     SourceRecords,
@@ -41,26 +47,31 @@ class OnBadRecord(StrEnum):
     SKIP = "skip"
 
 
-def _parse_messages(value: Any, where: str) -> list[Message]:
-    if not isinstance(value, list):
-        raise BadRecordError(where, "messages", f"must be a list, got {type(value).__name__}")
-    if not value:
-        raise BadRecordError(where, "messages", "is empty: a conversation needs a turn")
-    messages: list[Message] = []
-    for k, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise BadRecordError(where, f"messages[{k}]", "must be an object with role/content")
-        content = message.get("content")
-        if not isinstance(content, str):
-            kind = type(content).__name__
-            raise BadRecordError(where, f"messages[{k}].content", f"must be a string, got {kind}")
-        role = normalize_role(message.get("role"), where, f"messages[{k}].role")
-        messages.append({"role": role, "content": content})
-    return messages
+def decode_line(raw: bytes, where: str) -> Any:
+    """A JSON Lines line's value, or an error naming the line and what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadRecordError(where, "<line>", f"invalid UTF-8 at byte {error.start}") from error
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        # A character offset: the line's own newline would make colno refer to "line 2".
+        # Some of json's messages end in "at" ("Unterminated string starting at").
+        problem = f"invalid JSON: {error.msg.removesuffix(' at')} at character {error.pos}"
+        raise BadRecordError(where, "<line>", problem) from error
+
+
+def record_object(payload: bytes | Any, where: str) -> dict[str, Any]:
+    """A row as a JSON object (a line decoded first)."""
+    value = decode_line(payload, where) if isinstance(payload, bytes) else payload
+    if not isinstance(value, dict):
+        raise BadRecordError(where, "<line>", f"must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
-    """Parse one line into a record.
+    """Parse one ``messages`` line into a record (the streamed path's layout).
 
     Args:
         where: ``"<file>:<line>"`` for error messages.
@@ -69,25 +80,24 @@ def parse_jsonl_line(raw: bytes, where: str, line_number: int) -> ChatRecord:
     Raises:
         BadRecordError: Invalid UTF-8 or JSON, not an object, bad ``id`` or ``messages``.
     """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise BadRecordError(where, "<line>", f"invalid UTF-8 at byte {error.start}") from error
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        # A character offset: the line's own newline would make colno refer to "line 2".
-        # Some of json's messages end in "at" ("Unterminated string starting at").
-        problem = f"invalid JSON: {error.msg.removesuffix(' at')} at character {error.pos}"
-        raise BadRecordError(where, "<line>", problem) from error
-    if not isinstance(value, dict):
-        raise BadRecordError(where, "<line>", f"must be a JSON object, got {type(value).__name__}")
-    if "messages" not in value:
-        raise BadRecordError(where, "messages", "missing")
-    record_id = value.get("id", line_number)
-    if not isinstance(record_id, str | int) or isinstance(record_id, bool):
-        raise BadRecordError(where, "id", f"must be a string or integer, got {record_id!r}")
-    return ChatRecord(id=record_id, messages=_parse_messages(value["messages"], where))
+    return from_messages(record_object(raw, where), where, line_number)
+
+
+class RecordParser:
+    """Rows to records in one layout: the named one, or the one the first JSON object
+    shows (:func:`~odb_lightning.data.formats.detect_format`), kept for every later row."""
+
+    def __init__(self, layout: str, several_files: bool) -> None:
+        self.format: Format | None = format_named(layout)
+        self.several_files = several_files
+
+    def __call__(self, payload: bytes | Any, where: str, number: int) -> ChatRecord:
+        value = record_object(payload, where)
+        if self.format is None:
+            self.format = detect_format(value, where)
+        # With several files a row is named by its file's name and its place in it.
+        default_id: str | int = Path(where).name if self.several_files else number
+        return self.format.convert(value, where, default_id)
 
 
 def jsonl_source(
@@ -95,20 +105,29 @@ def jsonl_source(
     *,
     max_samples: int | None = None,
     on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
+    layout: str = AUTO,
 ) -> SourceReader:
     """The reader of :func:`jsonl_records` (records one at a time, for a record table)."""
-    path = Path(path)
     on_bad_record = OnBadRecord(on_bad_record)
+    format_named(layout)  # a wrong name fails now
 
     def read(result: SourceRecords) -> Iterator[ChatRecord]:
-        first_line: dict[str | int, int] = {}
+        first_row: dict[str | int, int] = {}
+        several = len(data_files(path)) > 1
+        parse = RecordParser(layout, several)
 
-        def keep(record: ChatRecord, line_number: int, result: SourceRecords) -> None:
-            _note_duplicate(record["id"], line_number, first_line, result, path)
+        def keep(record: ChatRecord, number: int, result: SourceRecords) -> None:
+            if parse.format is not None:
+                result.detected = parse.format.description
+            _note_duplicate(record["id"], number, first_row, result, Path(path))
 
-        return iter_jsonl_lines(path, parse_jsonl_line, max_samples, on_bad_record, result, keep)
+        skip = on_bad_record is OnBadRecord.SKIP
+        limit = checked_max_samples(max_samples)
+        return _parsed_rows(iter_rows(path), parse, limit, skip, result, keep)
 
     arguments = {"max_samples": max_samples, "on_bad_record": on_bad_record.value}
+    if layout != AUTO:
+        arguments["format"] = layout
     return SourceReader("jsonl", read, source_version("jsonl", path), arguments)
 
 
@@ -162,40 +181,37 @@ def iter_jsonl_lines(
         raise FileNotFoundError(f"data.source.path={str(path)!r}: no such JSON Lines file")
     limit = checked_max_samples(max_samples)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
-    return _parsed_lines(path, parse, limit, skip, result, keep)
+    return _parsed_rows(file_lines(path), parse, limit, skip, result, keep)
 
 
-def _parsed_lines(
-    path: Path,
-    parse: Callable[[bytes, str, int], Any],
+def _parsed_rows(
+    rows: Iterator[Row],
+    parse: Callable[[Any, str, int], Any],
     limit: int | None,
     skip: bool,
     result: SourceRecords,
     keep: Callable[[Any, int, SourceRecords], None] | None,
 ) -> Iterator[Any]:
     kept = 0
-    with path.open("rb") as file:
-        for line_number, raw in enumerate(file, start=1):
-            if limit is not None and kept >= limit:
-                break
-            if not raw.strip():
-                continue
-            result.counts["read"] += 1
-            try:
-                record = parse(raw, f"{path}:{line_number}", line_number)
-            except BadRecordError as error:
-                if not skip:
-                    problem = f"{error.problem} ({SKIP_HINT})"
-                    raise BadRecordError(error.record, error.field, problem) from error
-                result.counts["dropped/bad_record"] += 1
-                result.rejected.append(str(error))
-                if result.counts["dropped/bad_record"] <= LOGGED_SKIPS:
-                    logger.warning("skipped %s", error)
-                continue
-            if keep is not None:
-                keep(record, line_number, result)
-            kept += 1
-            yield record
+    for where, number, payload in rows:
+        if limit is not None and kept >= limit:
+            break
+        result.counts["read"] += 1
+        try:
+            record = parse(payload, where, number)
+        except BadRecordError as error:
+            if not skip:
+                problem = f"{error.problem} ({SKIP_HINT})"
+                raise BadRecordError(error.record, error.field, problem) from error
+            result.counts["dropped/bad_record"] += 1
+            result.rejected.append(str(error))
+            if result.counts["dropped/bad_record"] <= LOGGED_SKIPS:
+                logger.warning("skipped %s", error)
+            continue
+        if keep is not None:
+            keep(record, number, result)
+        kept += 1
+        yield record
 
 
 def _note_duplicate(
@@ -219,7 +235,11 @@ def _note_duplicate(
 
 
 def reader(request: SourceRequest) -> SourceReader:
-    """The source table's reader of ``jsonl`` (the file, ``max_samples``, bad lines)."""
+    """The source table's reader of ``jsonl`` (the files, ``max_samples``, bad records,
+    the layout)."""
     return jsonl_source(
-        request.path, max_samples=request.max_samples, on_bad_record=request.on_bad_record
+        request.path,
+        max_samples=request.max_samples,
+        on_bad_record=request.on_bad_record,
+        layout=request.format,
     )

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError
+from odb_lightning.data.formats import parse_turns
 from odb_lightning.data.image_generator import ResolutionProfile, write_images
-from odb_lightning.data.sources.jsonl import OnBadRecord, _parse_messages, iter_jsonl_lines
+from odb_lightning.data.sources.jsonl import OnBadRecord, iter_jsonl_lines
 from odb_lightning.data.sources.source_records import SourceReader, SourceRecords, source_version
 from odb_lightning.data.sources.table import SourceRequest
 from odb_lightning.data.vision import IMAGE_PLACEHOLDER
@@ -58,7 +59,7 @@ def parse_llava_line(raw: bytes, where: str, line_number: int) -> dict[str, Any]
     record_id = value.get("id", line_number)
     if not isinstance(record_id, str | int) or isinstance(record_id, bool):
         raise BadRecordError(where, "id", f"must be a string or integer, got {record_id!r}")
-    messages = _parse_messages(value["messages"], where)
+    messages = parse_turns(value["messages"], where, "messages")
     return {"id": record_id, "images": images, "messages": messages}
 
 

@@ -42,6 +42,8 @@ class SourceRecords:
         rejected: Why each record dropped as bad was rejected (location, field, problem).
         warnings: What the reader warned about (logged once when read; a record table
             keeps them and logs them again on every load).
+        detected: The layout the reader found its records in, as the log says it
+            (``ShareGPT (conversations: from/value)``; empty where the source has one).
     """
 
     name: str
@@ -49,6 +51,7 @@ class SourceRecords:
     counts: Counter[str] = field(default_factory=Counter)
     rejected: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    detected: str = ""
 
     def __len__(self) -> int:
         return len(self.records)

