@@ -1,6 +1,6 @@
 """Each shape a user keeps conversations in trains through ``train.py`` as it is: ShareGPT
-(JSON Lines and a JSON array), Alpaca, a parquet file and a ``save_to_disk`` folder, every
-training record once."""
+(JSON Lines and a JSON array), Alpaca, plain text, a parquet file and a ``save_to_disk``
+folder, every training record once."""
 
 from __future__ import annotations
 
@@ -41,10 +41,13 @@ def messages(k: int, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return {"id": f"c{k}", "messages": turns}
 
 
+def text(k: int, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"id": f"c{k}", "text": " ".join(q + " " + a for q, a in pairs)}
+
+
 def write(kind: str, directory: Path) -> Path:
-    layout = {"sharegpt_jsonl": sharegpt, "sharegpt_array": sharegpt, "alpaca": alpaca}.get(
-        kind, messages
-    )
+    layouts = {"sharegpt_jsonl": sharegpt, "sharegpt_array": sharegpt, "alpaca": alpaca}
+    layout = (layouts | {"text": text}).get(kind, messages)
     records = [layout(k, pairs) for k, pairs in enumerate(chats())]
     if kind == "sharegpt_array":
         path = directory / "chats.json"
@@ -74,6 +77,7 @@ def write(kind: str, directory: Path) -> Path:
         pytest.param("alpaca", marks=pytest.mark.slow),
         pytest.param("parquet", marks=pytest.mark.slow),
         pytest.param("save_to_disk", marks=pytest.mark.slow),
+        pytest.param("text", marks=pytest.mark.slow),
     ],
 )
 def test_a_users_layout_trains_every_record_once(kind: str, tmp_path: Path) -> None:

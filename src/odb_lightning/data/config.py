@@ -34,9 +34,9 @@ class DataSource:
     """The user's data: a JSON Lines file (``jsonl``, ``llava_jsonl``), a parquet file,
     directory or hub name (``ultrachat``). Required by those sources, unused by the rest."""
     format: str = "auto"
-    """The record layout of the user's files (``jsonl``): ``messages``, ``sharegpt`` or
-    ``alpaca`` (:mod:`odb_lightning.data.formats`); ``auto`` detects it from the first
-    record and the log says what it found."""
+    """The record layout of the user's files (``jsonl``): ``messages``, ``sharegpt``,
+    ``alpaca``, ``prompt_completion`` or ``text`` (:mod:`odb_lightning.data.formats`);
+    ``auto`` detects it from the first record and the log says what it found."""
     regime: str = "whole"
     """ShareGPT ``whole``, ``first_exchange`` or ``mix``; for ``synthetic`` the length
     profile (``sharegpt_whole``, ``sharegpt_first_exchange``, ``sharegpt_mix``)."""

@@ -68,6 +68,12 @@ def normalize_role(raw: Any, record: str | int, field: str) -> str:
     return role.value
 
 
+SUPERVISED_ROLES = (Role.ASSISTANT.value, "completion")
+"""The roles whose turns carry a loss: the assistant's, and a plain record's completion
+(:mod:`odb_lightning.data.plain_text`)."""
+
+
 def has_assistant(messages: Iterable[Message]) -> bool:
-    """Whether any turn is supervised (SFT trains on assistant turns only)."""
-    return any(m["role"] == Role.ASSISTANT.value for m in messages)
+    """Whether any turn is supervised (SFT trains on assistant turns and plain
+    completions only)."""
+    return any(m["role"] in SUPERVISED_ROLES for m in messages)

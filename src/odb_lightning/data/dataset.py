@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
 from odb_lightning.data.conversation import ChatRecord, has_assistant
+from odb_lightning.data.plain_text import is_plain, tokenize_record
 from odb_lightning.data.sources.arrow_records import ArrowRecords
 from odb_lightning.data.template import build_chat_template, template_fingerprint
 from odb_lightning.data.tokenizer import ChatTokenizer
@@ -131,10 +132,10 @@ class ChatDataset(Dataset[Sample]):
             raise BadSampleError(index, "messages", problem)
         if not messages:
             raise BadSampleError(index, "messages", "is empty: a conversation needs a turn")
-        if self.augmentation is not None:
+        if self.augmentation is not None and not is_plain(messages):
             messages = augment_messages(messages, self.augmentation, self.epoch, index)
         try:
-            chat = self.template.tokenize(messages, self.max_seq_len)
+            chat = tokenize_record(self.template, messages, self.max_seq_len)
         except BadSampleError as error:
             raise error.at_index(index) from error
         sample = as_sample(chat.input_ids, chat.labels)

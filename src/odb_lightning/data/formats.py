@@ -15,6 +15,10 @@ and the field, with the fix.
 - ``alpaca``: ``{"instruction", "input", "output"}`` with optional ``system`` and
   ``history`` (``[[query, answer], ...]``): the user turn is the instruction and, when
   given, a newline and the input, as LLaMA-Factory joins them.
+- ``prompt_completion`` (TRL): conversational (``prompt`` and ``completion`` lists of
+  turns, rendered by the chat template) or plain (two strings: no template, loss on the
+  completion, :mod:`odb_lightning.data.plain_text`).
+- ``text`` (TRL's language modelling): ``{"text"}``, every token supervised, no template.
 """
 
 from __future__ import annotations
@@ -131,6 +135,41 @@ def from_alpaca(value: dict[str, Any], where: str, default_id: str | int) -> Cha
     return ChatRecord(id=record_id(value, where, default_id), messages=messages)
 
 
+def from_prompt_completion(value: dict[str, Any], where: str, default_id: str | int) -> ChatRecord:
+    prompt, completion = value.get("prompt"), value.get("completion")
+    found_id = record_id(value, where, default_id)
+    if isinstance(prompt, list) and isinstance(completion, list):  # conversational
+        asked = parse_turns(prompt, where, "prompt")
+        if any(m["role"] == "assistant" for m in asked):
+            raise BadRecordError(
+                where, "prompt",
+                "holds an assistant turn: the chat templates here supervise every assistant "
+                "turn, so the loss would not be on the completion alone; use the messages "
+                "layout (every assistant turn supervised) or drop those turns",
+            )  # fmt: skip
+        answer = parse_turns(completion, where, "completion")
+        return ChatRecord(id=found_id, messages=asked + answer)
+    if isinstance(prompt, str) and isinstance(completion, str):  # plain: no template
+        turns: list[Message] = [{"role": "prompt", "content": prompt}] if prompt else []
+        turns.append({"role": "completion", "content": completion})
+        return ChatRecord(id=found_id, messages=turns)
+    kinds = f"{type(prompt).__name__} and {type(completion).__name__}"
+    raise BadRecordError(
+        where,
+        "prompt",
+        f"prompt and completion must both be strings or both lists of turns, got {kinds}",
+    )
+
+
+def from_text(value: dict[str, Any], where: str, default_id: str | int) -> ChatRecord:
+    text = _text(value, where, "text", required=True)
+    if not text:
+        raise BadRecordError(where, "text", "is empty: nothing to learn from")
+    return ChatRecord(
+        id=record_id(value, where, default_id), messages=[{"role": "completion", "content": text}]
+    )
+
+
 @dataclass(frozen=True)
 class Format:
     """One record layout: its name, how it is said in the log, the keys that tell it, and
@@ -143,18 +182,22 @@ class Format:
     convert: Callable[[dict[str, Any], str, str | int], ChatRecord]
 
 
+# fmt: off
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
+        # name, as the log says it, the keys that tell it, its conversion
         Format("messages", "messages (role/content)", ("messages",), from_messages),
-        Format(
-            "sharegpt", "ShareGPT (conversations: from/value)", ("conversations",), from_sharegpt
-        ),
-        Format(
-            "alpaca", "Alpaca (instruction/input/output)", ("instruction", "output"), from_alpaca
-        ),
+        Format("sharegpt", "ShareGPT (conversations: from/value)", ("conversations",),
+               from_sharegpt),
+        Format("alpaca", "Alpaca (instruction/input/output)", ("instruction", "output"),
+               from_alpaca),
+        Format("prompt_completion", "prompt/completion", ("prompt", "completion"),
+               from_prompt_completion),
+        Format("text", "text (every token supervised)", ("text",), from_text),
     )
 }
+# fmt: on
 """Every record layout by name (``data.source.format``); ``auto`` detects one."""
 
 AUTO = "auto"

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.data.conversation import ChatRecord
 from odb_lightning.data.hf_tokenizer import load_tokenizer
+from odb_lightning.data.plain_text import tokenize_record
 from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources import load_source
 from odb_lightning.data.sources.table import SourceKind, source_named
@@ -130,7 +131,7 @@ def _tokenized_lengths(
     with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
         task = bar.add_task(description, total=len(records))
         for record in records:
-            length = template.tokenize(record["messages"]).full_length
+            length = tokenize_record(template, record["messages"]).full_length
             if length <= max_seq_len:
                 report.lengths.append(length)
             elif over_length is OverLength.TRUNCATE:

@@ -124,7 +124,7 @@ def test_every_layout_and_file_kind_gives_the_messages_samples(
     path = FILES[kind](tmp_path, records)
     read = jsonl_records(path)
     assert read.counts["read"] == NUM and len(read.records) == NUM
-    assert read.detected.lower().startswith(layout.replace("sharegpt", "sharegpt"))
+    assert read.detected == layout
     assert samples(read.records) == reference
     ids = [r["id"] for r in read.records]
     assert len(set(ids)) == NUM  # every record told apart, across the folder's files too
@@ -184,3 +184,40 @@ def test_a_path_with_nothing_to_read_says_what_it_found(tmp_path: Path) -> None:
         jsonl_records(folder)
     with pytest.raises(DataPathError, match="no such file or folder"):
         jsonl_records(tmp_path / "missing.jsonl")
+
+
+def test_conversational_prompt_completion_is_the_chat_template_on_the_completion(
+    tmp_path: Path,
+) -> None:
+    """One exchange each: the prompt's turns, then the completion's assistant turn."""
+    single = [c for c in conversations() if sum(t["role"] == "user" for t in c) == 1]
+    forms = [{"prompt": c[:-1], "completion": c[-1:]} for c in single]
+    read = jsonl_records(write_jsonl(tmp_path / "pc.jsonl", forms))
+    assert read.detected == "prompt_completion"
+    assert samples(read.records) == samples([{"id": 0, "messages": c} for c in single])
+    history = {"prompt": single[0][:-1] + single[0][-1:] + [single[0][-2]], "completion": []}
+    with pytest.raises(BadRecordError, match="holds an assistant turn"):
+        jsonl_records(write_jsonl(tmp_path / "history.jsonl", [history]))
+
+
+def test_plain_prompt_completion_and_text_follow_their_own_rule(tmp_path: Path) -> None:
+    """No template: the prompt's ids, the completion's and the end-of-sequence id; the loss
+    on the completion and that id (every token of a ``text`` record)."""
+    tokenizer = QwenTokenizer()
+    rows = [
+        {"prompt": "The capital of France is", "completion": " Paris."},
+        {"text": "Once upon a time — ünïcode ✓"},
+    ]
+    prompt_ids = tokenizer.encode_text(rows[0]["prompt"])
+    completion_ids = [*tokenizer.encode_text(rows[0]["completion"]), tokenizer.eos_id]
+    text_ids = [*tokenizer.encode_text(rows[1]["text"]), tokenizer.eos_id]
+    pc = jsonl_records(write_jsonl(tmp_path / "pc.jsonl", rows[:1]))
+    text = jsonl_records(write_jsonl(tmp_path / "text.jsonl", rows[1:]))
+    assert (pc.detected, text.detected) == ("prompt_completion", "text")
+    ((ids, labels),) = samples(pc.records)
+    assert ids == prompt_ids + completion_ids
+    assert labels == [-100] * len(prompt_ids) + completion_ids
+    assert samples(text.records) == [(text_ids, text_ids)]
+    dataset = ChatDataset(pc.records, tokenizer, 3, None, template="chatml")
+    assert dataset[0]["input_ids"].tolist() == (prompt_ids + completion_ids)[:3]
+    assert dataset.unsupervised_indices([0]) == []

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from odb_lightning.data.conversation import ROLE_ALIASES, ChatRecord, Role, has_assistant
+from odb_lightning.data.conversation import (
+    ROLE_ALIASES,
+    SUPERVISED_ROLES,
+    ChatRecord,
+    Role,
+    has_assistant,
+)
 from odb_lightning.data.mapped_pages import PageRelease
 
 if TYPE_CHECKING:
@@ -42,6 +48,7 @@ def assistant_rows(messages: pa.ChunkedArray, num_rows: int) -> np.ndarray:
     import pyarrow.compute as pc
 
     names = [name for name, role in ROLE_ALIASES.items() if role is Role.ASSISTANT]
+    names += [role for role in SUPERVISED_ROLES if role not in names]
     turns = pc.list_flatten(messages)
     roles = pc.utf8_lower(pc.struct_field(turns, "role"))
     is_assistant = pc.fill_null(pc.is_in(roles, value_set=pa.array(names)), False)

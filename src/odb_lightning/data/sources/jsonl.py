@@ -2,7 +2,8 @@
 
 The files (:mod:`odb_lightning.data.sources.files`: JSON Lines, a JSON array, parquet, a
 folder or glob of them, a ``save_to_disk`` folder) hold one record per row in one of the
-layouts of :mod:`odb_lightning.data.formats` (``messages``, ShareGPT, Alpaca), detected
+layouts of :mod:`odb_lightning.data.formats` (``messages``, ShareGPT, Alpaca,
+``prompt_completion``, ``text``), detected
 from the first record or named by ``data.source.format``. ``id`` is optional (the row's
 1-based number in its file is used; with several files, where it is in which file:
 ``a.jsonl:3``, ``b.json[2]``, ``c.parquet#5``). Roles
@@ -118,7 +119,7 @@ def jsonl_source(
 
         def keep(record: ChatRecord, number: int, result: SourceRecords) -> None:
             if parse.format is not None:
-                result.detected = parse.format.description
+                result.detected = parse.format.name
             _note_duplicate(record["id"], number, first_row, result, Path(path))
 
         skip = on_bad_record is OnBadRecord.SKIP

@@ -42,8 +42,8 @@ class SourceRecords:
         rejected: Why each record dropped as bad was rejected (location, field, problem).
         warnings: What the reader warned about (logged once when read; a record table
             keeps them and logs them again on every load).
-        detected: The layout the reader found its records in, as the log says it
-            (``ShareGPT (conversations: from/value)``; empty where the source has one).
+        detected: The layout the reader found its records in
+            (:data:`~odb_lightning.data.formats.FORMATS`; empty where the source has one).
     """
 
     name: str
