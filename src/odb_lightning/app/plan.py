@@ -39,6 +39,7 @@ from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.plans import summarize_plan
 from odb_lightning.core.policy import BucketedPolicy, SortedPolicy, StandardPolicy
 from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
+from odb_lightning.data.formats import FORMATS
 
 DEFAULT_BUDGET = 16384
 
@@ -178,8 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenize a data source with the chat template (ultrachat and jsonl need --path)",
     )  # fmt: skip
     parser.add_argument(
-        "--path", help="--source ultrachat: parquet file/dir or hub name; jsonl: the file"
+        "--path",
+        help="--source ultrachat: parquet file/dir or hub name; jsonl: your files (JSON "
+        "Lines, a JSON array, parquet, a folder or glob, a save_to_disk folder)",
     )
+    parser.add_argument(
+        "--format", default="auto", choices=["auto", *FORMATS],
+        help="--source jsonl: the records' layout (data.source.format; auto: detected)",
+    )  # fmt: skip
     parser.add_argument(
         "--tokenizer", default="qwen2.5", help="--source: qwen2.5 or a Hugging Face directory"
     )

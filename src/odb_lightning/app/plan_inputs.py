@@ -104,6 +104,7 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
                 template=args.template,
                 over_length="truncate",  # as training does
                 on_bad_record="skip" if args.skip_bad_records else "raise",
+                layout=args.format,
             )
         except (OSError, ValueError) as error:  # a missing file, a bad record or template
             raise PlanCliError(f"--source {args.source}: {in_flags(str(error))}") from None

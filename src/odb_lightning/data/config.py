@@ -15,6 +15,7 @@ from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any
 
 from odb_lightning.core.checks import is_int
+from odb_lightning.data.formats import FieldMapping, format_named
 from odb_lightning.data.sizes import check_size
 from odb_lightning.data.sources.table import SOURCES, Source, source_named
 
@@ -37,6 +38,11 @@ class DataSource:
     """The record layout of the user's files (``jsonl``): ``messages``, ``sharegpt``,
     ``alpaca``, ``prompt_completion`` or ``text`` (:mod:`odb_lightning.data.formats`);
     ``auto`` detects it from the first record and the log says what it found."""
+    mapping: FieldMapping | None = None
+    """A layout of your own (``jsonl``): ``{messages: <field of the turns>, role: <key>,
+    content: <key>, roles: {<speaker>: user|assistant|system}}``, each key defaulting to
+    the ``messages`` layout's (:class:`~odb_lightning.data.formats.FieldMapping`); instead
+    of ``format``."""
     regime: str = "whole"
     """ShareGPT ``whole``, ``first_exchange`` or ``mix``; for ``synthetic`` the length
     profile (``sharegpt_whole``, ``sharegpt_first_exchange``, ``sharegpt_mix``)."""
@@ -55,11 +61,16 @@ class DataSource:
     directory)."""
 
     def __post_init__(self) -> None:
-        from odb_lightning.data.formats import format_named
-
         format_named(self.format)  # an unknown layout fails here, listing the layouts
+        if self.mapping is not None and not isinstance(self.mapping, FieldMapping):
+            object.__setattr__(self, "mapping", FieldMapping(**dict(self.mapping)))
+        if self.mapping is not None and self.format != "auto":
+            raise ValueError(
+                f"data.source.mapping is a layout of its own: drop "
+                f"data.source.format={self.format} (or the mapping)"
+            )
         source = self.entry  # an unknown name fails here, listing the sources
-        if self.format != "auto" and not source.layouts:
+        if (self.format != "auto" or self.mapping is not None) and not source.layouts:
             readers = ", ".join(s.name for s in SOURCES.values() if s.layouts)
             raise ValueError(
                 f"data.source.format={self.format}: data.source.name={self.name} has one "

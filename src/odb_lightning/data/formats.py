@@ -23,8 +23,8 @@ and the field, with the fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError, ChatRecord, Message, normalize_role
@@ -42,9 +42,15 @@ def record_id(value: dict[str, Any], where: str, default: str | int) -> str | in
 
 
 def parse_turns(
-    value: Any, where: str, name: str, role_key: str = "role", content_key: str = "content"
+    value: Any,
+    where: str,
+    name: str,
+    role_key: str = "role",
+    content_key: str = "content",
+    roles: Mapping[str, str] | None = None,
 ) -> list[Message]:
-    """The turns of a conversation field ``name`` (``role_key``/``content_key`` objects)."""
+    """The turns of a conversation field ``name`` (``role_key``/``content_key`` objects;
+    ``roles`` renames speakers before the usual aliases apply)."""
     if not isinstance(value, list):
         raise BadRecordError(where, name, f"must be a list, got {type(value).__name__}")
     if not value:
@@ -62,6 +68,8 @@ def parse_turns(
                 where, f"{name}[{k}].{content_key}", f"must be a string, got {kind}"
             )
         speaker = turn.get(role_key)
+        if roles and isinstance(speaker, str):
+            speaker = roles.get(speaker, speaker)
         if isinstance(speaker, str) and speaker.lower() in TOOL_ROLES:
             raise BadRecordError(
                 where, f"{name}[{k}].{role_key}",
@@ -168,6 +176,55 @@ def from_text(value: dict[str, Any], where: str, default_id: str | int) -> ChatR
     return ChatRecord(
         id=record_id(value, where, default_id), messages=[{"role": "completion", "content": text}]
     )
+
+
+@dataclass(frozen=True)
+class FieldMapping:
+    """Where a layout of the user's own keeps its turns (``data.source.mapping``, as small
+    as LLaMA-Factory's ``columns`` and ``tags``): the field of the list of turns, each
+    turn's role and content keys, and the speaker names to rename (``{bot: assistant}``)."""
+
+    messages: str = "messages"
+    """The field that holds the list of turns."""
+    role: str = "role"
+    """Each turn's key of its speaker."""
+    content: str = "content"
+    """Each turn's key of its text."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Speaker names of the data to ``system``, ``user`` or ``assistant`` (the usual
+    aliases, ``human``, ``gpt``, ..., need no entry)."""
+
+    def __post_init__(self) -> None:
+        for key in ("messages", "role", "content"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ValueError(
+                    f"data.source.mapping.{key} must be a field name, got {getattr(self, key)!r}"
+                )
+        object.__setattr__(self, "roles", {str(k): str(v) for k, v in dict(self.roles).items()})
+
+    def convert(self, value: dict[str, Any], where: str, default_id: str | int) -> ChatRecord:
+        """A record of this mapping as a conversation."""
+        if self.messages not in value:
+            raise BadRecordError(where, self.messages, "missing (data.source.mapping.messages)")
+        turns = parse_turns(
+            value[self.messages], where, self.messages, self.role, self.content, self.roles
+        )
+        return ChatRecord(id=record_id(value, where, default_id), messages=turns)
+
+    @property
+    def layout(self) -> Format:
+        """The mapping as a layout of its own (name ``mapping``)."""
+        said = f"the mapping ({self.messages}: {self.role}/{self.content})"
+        return Format("mapping", said, (self.messages,), self.convert)
+
+    def as_json(self) -> dict[str, Any]:
+        """The mapping as plain values (a record table's key)."""
+        return {
+            "messages": self.messages,
+            "role": self.role,
+            "content": self.content,
+            "roles": self.roles,
+        }
 
 
 @dataclass(frozen=True)

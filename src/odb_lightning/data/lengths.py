@@ -160,6 +160,7 @@ def measure_source(
     template: str = "auto",
     on_bad_record: str = "raise",
     record_cache: RecordCache | None = None,
+    layout: str = "auto",
 ) -> LengthReport:
     """Token lengths of a source after the chat template, with counts and timing.
 
@@ -173,6 +174,7 @@ def measure_source(
         template: The chat template (``data.source.template``; ``auto`` reads the tokenizer's).
         on_bad_record: ``jsonl``: ``raise`` at a bad line, or ``skip`` it (counted under
             ``dropped/bad_record``).
+        layout: ``jsonl``: the records' layout (``data.source.format``; ``auto``: detected).
         path: Source path (``ultrachat``, ``jsonl``).
         system_prompt: Default system prompt (none by default, as for the length profiles).
         seed: ShareGPT ``mix`` seed / synthetic seed.
@@ -190,6 +192,7 @@ def measure_source(
         seed=seed,
         on_bad_record=on_bad_record,
         record_cache=record_cache,
+        format=layout,
     )
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)

@@ -221,3 +221,31 @@ def test_plain_prompt_completion_and_text_follow_their_own_rule(tmp_path: Path) 
     dataset = ChatDataset(pc.records, tokenizer, 3, None, template="chatml")
     assert dataset[0]["input_ids"].tolist() == (prompt_ids + completion_ids)[:3]
     assert dataset.unsupervised_indices([0]) == []
+
+
+def test_a_layout_of_ones_own_is_read_through_the_mapping(reference, tmp_path: Path) -> None:
+    """LLaMA-Factory's ``columns``/``tags`` in small: the turns' field, the role and content
+    keys, the speaker names."""
+    from odb_lightning.data.config import DataSource
+    from odb_lightning.data.formats import FieldMapping
+    from odb_lightning.data.sources.jsonl import jsonl_source
+
+    names = {"system": "sys", "user": "client", "assistant": "agent"}
+    rows = [
+        {"dialog": [{"speaker": names[t["role"]], "text": t["content"]} for t in c]}
+        for c in conversations()
+    ]
+    path = write_jsonl(tmp_path / "own.jsonl", rows)
+    mapping = {"messages": "dialog", "role": "speaker", "content": "text"}
+    mapping["roles"] = {"sys": "system", "client": "user", "agent": "assistant"}
+    read = jsonl_source(path, mapping=FieldMapping(**mapping)).collect()
+    assert read.detected == "mapping" and samples(read.records) == reference
+    source = DataSource("jsonl", path=str(path), mapping=mapping)
+    assert source.mapping == FieldMapping(**mapping)
+    with pytest.raises(ValueError, match="data.source.mapping is a layout of its own"):
+        DataSource("jsonl", path=str(path), format="sharegpt", mapping=mapping)
+    with pytest.raises(ValueError, match="data.source.format=sharegpt: data.source.name=chitchat"):
+        DataSource("chitchat", format="sharegpt")
+    with pytest.raises(BadRecordError, match="field 'dialog': missing"):
+        jsonl_source(write_jsonl(tmp_path / "x.jsonl", [{"messages": []}]),
+                     mapping=FieldMapping(**mapping)).collect()  # fmt: skip

@@ -36,6 +36,8 @@ def _request(
     seed: int = 0,
     on_bad_record: object = "raise",
     set_dir: str | None = None,
+    format: str = "auto",
+    mapping: dict[str, Any] | None = None,
 ) -> tuple[Source, SourceRequest]:
     """The table's entry of ``name`` and what it is asked for (a source that needs a path
     refused without one; the arguments as :func:`load_source` takes them)."""
@@ -45,6 +47,7 @@ def _request(
     request = SourceRequest(
         None if path is None else str(path), str(getattr(regime, "value", regime)),
         max_samples, seed, str(getattr(on_bad_record, "value", on_bad_record)), set_dir,
+        format, mapping,
     )  # fmt: skip
     return source, request
 
@@ -72,7 +75,8 @@ def load_source(
             (required by the sources that need one), ``regime`` (ShareGPT),
             ``max_samples``, ``seed``, ``on_bad_record`` (the user's files: ``raise``, or
             ``skip`` and count; the bundled sources drop what they cannot use and count
-            it) and ``set_dir`` (where ``llava`` and ``sharegpt4o`` are written).
+            it), ``set_dir`` (where ``llava`` and ``sharegpt4o`` are written), ``format``
+            and ``mapping`` (the layout of the user's files).
 
     Returns:
         The records and the counts of what was read, kept and dropped.

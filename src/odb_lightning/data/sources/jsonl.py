@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from odb_lightning.data.conversation import BadRecordError, ChatRecord
-from odb_lightning.data.formats import AUTO, Format, detect_format, format_named, from_messages
+from odb_lightning.data.formats import (
+    AUTO,
+    FieldMapping,
+    Format,
+    detect_format,
+    format_named,
+    from_messages,
+)
 from odb_lightning.data.sources.files import Row, data_files, file_lines, iter_rows
 from odb_lightning.data.sources.source_records import (
     SourceReader,
@@ -88,8 +95,10 @@ class RecordParser:
     """Rows to records in one layout: the named one, or the one the first JSON object
     shows (:func:`~odb_lightning.data.formats.detect_format`), kept for every later row."""
 
-    def __init__(self, layout: str, several_files: bool) -> None:
-        self.format: Format | None = format_named(layout)
+    def __init__(
+        self, layout: str, several_files: bool, mapping: FieldMapping | None = None
+    ) -> None:
+        self.format: Format | None = mapping.layout if mapping else format_named(layout)
         self.several_files = several_files
 
     def __call__(self, payload: bytes | Any, where: str, number: int) -> ChatRecord:
@@ -107,15 +116,17 @@ def jsonl_source(
     max_samples: int | None = None,
     on_bad_record: OnBadRecord | str = OnBadRecord.RAISE,
     layout: str = AUTO,
+    mapping: FieldMapping | None = None,
 ) -> SourceReader:
-    """The reader of :func:`jsonl_records` (records one at a time, for a record table)."""
+    """The reader of :func:`jsonl_records` (records one at a time, for a record table):
+    records in ``layout`` (``auto``: detected), or in the user's own ``mapping``."""
     on_bad_record = OnBadRecord(on_bad_record)
     format_named(layout)  # a wrong name fails now
 
     def read(result: SourceRecords) -> Iterator[ChatRecord]:
         first_row: dict[str | int, int] = {}
         several = len(data_files(path)) > 1
-        parse = RecordParser(layout, several)
+        parse = RecordParser(layout, several, mapping)
 
         def keep(record: ChatRecord, number: int, result: SourceRecords) -> None:
             if parse.format is not None:
@@ -129,6 +140,8 @@ def jsonl_source(
     arguments = {"max_samples": max_samples, "on_bad_record": on_bad_record.value}
     if layout != AUTO:
         arguments["format"] = layout
+    if mapping is not None:
+        arguments["mapping"] = mapping.as_json()
     return SourceReader("jsonl", read, source_version("jsonl", path), arguments)
 
 
@@ -243,4 +256,5 @@ def reader(request: SourceRequest) -> SourceReader:
         max_samples=request.max_samples,
         on_bad_record=request.on_bad_record,
         layout=request.format,
+        mapping=FieldMapping(**request.mapping) if request.mapping else None,
     )

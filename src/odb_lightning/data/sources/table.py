@@ -51,6 +51,9 @@ class SourceRequest:
     format: str = "auto"
     """The record layout of the user's files (:data:`~odb_lightning.data.formats.FORMATS`;
     ``auto``: detected from the first record)."""
+    mapping: dict[str, Any] | None = None
+    """A layout of the user's own (:class:`~odb_lightning.data.formats.FieldMapping`'s
+    fields), instead of ``format``."""
 
 
 def resolve(reference: str) -> Callable[..., Any]:

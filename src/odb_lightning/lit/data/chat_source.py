@@ -58,12 +58,15 @@ class ChatSource:
         }
         if self.source.format != "auto":
             arguments["format"] = self.source.format
+        if self.source.mapping is not None:
+            arguments["mapping"] = self.source.mapping.as_json()
         return arguments
 
     def request(self, on_bad_record: str, max_samples: int | None) -> SourceRequest:
         return SourceRequest(
             self.source.path, self.source.regime, max_samples, self.seed, on_bad_record,
             self.set_dir, self.source.format,
+            self.source.mapping.as_json() if self.source.mapping is not None else None,
         )  # fmt: skip
 
     def read(
@@ -75,7 +78,10 @@ class ChatSource:
         request = self.request(on_bad_record, records_to_read(self.max_samples))
         records = self.source.entry.records(request, record_cache)
         if records.detected and rank_zero_only.rank == 0:
-            layout = FORMATS[records.detected].description
+            mapping = self.source.mapping
+            layout = (
+                mapping.layout.description if mapping else FORMATS[records.detected].description
+            )
             log.info("read %s as %s, %d records", self.source.path, layout, len(records))
         kept, counts = keep_records(records.records, records.counts, self.max_samples)
         return kept, counts, list(records.rejected)
