@@ -94,18 +94,14 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
 
         cache = RecordCache(args.record_cache_dir or default_record_cache_dir())
         try:
+            # What the source is asked for, as train.py's data.source and data.sizes ask.
+            asked = {"path": args.path, "max_samples": args.max_samples, "format": args.format}
+            asked["on_bad_record"] = "skip" if args.skip_bad_records else "raise"
+            tokens = {"tokenizer": args.tokenizer, "template": args.template}
             report = measure_source(
-                args.source,
-                record_cache=cache,
-                max_seq_len=max_seq_len,
-                max_samples=args.max_samples,
-                path=args.path,
-                tokenizer=args.tokenizer,
-                template=args.template,
-                over_length="truncate",  # as training does
-                on_bad_record="skip" if args.skip_bad_records else "raise",
-                layout=args.format,
-            )
+                args.source, record_cache=cache, max_seq_len=max_seq_len,
+                over_length="truncate", **tokens, **asked,  # truncated as training does
+            )  # fmt: skip
         except (OSError, ValueError) as error:  # a missing file, a bad record or template
             raise PlanCliError(f"--source {args.source}: {in_flags(str(error))}") from None
         lengths = list(report.lengths)

@@ -150,7 +150,8 @@ class GroupingWindow(WindowFill):
     def make_report(self) -> RankReport:
         """Group the window and describe it for the exchange (see :mod:`wire`).
 
-        Its ``free_slots`` is always ``max_steps_per_round``: back-pressure is per batch in
+        Its ``free_slots`` is the round's step cap (:meth:`round_step_cap`:
+        ``max_steps_per_round``, less while the ramp runs): back-pressure is per batch in
         the runtime (a step takes an output slot when it is collated), so what a round
         sees never depends on how fast the consumer is."""
         if not self.is_ready():

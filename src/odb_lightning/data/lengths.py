@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from odb_lightning.core.profiles import lognormal_lengths
@@ -149,51 +148,39 @@ def measure_source(
     name: str,
     *,
     max_seq_len: int = 4096,
-    max_samples: int | None = None,
-    regime: str = "whole",
     tokenizer: ChatTokenizer | str | None = None,
-    path: str | Path | None = None,
     system_prompt: str | None = None,
     over_length: OverLength | str = OverLength.DROP,
-    seed: int = 0,
     progress: bool = True,
     template: str = "auto",
-    on_bad_record: str = "raise",
     record_cache: RecordCache | None = None,
-    layout: str = "auto",
+    **arguments: Any,
 ) -> LengthReport:
     """Token lengths of a source after the chat template, with counts and timing.
 
     Args:
         name: A text source of the source table; ``synthetic`` draws lognormal lengths
             (``regime`` picks the ``sharegpt_<regime>`` profile, ``max_samples`` the
-            count, default 10,000).
+            count, default 10,000, ``seed`` the draw).
         max_seq_len: Length limit, applied per ``over_length`` (see the module docstring).
         tokenizer: Defaults to the Qwen2.5 BPE; a string is a name or directory for
             :func:`~odb_lightning.data.hf_tokenizer.load_tokenizer`.
-        template: The chat template (``data.source.template``; ``auto`` reads the tokenizer's).
-        on_bad_record: ``jsonl``: ``raise`` at a bad line, or ``skip`` it (counted under
-            ``dropped/bad_record``).
-        layout: ``jsonl``: the records' layout (``data.source.format``; ``auto``: detected).
-        path: Source path (``ultrachat``, ``jsonl``).
         system_prompt: Default system prompt (none by default, as for the length profiles).
-        seed: ShareGPT ``mix`` seed / synthetic seed.
+        template: The chat template (``data.source.template``; ``auto`` reads the tokenizer's).
         progress: Show a progress bar on stderr.
         record_cache: Read the records from a memory-mapped record table there (converted
             once), not into memory (:func:`~odb_lightning.data.sources.load_source`).
+        **arguments: What the source is asked for, as
+            :func:`~odb_lightning.data.sources.load_source` takes it: ``path``,
+            ``regime``, ``max_samples``, ``seed``, ``on_bad_record`` (``raise`` at a bad
+            record, or ``skip`` it, counted under ``dropped/bad_record``), ``format``,
+            ``mapping``.
     """
+    regime = arguments.get("regime", "whole")
     if source_named(name, (SourceKind.CHAT, SourceKind.TOKENS)).kind is SourceKind.TOKENS:
+        max_samples, seed = arguments.get("max_samples"), arguments.get("seed", 0)
         return _synthetic_report(regime, max_seq_len, max_samples, seed)
-    source = load_source(
-        name,
-        path=path,
-        regime=regime,
-        max_samples=max_samples,
-        seed=seed,
-        on_bad_record=on_bad_record,
-        record_cache=record_cache,
-        format=layout,
-    )
+    source = load_source(name, record_cache=record_cache, **arguments)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
     chat_template = build_chat_template(tokenizer or QwenTokenizer(), template, system_prompt)

@@ -198,7 +198,7 @@ def run_shape(
     """Forward and backward of one warm-up batch; its peak bytes. Gradients are dropped.
 
     ``backward``: how training runs backward (the trainer's precision plugin: a loss
-    scaler, an engine's backward), so the warm-up allocates what a training step does."""
+    scaler), so the warm-up allocates what a training step does."""
     make_inputs = getattr(module, "warmup_inputs", None)  # a module's own (image rows)
     if make_inputs is not None:
         inputs = make_inputs(shape, vocab_size)

@@ -140,7 +140,7 @@ class MemoryWarmup(pl.Callback):
         wrapped = trainer.strategy.model
         no_sync = getattr(wrapped, "no_sync", nullcontext)
         # Backward as training runs it: through the strategy's precision plugin (a mixed
-        # precision loss scaler, an engine's own backward), not the callbacks' hooks.
+        # precision loss scaler), not the callbacks' hooks.
         precision = trainer.strategy.precision_plugin
 
         def backward(loss: torch.Tensor) -> None:

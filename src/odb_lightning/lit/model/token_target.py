@@ -27,9 +27,8 @@ batch count of an epoch, so Lightning only steps on it at the epoch's end."""
 
 FEW_GROUPS_BUDGET_RATIO = 2
 """A token budget above this many times ``tokens_per_step`` makes a token-target step of
-about one ODB group. Measured in ``experiments/quality/``: budget / ``N`` = 5.7 (4,096 /
-720) gave steps of 1.2 groups and +0.036 val loss against standard; 1.1 (2,048 / 1,872)
-gave 2.6 groups and +0.006. The ratio of 2 sits between the two."""
+about one ODB group; the ratio sits between the two budgets measured in
+``experiments/quality/README.md``."""
 
 
 def few_groups_advice(tokens_per_step: int | None, batching: BatchingConfig) -> str | None:
@@ -44,8 +43,8 @@ def few_groups_advice(tokens_per_step: int | None, batching: BatchingConfig) -> 
     return (
         f"batching.token_budget={budget} is over {FEW_GROUPS_BUDGET_RATIO}x "
         f"model.step.tokens_per_step={tokens_per_step}: each optimizer step will hold about "
-        "one group of samples of nearly one length, which cost 0.036 in validation loss "
-        "against fixed batches in experiments/quality/. Set batching.token_budget at or "
+        "one group of samples of nearly one length, which cost validation loss against "
+        "fixed batches in experiments/quality/. Set batching.token_budget at or "
         "below the step's supervised tokens and batching.policy.emission_order=paired"
     )
 
