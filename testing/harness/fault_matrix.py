@@ -31,8 +31,6 @@ LOADER = {
 }
 HANG_TIMEOUT_S = 2.0
 """``timeout_s`` of the hanging-sample fault: its error comes this long after the hang."""
-ERROR_BOUND_S = 60.0
-"""Every rank raises within this many seconds of the fault."""
 ORPHAN_WAIT_S = 10.0
 """Processes of the job still running this long after the ranks returned are orphans."""
 
