@@ -113,7 +113,7 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
 
     def predicted(arm: str, batch_size: int = 8):
         # The caches' default paths are Hydra-runtime paths, unset outside train.py.
-        caches = [f"data.{c}_cache_dir=null" for c in ("record", "stream")]
+        caches = [f"data.caches.{c}_dir=null" for c in ("record", "stream")]
         caches.append(f"data.caches.length_dir={args.out / 'length_cache'}")
         cfg = compose([*common_overrides(args, seed), *batching_overrides(arm), *caches])
         batching = hydra.utils.instantiate(cfg.batching)

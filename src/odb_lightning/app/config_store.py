@@ -71,13 +71,15 @@ run directory, so every run shares them."""
 
 def data_node(module: type = ODBDataModule) -> dict[str, Any]:
     """The base ``data`` node of a data module class: its concerns with their defaults,
-    the caches under :data:`CACHE_ROOT` (and, for image-text data, the image settings)."""
+    the caches it uses under :data:`CACHE_ROOT` (streams for text, written sets for
+    image-text data), and for image-text data the image settings."""
+    image = issubclass(module, VisionDataModule)
     caches = node_of(
         DataCaches,
         record_dir=f"{CACHE_ROOT}/records",
         length_dir=f"{CACHE_ROOT}/lengths",
-        stream_dir=f"{CACHE_ROOT}/streams",
-        image_set_dir=f"{CACHE_ROOT}/vlm_sets",
+        stream_dir=None if image else f"{CACHE_ROOT}/streams",
+        image_set_dir=f"{CACHE_ROOT}/vlm_sets" if image else None,
     )
     node: dict[str, Any] = {
         "_target_": target_of(module),
@@ -85,7 +87,7 @@ def data_node(module: type = ODBDataModule) -> dict[str, Any]:
         "sizes": node_of(DataSizes),
         "caches": caches,
     }
-    if issubclass(module, VisionDataModule):
+    if image:
         node["source"] = node_of(DataSource, name="llava")
         node["images"] = node_of(ImageSettings)
     else:
