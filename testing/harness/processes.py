@@ -95,3 +95,12 @@ def kill_leftovers(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue  # exited since it was counted
+
+
+def kill_alive(processes: Iterable[Any]) -> None:
+    """Kill (and reap) every ``multiprocessing`` process of a job still running: what a
+    rank runner does last, so that no rank outlives its test."""
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(5)

@@ -29,7 +29,7 @@ from odb_lightning.core.simulate import simulate, simulate_dealt_epoch
 from odb_lightning.runtime import MetadataChannelError, ODBLoader, Rendezvous
 from odb_lightning.runtime.exchange import open_channel
 from testing.harness.datasets import IGNORE, SkewedShard, SyntheticChatDataset
-from testing.harness.processes import descendants, resource_sample
+from testing.harness.processes import descendants, kill_alive, resource_sample
 
 
 class KillTarget(StrEnum):
@@ -197,9 +197,7 @@ def run_silent_peer() -> tuple[str, float]:
         release.put("done")
         for process in ranks:
             process.join(10)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        kill_alive(ranks)
 
 
 @dataclass
@@ -261,10 +259,7 @@ def run_ranks(job: RankJob, world_size: int, timeout_s: float = 300.0) -> RankOu
         for process in ranks:
             process.join(max(0.1, deadline - time.monotonic()))
     finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        kill_alive(ranks)
     return outcome
 
 

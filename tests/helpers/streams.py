@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from odb_lightning.data.stream import ChatStream
 from odb_lightning.runtime import ODBLoader
+from testing.harness.processes import kill_alive
 
 
 def write_records(path: Path, lengths: list[int]) -> Path:
@@ -141,8 +142,5 @@ def run_stream_ranks(job: StreamJob, world_size: int = 2, timeout_s: float = 120
         for process in ranks:
             process.join(max(0.1, deadline - time.monotonic()))
     finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        kill_alive(ranks)
     return collected

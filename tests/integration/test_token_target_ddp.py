@@ -41,6 +41,7 @@ from helpers.tiny_lm import (
 from odb_lightning.core.loss_weights import token_target_boundaries
 from odb_lightning.lit.model.module import CausalLMModule
 from odb_lightning.runtime.batch import ODBBatch
+from testing.harness.processes import kill_alive
 
 VOCAB = 128
 WORLD_SIZE = 2
@@ -196,10 +197,7 @@ def run_ranks(timeout_s: float) -> dict[int, dict[str, Any]]:
         for process in ranks:
             process.join(max(0.1, deadline - time.monotonic()))
     finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        kill_alive(ranks)
     return reports
 
 

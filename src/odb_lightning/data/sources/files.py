@@ -113,9 +113,9 @@ def _table(path: Path) -> Iterator[Row]:
             yield f"{path}#{number}", number, row
 
 
-def iter_rows(path: str | Path) -> Iterator[Row]:
-    """Every row of the files ``path`` names (:func:`data_files`), file after file."""
-    for file in data_files(path):
+def iter_rows(files: list[Path]) -> Iterator[Row]:
+    """Every row of ``files`` (those a path names: :func:`data_files`), file after file."""
+    for file in files:
         if file.is_dir() or file.suffix == ".parquet":
             yield from _table(file)
         elif file.suffix == ".json" and _is_array(file):

@@ -125,17 +125,17 @@ def jsonl_source(
 
     def read(result: SourceRecords) -> Iterator[ChatRecord]:
         first_row: dict[str | int, int] = {}
-        several = len(data_files(path)) > 1
-        parse = RecordParser(layout, several, mapping)
+        files = data_files(path)
+        parse = RecordParser(layout, len(files) > 1, mapping)
 
         def keep(record: ChatRecord, number: int, result: SourceRecords) -> None:
-            if parse.format is not None:
+            if not result.detected and parse.format is not None:
                 result.detected = parse.format.name
             _note_duplicate(record["id"], number, first_row, result, Path(path))
 
         skip = on_bad_record is OnBadRecord.SKIP
         limit = checked_max_samples(max_samples)
-        return _parsed_rows(iter_rows(path), parse, limit, skip, result, keep)
+        return _parsed_rows(iter_rows(files), parse, limit, skip, result, keep)
 
     arguments = {"max_samples": max_samples, "on_bad_record": on_bad_record.value}
     if layout != AUTO:

@@ -79,8 +79,8 @@ class VisionDataModule(ODBDataModule):
         """The source with its JSON Lines file located (a written set is written first,
         once)."""
         if self._image_file is None:
-            request = super()._chat_source().request("raise", None)
-            request = replace(request, max_samples=records_to_read(self.sizes.max_samples))
+            max_samples = records_to_read(self.sizes.max_samples)
+            request = super()._chat_source().request("raise", max_samples)
             self._image_file = resolve(self.entry.image_file)(request)
         source = replace(self.source, path=str(self._image_file))
         return ChatSource(source, self.sizes.max_samples, self.batching.seed)
