@@ -271,6 +271,12 @@ def format_named(name: str) -> Format | None:
     return FORMATS[name]
 
 
+def layout_read(name: str, mapping: FieldMapping | None) -> str:
+    """How the log says the layout a reader read: ``name``'s (a layout of
+    :data:`FORMATS`), or the user's ``mapping``."""
+    return mapping.layout.description if mapping is not None else FORMATS[name].description
+
+
 def detect_format(value: dict[str, Any], where: str) -> Format:
     """The layout of a record, from its keys (the first layout whose keys it has)."""
     for candidate in FORMATS.values():

@@ -7,10 +7,13 @@ The engine is LitData (``litdata.streaming``): ``Cache`` writes the chunks,
 "messages": <JSON text>}``, ``k`` its place among the file's kept records: the sample id
 the loader, the id audit and resume use.
 
-* **Conversion** (:func:`convert_jsonl_stream`): once per file, under a fingerprint of the
-  file (resolved path, size, modification time, the bad-line policy, the format version),
-  by one process while the others wait for it (a file lock, bounded). The bad-line policy
-  and its messages (file, line, field) are those of the ``jsonl`` source. It runs in a
+* **Conversion** (:func:`convert_jsonl_stream`): once per path, under a fingerprint of its
+  files (resolved path, size, modification time of each), the bad-line policy, the record
+  layout and the format version, by one process while the others wait for it (a file
+  lock, bounded). The files, layouts, bad-line policy and messages (file, line or row,
+  field) are those of the ``jsonl`` source: JSON Lines, a JSON array, parquet, a folder or
+  glob of them, a ``save_to_disk`` folder, in any layout of
+  :mod:`odb_lightning.data.formats`. It runs in a
   spawned child that is the only writer: LitData's writer takes the job's ranks from
   ``torch.distributed`` and ``WORLD_SIZE`` and would wait for every rank's part.
 * **Parts** (:meth:`ChatStream.part`): LitData deals each rank a contiguous run of the
@@ -40,7 +43,10 @@ from filelock import FileLock, Timeout
 
 from odb_lightning.data.conversation import BadRecordError, ChatRecord
 from odb_lightning.data.dataset import ChatDataset
-from odb_lightning.data.sources.jsonl import OnBadRecord, parse_jsonl_line
+from odb_lightning.data.formats import AUTO, FieldMapping
+from odb_lightning.data.sources.files import data_files, iter_rows
+from odb_lightning.data.sources.jsonl import OnBadRecord, RecordParser
+from odb_lightning.data.sources.source_records import source_version
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.sample import Sample
 
@@ -48,6 +54,8 @@ STREAM_FORMAT = 1
 """Version of the items :func:`write_chat_stream` writes (part of the fingerprint)."""
 COUNTS_FILE = "odb_source_counts.json"
 """Beside LitData's ``index.json``: what the conversion read, kept and dropped."""
+LAYOUT_FILE = "odb_layout.json"
+"""Beside it: the record layout the conversion read (``{"layout": <name>}``)."""
 CHUNK_BYTES = "64MB"
 """LitData chunk size: a rank reads its part chunk by chunk."""
 
@@ -69,73 +77,95 @@ def require_litdata() -> Any:
     return litdata
 
 
-def stream_fingerprint(path: str | Path, on_bad_record: str) -> str:
-    """What decides the converted records: the file (resolved path, size, modification
-    time), the bad-line policy and :data:`STREAM_FORMAT`."""
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"data.source.path={str(path)!r}: no such JSON Lines file")
-    stat = path.stat()
-    key = [str(path), stat.st_size, stat.st_mtime_ns, OnBadRecord(on_bad_record).value]
-    key.append(STREAM_FORMAT)
+def stream_fingerprint(
+    path: str | Path,
+    on_bad_record: str,
+    layout: str = AUTO,
+    mapping: FieldMapping | None = None,
+) -> str:
+    """What decides the converted records: the files of ``path`` (resolved path, size,
+    modification time of each), the bad-line policy, the layout (``layout`` or
+    ``mapping``) and :data:`STREAM_FORMAT`.
+
+    Raises:
+        DataPathError: ``path`` names nothing readable (the message says what it found).
+    """
+    versions = [source_version("jsonl", file.resolve()) for file in data_files(path)]
+    key = [versions, OnBadRecord(on_bad_record).value, layout, STREAM_FORMAT]
+    if mapping is not None:
+        key.append(mapping.as_json())
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
 def write_chat_stream(
-    path: str | Path, out_dir: str | Path, on_bad_record: str, chunk_bytes: str = CHUNK_BYTES
+    path: str | Path,
+    out_dir: str | Path,
+    on_bad_record: str,
+    chunk_bytes: str = CHUNK_BYTES,
+    layout: str = AUTO,
+    mapping: FieldMapping | None = None,
 ) -> dict:
-    """Write the records of a JSON Lines file as LitData chunks in ``out_dir`` (run it
-    where no ``torch.distributed`` group exists, see the module docstring).
+    """Write the records of the files at ``path`` as LitData chunks in ``out_dir`` (run
+    it where no ``torch.distributed`` group exists, see the module docstring).
 
-    Lines are parsed as the ``jsonl`` source parses them (blank lines skipped, a bad line
-    raised or, with ``on_bad_record="skip"``, counted under ``dropped/bad_record``).
+    Rows are read as the ``jsonl`` source reads them: in ``layout`` (``auto``: the one the
+    first record shows) or the user's ``mapping``, blank lines skipped, a bad record
+    raised or, with ``on_bad_record="skip"``, counted under ``dropped/bad_record``.
 
     Returns:
         The counts (``read``, ``kept``, ``duplicate_ids``, ``dropped/bad_record``), also
-        written to :data:`COUNTS_FILE` in ``out_dir``.
+        written to :data:`COUNTS_FILE` in ``out_dir``; the layout read goes to
+        :data:`LAYOUT_FILE`.
     """
     Cache = require_litdata().streaming.Cache
 
-    path = Path(path)
     skip = OnBadRecord(on_bad_record) is OnBadRecord.SKIP
     counts: Counter[str] = Counter()
     seen_ids: set[str | int] = set()
+    files = data_files(path)
+    parse = RecordParser(layout, len(files) > 1, mapping)
     cache = Cache(str(out_dir), chunk_bytes=chunk_bytes)
-    with path.open("rb") as file:
-        for line_number, raw in enumerate(file, start=1):
-            if not raw.strip():
-                continue
-            counts["read"] += 1
-            try:
-                record = parse_jsonl_line(raw, f"{path}:{line_number}", line_number)
-            except BadRecordError:
-                if not skip:
-                    raise
-                counts["dropped/bad_record"] += 1
-                continue
-            counts["duplicate_ids"] += record["id"] in seen_ids
-            seen_ids.add(record["id"])
-            index = counts["kept"]
-            messages = json.dumps(record["messages"], ensure_ascii=False)
-            cache[index] = {"index": index, "id": str(record["id"]), "messages": messages}
-            counts["kept"] += 1
+    for where, number, payload in iter_rows(files):
+        counts["read"] += 1
+        try:
+            record = parse(payload, where, number)
+        except BadRecordError:
+            if not skip:
+                raise
+            counts["dropped/bad_record"] += 1
+            continue
+        counts["duplicate_ids"] += record["id"] in seen_ids
+        seen_ids.add(record["id"])
+        index = counts["kept"]
+        messages = json.dumps(record["messages"], ensure_ascii=False)
+        cache[index] = {"index": index, "id": str(record["id"]), "messages": messages}
+        counts["kept"] += 1
     if counts["kept"]:
         cache.done()
         cache.merge()
     written = dict(counts)
     Path(out_dir, COUNTS_FILE).write_text(json.dumps(written))
+    layout_read = parse.format.name if parse.format is not None else layout
+    Path(out_dir, LAYOUT_FILE).write_text(json.dumps({"layout": layout_read}))
     return written
 
 
-def _write_alone(path: str, out_dir: str, on_bad_record: str) -> dict:
+def _write_alone(
+    path: str, out_dir: str, on_bad_record: str, layout: str, mapping: FieldMapping | None
+) -> dict:
     """:func:`write_chat_stream` as the only writer: LitData reads the job's size from
     ``WORLD_SIZE`` (set by launchers) and would wait for the other ranks' chunks."""
     os.environ.update(WORLD_SIZE="1", GLOBAL_RANK="0", NNODES="1")
-    return write_chat_stream(path, out_dir, on_bad_record)
+    return write_chat_stream(path, out_dir, on_bad_record, layout=layout, mapping=mapping)
 
 
 def convert_jsonl_stream(
-    path: str | Path, cache_dir: str | Path, on_bad_record: str, timeout_s: float = 3600.0
+    path: str | Path,
+    cache_dir: str | Path,
+    on_bad_record: str,
+    timeout_s: float = 3600.0,
+    layout: str = AUTO,
+    mapping: FieldMapping | None = None,
 ) -> Path:
     """The chunk directory of ``path``'s records, written on first use (see the module
     docstring); every process of a node may call it at once.
@@ -144,7 +174,7 @@ def convert_jsonl_stream(
         BadRecordError: A bad line under ``on_bad_record="raise"`` (file, line, field).
         TimeoutError: Another process held the conversion longer than ``timeout_s``.
     """
-    target = Path(cache_dir) / stream_fingerprint(path, on_bad_record)
+    target = Path(cache_dir) / stream_fingerprint(path, on_bad_record, layout, mapping)
     if (target / COUNTS_FILE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +192,8 @@ def convert_jsonl_stream(
             shutil.rmtree(partial, ignore_errors=True)
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(1, mp_context=context) as pool:
-                pool.submit(_write_alone, str(path), str(partial), on_bad_record).result()
+                job = (str(path), str(partial), on_bad_record, layout, mapping)
+                pool.submit(_write_alone, *job).result()
             os.replace(partial, target)  # readers see a whole stream or none
     finally:
         lock.release()
@@ -194,6 +225,10 @@ class ChatStream:
             raise StreamError(f"{directory} is not a stream written by write_chat_stream")
         self.counts: dict[str, int] = json.loads(counts_file.read_text())
         self.num_records = self.counts.get("kept", 0)
+        layout_file = Path(directory, LAYOUT_FILE)
+        self.layout: str | None = (
+            json.loads(layout_file.read_text())["layout"] if layout_file.is_file() else None
+        )
         self._dataset: Any = None
 
     def _stream(self) -> Any:

@@ -249,3 +249,33 @@ def test_a_layout_of_ones_own_is_read_through_the_mapping(reference, tmp_path: P
     with pytest.raises(BadRecordError, match="field 'dialog': missing"):
         jsonl_source(write_jsonl(tmp_path / "x.jsonl", [{"messages": []}]),
                      mapping=FieldMapping(**mapping)).collect()  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["json_array", "parquet", "folder"])
+@pytest.mark.parametrize("layout", ["sharegpt", "alpaca"])
+def test_a_streamed_layout_gives_the_messages_samples(
+    layout: str, kind: str, reference, tmp_path: Path
+) -> None:
+    from odb_lightning.data.stream import ChatStream, write_chat_stream
+
+    path = FILES[kind](tmp_path, [LAYOUTS[layout](c) for c in conversations()])
+    counts = write_chat_stream(path, tmp_path / "chunks", "raise", chunk_bytes="1MB")
+    stream = ChatStream(tmp_path / "chunks")
+    assert counts["kept"] == NUM and stream.layout == layout
+    part = stream.part(1, 0)
+    records = [record for _, record in stream.records(part, 0)]
+    assert samples(records) == reference
+
+
+def test_a_glob_is_keyed_by_the_files_it_matches(tmp_path: Path) -> None:
+    from odb_lightning.data.sources.source_records import source_version
+
+    records = [as_messages(c) for c in conversations()]
+    write_jsonl(tmp_path / "a.jsonl", records[:10])
+    pattern = str(tmp_path / "*.jsonl")
+    before = source_version("jsonl", pattern)
+    write_jsonl(tmp_path / "b.jsonl", records[10:20])  # a new match: another version
+    assert source_version("jsonl", pattern) != before
+    between = source_version("jsonl", pattern)
+    write_jsonl(tmp_path / "a.jsonl", records[:11])  # a match changed: another version
+    assert source_version("jsonl", pattern) != between

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -94,15 +95,22 @@ def source_version(name: str, path: str | Path | None = None) -> str:
     Returns:
         ``"<package>==<version>"`` for data a package ships (the source table's
         ``package``, read without a path); ``"<path>:<size>:<mtime_ns>"`` for a local file
-        (a digest over all files for a directory); the hub name otherwise.
+        (a digest over all files for a directory or a glob's matches); the hub name
+        otherwise.
     """
     package = SOURCES[name].package if name in SOURCES else None
     if path is None and package is not None:
         return f"{package}=={metadata.version(package)}"
     if path is None:
         return name
+    text = str(path)
+    if any(c in text for c in "*?["):  # a glob: its matches, each by its own version
+        matches = sorted(glob.glob(text, recursive=True))
+        entries = [_path_version(Path(m).resolve()) for m in matches if Path(m).is_file()]
+        digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
+        return f"{text}:{len(entries)} files:{digest}"
     local = Path(path).expanduser()
-    return _path_version(local.resolve()) if local.exists() else str(path)
+    return _path_version(local.resolve()) if local.exists() else text
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.config import DataSource
-from odb_lightning.data.formats import FORMATS
+from odb_lightning.data.formats import layout_read
 from odb_lightning.data.length_pass import ExactLengths, exact_lengths
 from odb_lightning.data.record_table import RecordCache
 from odb_lightning.data.sizes import kept_records, records_to_read
@@ -78,10 +78,7 @@ class ChatSource:
         request = self.request(on_bad_record, records_to_read(self.max_samples))
         records = self.source.entry.records(request, record_cache)
         if records.detected and rank_zero_only.rank == 0:
-            mapping = self.source.mapping
-            layout = (
-                mapping.layout.description if mapping else FORMATS[records.detected].description
-            )
+            layout = layout_read(records.detected, self.source.mapping)
             log.info("read %s as %s, %d records", self.source.path, layout, len(records))
         kept, counts = keep_records(records.records, records.counts, self.max_samples)
         return kept, counts, list(records.rejected)

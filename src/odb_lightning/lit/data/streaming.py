@@ -3,8 +3,13 @@ reason and the fix: a stream is read in order, each rank its own part, and never
 
 from __future__ import annotations
 
+import logging
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.config import DataCaches, DataSizes, DataSource
+from odb_lightning.data.formats import layout_read
 from odb_lightning.data.stream import (
     ChatStream,
     StreamedChatDataset,
@@ -14,6 +19,8 @@ from odb_lightning.data.stream import (
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.lit.data.train_records import no_records_error
 
+log = logging.getLogger(__name__)
+
 
 def check_streaming(
     source: DataSource, sizes: DataSizes, batching: BatchingConfig, stream_dir: str | None
@@ -21,9 +28,9 @@ def check_streaming(
     """Raise ``ValueError`` naming the key and the fix for a setting a stream cannot serve."""
     if source.name != "jsonl":
         raise ValueError(
-            f"data.streaming=true streams a JSON Lines file (data=jsonl), got "
-            f"data.source.name={source.name!r}: write the records as JSON Lines, or set "
-            "data.streaming=false"
+            f"data.streaming=true streams your own files (data=jsonl), got "
+            f"data.source.name={source.name!r}: write the records to a file (JSON Lines, "
+            "JSON, parquet), or set data.streaming=false"
         )
     val_samples, max_samples = sizes.val_samples, sizes.max_samples
     policy = batching.policy
@@ -63,9 +70,17 @@ def open_stream(
     template: str,
     on_bad_record: str,
 ) -> tuple[ChatStream, StreamedChatDataset]:
-    """The stream of ``source``'s file (written once as chunks under
-    ``caches.stream_dir``) and its tokenizing dataset; refuses a file of no record."""
-    stream = ChatStream(convert_jsonl_stream(source.path, caches.stream_dir, on_bad_record))
+    """The stream of ``source``'s files (written once as chunks under
+    ``caches.stream_dir``, in the layout of ``data.source.format`` or ``mapping``) and its
+    tokenizing dataset; says the layout it read (rank 0), refuses files of no record."""
+    written = convert_jsonl_stream(
+        source.path, caches.stream_dir, on_bad_record,
+        layout=source.format, mapping=source.mapping,
+    )  # fmt: skip
+    stream = ChatStream(written)
+    if stream.layout is not None and rank_zero_only.rank == 0:
+        layout = layout_read(stream.layout, source.mapping)
+        log.info("read %s as %s, %d records", source.path, layout, stream.num_records)
     if stream.num_records == 0:
         raise no_records_error(source, dict(stream.counts), on_bad_record)
     dataset = StreamedChatDataset(
