@@ -10,7 +10,7 @@ CPU_TORCH := torch==2.13.0
 LITDATA := litdata==0.2.76
 LITDATA_DEPS := boto3 filelock lightning-utilities numpy obstore requests tifffile urllib3
 
-.PHONY: setup train test test-all lint clean
+.PHONY: setup train test test-all test-slurm lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +36,16 @@ train: setup
 	$(PY) train.py
 
 test: setup
-	$(PY) -m pytest -m "not slow and not gpu" -q
+	$(PY) -m pytest -m "not slow and not gpu and not slurm" -q
 
 test-all: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -m "not slurm" -q
+
+# The SLURM tier: against a running cluster (.ci/slurm/start.sh, SLURM_CONF exported), with
+# the submitit launcher installed (the slurm extra).
+test-slurm: setup
+	$(PY) -m pip install -q -e ".[dev,slurm]"
+	$(PY) -m pytest -m slurm -q
 
 lint: setup
 	$(PY) -m ruff check src tests experiments testing train.py eval.py
