@@ -13,6 +13,8 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
+from odb_lightning.core.signals import reset_inherited_handlers
+
 GRACEFUL_JOIN_S = 5.0
 """How long a child may take to exit on its own after a stop message, per step."""
 FORCED_JOIN_S = 2.0
@@ -27,17 +29,18 @@ def _exit_with_parent(parent_sentinel: int) -> None:
 
 
 def prepare_child() -> None:
-    """Call first in every child process.
+    """Call first in every child process (started inside
+    :func:`~odb_lightning.core.signals.signals_held`).
 
-    SIGTERM gets its default action (``close()`` uses it); SIGINT and SIGUSR1 are
-    ignored: on Ctrl-C, or SLURM's requeue signal sent to every process of the job, the
-    main process stops its children itself. A daemon thread waits on the
-    parent's sentinel and exits the process when the parent dies, so no child outlives a
-    killed main process. Torch ops run single-threaded, as in DataLoader workers.
+    No handler inherited from the parent runs here: SIGTERM gets its default action
+    (``close()`` uses it), every other Python handler too, and SIGINT, SIGUSR1 and SIGUSR2
+    are ignored: on Ctrl-C, or a scheduler's stop signal sent to every process of the job,
+    the main process stops its children itself (``core/signals.py``). A daemon thread
+    waits on the parent's sentinel and exits the process when the parent dies, so no
+    child outlives a killed main process. Torch ops run single-threaded, as in DataLoader
+    workers.
     """
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    reset_inherited_handlers()
     torch.set_num_threads(1)
     parent = multiprocessing.parent_process()
     if parent is not None:

@@ -15,6 +15,7 @@ import torch
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import DataHandshake
+from odb_lightning.core.signals import signals_held
 from odb_lightning.runtime.batch import CollateFn, ODBBatch
 from odb_lightning.runtime.collate_process import CollateProcessSpec, collate_main
 from odb_lightning.runtime.errors import LoaderProcessError, RemoteTraceback
@@ -127,9 +128,10 @@ class Pipeline:
     def _start(self) -> None:
         started: list[BaseProcess] = []
         try:
-            for process in self._processes().values():
-                process.start()  # under spawn this pickles the dataset and collate_fn
-                started.append(process)
+            with signals_held():  # each child resets its inherited handlers first
+                for process in self._processes().values():
+                    process.start()  # under spawn this pickles the dataset and collate_fn
+                    started.append(process)
         except Exception:
             stop_processes(started, graceful=False)
             raise

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.rows import RowLayout
+from odb_lightning.core.signals import reset_inherited_handlers, signals_held
 from odb_lightning.runtime.batch import (
     CollateFn,
     ODBBatch,
@@ -223,6 +224,7 @@ class PlannedLoader:
             multiprocessing_context=method if workers else None,
             persistent_workers=config.loader.persistent_workers and workers > 0,
             timeout=config.loader.timeout_s if workers else 0,
+            worker_init_fn=reset_inherited_handlers,
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -251,7 +253,9 @@ class PlannedLoader:
         self.batches.leave_out(record.start.consumed)
         self._shares = self.batches.shares()
         _, totals = self.batches.current()
-        for step, batch in enumerate(self._loader):
+        with signals_held():  # starts the workers; each resets its inherited handlers first
+            batches = iter(self._loader)
+        for step, batch in enumerate(batches):
             meta = batch.meta._replace(
                 step=step,
                 global_samples=totals[step].samples,
