@@ -90,7 +90,7 @@ def stream_fingerprint(
     Raises:
         DataPathError: ``path`` names nothing readable (the message says what it found).
     """
-    versions = [source_version("jsonl", file.resolve()) for file in data_files(path)]
+    versions = [source_version("jsonl", str(file)) for file in data_files(path)]
     key = [versions, OnBadRecord(on_bad_record).value, layout, STREAM_FORMAT]
     if mapping is not None:
         key.append(mapping.as_json())

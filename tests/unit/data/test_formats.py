@@ -279,3 +279,30 @@ def test_a_glob_is_keyed_by_the_files_it_matches(tmp_path: Path) -> None:
     between = source_version("jsonl", pattern)
     write_jsonl(tmp_path / "a.jsonl", records[:11])  # a match changed: another version
     assert source_version("jsonl", pattern) != between
+
+
+def write_hub_copy(path: Path, records: list[dict[str, Any]]) -> Path:
+    """A local copy of a hub repository: a dataset card and the data in ``data/``."""
+    (path / "data").mkdir(parents=True)
+    (path / "README.md").write_text("---\nlicense: mit\n---\n# chats\n")
+    write_parquet(path / "data" / "train-00000-of-00001.parquet", records)
+    return path
+
+
+def test_a_copy_of_a_hub_repository_is_read_with_datasets(reference, tmp_path: Path) -> None:
+    path = write_hub_copy(tmp_path / "repo", [as_sharegpt(c) for c in conversations()])
+    read = jsonl_records(path)
+    assert read.detected == "sharegpt" and samples(read.records) == reference
+
+
+def test_an_unreachable_hub_name_is_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+    import huggingface_hub.constants
+
+    # As on a machine without the hub (here without the retries of a network that fails).
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataPathError, match=r"'someone/chats' is a hub name, and datasets"):
+        jsonl_records("someone/chats")
+    with pytest.raises(DataPathError, match=r"no such file or folder \(nor a hub name"):
+        jsonl_records("./missing/chats.jsonl")

@@ -1,5 +1,7 @@
 """The user's files as rows: JSON Lines, a JSON array, parquet, a folder or glob of those,
-or a ``datasets`` folder written by ``save_to_disk``.
+a ``datasets`` folder written by ``save_to_disk``, or a set ``datasets.load_dataset``
+reads (a hub name where the hub is reachable, or a local copy of a hub repository: a
+folder whose data files sit in sub-folders, ``data/train-*.parquet``).
 
 Each row comes with where it is (``<file>:<line>`` for lines, ``<file>[<k>]`` for an
 array's element, ``<file>#<row>`` for a table's row) and its number in its file; a line
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,27 @@ class DataPathError(FileNotFoundError):
     """``data.source.path`` names nothing readable; the message says what was found."""
 
 
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+"""A hub name: ``<owner>/<name>``."""
+HUB_SPLIT = "train"
+"""The split read of a set :func:`datasets.load_dataset` reads."""
+
+
+@dataclass(frozen=True)
+class HubSet:
+    """A set read by :func:`datasets.load_dataset`: a hub name, or a local copy of a hub
+    repository (its :data:`HUB_SPLIT` split)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DataFile = Path | HubSet
+"""One thing rows are read from."""
+
+
 def is_saved_dataset(path: Path) -> bool:
     """A folder written by ``datasets``' ``save_to_disk`` (a dataset or a dataset dict)."""
     return path.is_dir() and (
@@ -34,9 +59,18 @@ def is_saved_dataset(path: Path) -> bool:
     )
 
 
-def data_files(path: str | Path) -> list[Path]:
+def _holds_data_below(folder: Path) -> bool:
+    """Data files in a sub-folder (a local copy of a hub repository)."""
+    return any(
+        f.suffix in ROW_SUFFIXES and not any(part.startswith(".") for part in f.parts)
+        for f in folder.rglob("*")
+    )
+
+
+def data_files(path: str | Path) -> list[DataFile]:
     """The files a path names: itself, a folder's files of :data:`ROW_SUFFIXES` (in name
-    order), or a glob's matches; a ``save_to_disk`` folder as itself.
+    order), or a glob's matches; a ``save_to_disk`` folder as itself; a hub name, or a
+    folder whose data files are all in sub-folders, as a :class:`HubSet`.
 
     Raises:
         DataPathError: Nothing readable there, in one sentence naming what was found.
@@ -49,11 +83,14 @@ def data_files(path: str | Path) -> list[Path]:
         return [local]
     elif local.is_dir():
         files = sorted(p for p in local.iterdir() if p.is_file())
+        if not any(f.suffix in ROW_SUFFIXES for f in files) and _holds_data_below(local):
+            return [HubSet(str(local))]
+    elif HUB_NAME.fullmatch(text) and not text.startswith("."):
+        return [HubSet(text)]
     else:
         raise DataPathError(
-            f"data.source.path={text!r}: no such file or folder (a hub name needs the "
-            "Hugging Face hub, which this machine does not reach: save the set with "
-            "save_to_disk or as parquet and give its folder)"
+            f"data.source.path={text!r}: no such file or folder (nor a hub name, "
+            "<owner>/<name>)"
         )
     kept = [f for f in files if f.suffix in ROW_SUFFIXES and not f.name.startswith(".")]
     if not kept:
@@ -113,10 +150,31 @@ def _table(path: Path) -> Iterator[Row]:
             yield f"{path}#{number}", number, row
 
 
-def iter_rows(files: list[Path]) -> Iterator[Row]:
+def _hub(hub: HubSet) -> Iterator[Row]:
+    import datasets
+
+    try:
+        table = datasets.load_dataset(hub.name, split=HUB_SPLIT)
+    except (ConnectionError, OSError, ValueError) as error:
+        where = "a local copy of a hub repository" if Path(hub.name).is_dir() else "a hub name"
+        raise DataPathError(
+            f"data.source.path={hub.name!r} is {where}, and datasets.load_dataset could not "
+            f"read its {HUB_SPLIT!r} split ({type(error).__name__}: {error}); where the hub is "
+            "not reachable, save the set with save_to_disk or as parquet and give its folder"
+        ) from None
+    number = 0
+    for batch in table.with_format("arrow").iter(batch_size=1024):
+        for row in batch.to_pylist():
+            number += 1
+            yield f"{hub.name}#{number}", number, row
+
+
+def iter_rows(files: list[DataFile]) -> Iterator[Row]:
     """Every row of ``files`` (those a path names: :func:`data_files`), file after file."""
     for file in files:
-        if file.is_dir() or file.suffix == ".parquet":
+        if isinstance(file, HubSet):
+            yield from _hub(file)
+        elif file.is_dir() or file.suffix == ".parquet":
             yield from _table(file)
         elif file.suffix == ".json" and _is_array(file):
             yield from _array(file)
