@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from odb_lightning.app.checkpoints import check_strategy_reads, resolve_resume_checkpoint
 from odb_lightning.app.components import build_callbacks, build_parts, check_world, launched_world
 from odb_lightning.app.config_store import prepare_composition
+from odb_lightning.app.job_lifetime import end_with_launcher, mark_launcher
 from odb_lightning.app.run_config import (
     RunConfigCheckpoint,
     config_for_resume,
@@ -44,9 +45,12 @@ from odb_lightning.app.validation import (
 from odb_lightning.app.wandb_run import wandb_run_ids
 from odb_lightning.lit.callbacks.graceful_stop import (
     EXIT_CODES,
+    REQUEUE_SIGNALS,
     GracefulStop,
+    not_requeued_message,
     reap_children,
     requeue_slurm_job,
+    slurm_job_to_requeue,
 )
 from odb_lightning.lit.callbacks.summary_table import print_summary
 from odb_lightning.lit.job_store import bind_job_store
@@ -128,16 +132,22 @@ def report_stop(stop: GracefulStop, summary: dict[str, Any]) -> None:
 
 
 def exit_stopped(stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any]) -> None:
-    """Leave as a stopped job: 143 (SIGTERM), 130 (SIGINT); SIGUSR1 requeues the SLURM job
-    (rank 0) and exits 0. The checkpoint of the stop is already written on every rank. The
-    other ranks of Lightning's launcher exit 0 (:meth:`GracefulStop.exit_code`)."""
+    """Leave as a stopped job: 143 (SIGTERM), 130 (SIGINT); SIGUSR1 and SIGUSR2 requeue the
+    SLURM job (rank 0) and exit 0, or outside SLURM say that nothing requeues it and exit
+    138 or 140. The checkpoint of the stop is already written on every rank. The other
+    ranks of Lightning's launcher exit 0 (:meth:`GracefulStop.exit_code`)."""
     signum = stop.stopped_by
-    if signum is signal.SIGUSR1:
+    assert signum is not None
+    job = slurm_job_to_requeue() if signum in REQUEUE_SIGNALS else None
+    if job is not None:
         finish_wandb_runs(loggers, exit_code=0)
-        status = requeue_slurm_job() if trainer.is_global_zero else 0
+        status = requeue_slurm_job(job) if trainer.is_global_zero else 0
         raise SystemExit(0 if status == 0 else 1)
+    code = stop.exit_code(signum)
+    if signum in REQUEUE_SIGNALS and trainer.is_global_zero:
+        log.warning(not_requeued_message(signum, code))
     finish_wandb_runs(loggers, exit_code=EXIT_CODES[signum])
-    raise SystemExit(stop.exit_code(signum))
+    raise SystemExit(code)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -216,6 +226,10 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     reported without a traceback and exits 1 in a single run; ``HYDRA_FULL_ERROR=1``, a
     multirun and any other error raise as they are (a multirun goes on with its next job).
     """
+    # First: a rank Lightning's launcher started dies with the rank that started it, and
+    # the ranks this process starts (in trainer.fit) die with it.
+    end_with_launcher()
+    mark_launcher()
     route_library_logs()
     output_dir = Path(cfg.paths.output_dir)
     if rank_zero_only.rank == 0:
