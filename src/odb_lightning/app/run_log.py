@@ -34,6 +34,7 @@ from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
 from odb_lightning.lit.callbacks.summary_table import print_summary
 from odb_lightning.lit.memory.report import MemoryBudgetError
+from odb_lightning.lit.run_files import RunFileLinkError, write_run_file
 from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.sample import BadSampleError
 
@@ -54,6 +55,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     BadRecordError,
     BadSampleError,
     MemoryBudgetError,
+    RunFileLinkError,
     OmegaConfBaseException,
     HydraException,
 )
@@ -98,9 +100,10 @@ def record_failure(error: BaseException, output_dir: Path) -> Path:
     _file_log.error("".join(traceback.format_exception(error)).rstrip())
     log.error("log: %s; run directory marked failed: %s", output_dir / "train.log", marker)
     output_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(
+    write_run_file(
+        marker,
         json.dumps({"error": type(error).__name__, "message": str(error), "rank": rank}, indent=2)
-        + "\n"
+        + "\n",
     )
     return marker
 

@@ -55,6 +55,7 @@ from odb_lightning.lit.callbacks.graceful_stop import (
 from odb_lightning.lit.callbacks.summary_table import print_summary
 from odb_lightning.lit.job_store import bind_job_store
 from odb_lightning.lit.memory.warmup import enable_expandable_segments
+from odb_lightning.lit.run_files import write_run_file
 
 # conf/train.yaml's run directory and Hydra file names use these resolvers: whoever runs
 # the application composes that config after importing this module.
@@ -215,7 +216,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def write_summary(summary: dict[str, Any], output_dir: Path) -> None:
     """``summary.json`` in the run directory, and the end-of-run table on the console."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_run_file(output_dir / "summary.json", json.dumps(summary, indent=2))
     print_summary(summary)
 
 

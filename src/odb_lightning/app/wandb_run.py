@@ -18,6 +18,8 @@ from pathlib import Path
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
+from odb_lightning.lit.run_files import write_run_file
+
 log = logging.getLogger(__name__)
 
 WANDB_ID_FILE = "wandb_run_id"
@@ -39,7 +41,7 @@ def run_id(output_dir: Path, resuming: bool) -> str:
     new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
     if rank_zero_only.rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(new + "\n", encoding="utf-8")
+        write_run_file(path, new + "\n")
     return new
 
 

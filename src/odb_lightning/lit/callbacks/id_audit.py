@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 from typing_extensions import override
 
 from odb_lightning.lit.callbacks.step_end import StepEndCallback
+from odb_lightning.lit.run_files import open_run_file
 
 RecordIds = Callable[[list[int]], Sequence[Any]]
 """The source's own ids of the records at some dataset indices
@@ -55,7 +56,7 @@ class IdAudit(StepEndCallback):
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = self.output_dir / f"emitted_ids_rank{trainer.global_rank}.jsonl"
-        self._file = path.open("a" if self._resumed else "w", encoding="utf-8")
+        self._file = open_run_file(path, "a" if self._resumed else "w")
 
     @override
     def on_step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
