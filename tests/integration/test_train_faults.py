@@ -223,16 +223,37 @@ def test_a_stop_that_reaches_no_step_boundary_exits_at_the_deadline(tmp_path: Pa
     _check_all_gone(result)
     assert result.returncode == 128 + signal.SIGTERM, result.output[-3000:]
     found = re.search(
-        r"no step boundary within stop.deadline_s=3s of SIGTERM \(the step after optimizer step "
-        r"(\d+) did not finish\): exiting without a stop checkpoint; the newest checkpoint "
-        r"\(in (.+), last.ckpt\) was saved at optimizer step (\d+) and stays valid; a resume "
-        r"will replay (\d+) optimizer step\(s\)",
+        r"the stop on SIGTERM did not end within stop.deadline_s=3s \(waiting for a step "
+        r"boundary; optimizer step (\d+) done\): exiting now; the newest checkpoint on disk is "
+        r"(.+) \(optimizer step (\d+)\); a resume will replay (\d+) optimizer step\(s\)",
         result.output,
     )
     assert found, result.output[-3000:]
-    step, directory, saved, replay = found.groups()
+    step, path, saved, replay = found.groups()
     assert int(step) - int(saved) == int(replay)
-    checkpoints = Path(directory)
+    checkpoints = Path(path).parent
     assert not list(checkpoints.glob("stop-*")), "nothing saved at the deadline"
     newest = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
     assert newest["global_step"] == int(saved)
+    assert (checkpoints / "last.ckpt").resolve() == Path(path)
+
+
+@pytest.mark.slow  # the default tier's in-process test covers the message and the status
+def test_sigusr1_outside_slurm_is_a_clean_stop_that_says_nothing_requeues(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 without SLURM: every rank stops after the same step and saves; the run says
+    that nothing requeues it and exits 138 (128 + SIGUSR1), with no failed.json; the
+    checkpoint resumes exactly."""
+    not_slurm = {"SLURM_JOB_ID": "", "SLURM_ARRAY_JOB_ID": ""}  # even where pytest runs in one
+    result = run_train_fault(tmp_path, "sigusr1", 0, "audit_ids=true", env=not_slurm)
+    _check_exit(result)
+    assert result.returncode == 128 + signal.SIGUSR1, result.output[-3000:]
+    assert (
+        "SIGUSR1 asks for a SLURM requeue, but this process is not in a SLURM job "
+        "(SLURM_JOB_ID is not set): nothing requeues it; stopped cleanly, exit status 138"
+    ) in result.output
+    assert "run failed" not in result.output
+    assert not (tmp_path / "run" / "failed.json").exists()
+    before, after = _stopped_and_resumed(tmp_path, result)
+    assert before + after == Counter(EPOCH)

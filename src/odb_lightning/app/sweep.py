@@ -1,11 +1,24 @@
-"""A sweep's comparison of its points: ``summary_table.md``, ``summary_table.csv`` and
-``summary_plot.png`` at the multirun root.
+"""A sweep's one directory, and the comparison of its points: ``summary_table.md``,
+``summary_table.csv`` and ``summary_plot.png`` at the multirun root.
 
-:class:`SweepSummary` is a Hydra callback (registered in ``conf/train.yaml``). It writes
-the files after every job of a multirun, so a sweep cut short or with a failed point
-still has the table of the points done, and once more when the multirun ends. Each row is
-one point (a job directory): the overrides that differ between the points, whether it
-finished, and its ``summary.json`` figures.
+:class:`SweepSummary` is a Hydra callback (registered in ``conf/train.yaml``).
+
+**One directory.** ``hydra.sweep.dir`` derives from ``hydra.run.dir``, whose resolvers
+(``app/run_dir.py``) answer per process: under Hydra's submitit launcher each point is
+composed again inside its own SLURM job, where the run name is ``slurm-<job>...``, so the
+points would scatter away from the directory the launcher printed. When the multirun
+starts, the launcher's process resolves the directory once, as an absolute path, and adds
+it to the Hydra overrides every point's config is composed with (``hydra.overrides.hydra``,
+which Hydra's launchers, the submitit ones included, apply to each job).
+
+**The table.** It is written after every job of a multirun (in the job's process: on a
+SLURM node under submitit, after each attempt of a requeued point), so a sweep cut short
+or with a failed point still has the table of the points done, and once more when the
+multirun ends. Each row is one point (a job directory): the overrides that differ between
+the points, whether it finished, and its ``summary.json`` figures. A point's overrides are
+read from its newest attempt's Hydra files (``.hydra/``, or ``.hydra_attempt-<time>/``
+with ``ckpt_path=auto``). A multirun that ends with no point in its directory says so and
+exits 1.
 """
 
 from __future__ import annotations
@@ -13,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +34,10 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from typing_extensions import override
+
+from odb_lightning.lit.callbacks.checkpointing import hydra_override
 
 log = logging.getLogger(__name__)
 
@@ -89,25 +105,41 @@ def _job_sort_key(path: Path) -> tuple[int, str]:
     return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
 
 
-def _overrides(job_dir: Path) -> dict[str, str]:
-    path = job_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return {}
+ATTEMPT_FILES = re.compile(r"\.hydra(_attempt-.+|_resumed-.+)?")
+"""The Hydra files of a point's attempts as rank 0 writes them (``.hydra``, and with a
+resume ``.hydra_attempt-<time>`` or ``.hydra_resumed-<time>``: ``app/run_dir.py``); the
+other ranks' ``.hydra_rank<r>`` are not a point's."""
+
+
+def attempt_overrides(job_dir: Path) -> Path | None:
+    """The ``overrides.yaml`` of the newest attempt of the point in ``job_dir`` (the names
+    carry the attempt's time, so they sort by it), or ``None`` when it is no point."""
+    found = sorted(
+        p / "overrides.yaml"
+        for p in job_dir.iterdir()
+        if ATTEMPT_FILES.fullmatch(p.name) and (p / "overrides.yaml").is_file()
+    )
+    return found[-1] if found else None
+
+
+def _overrides(path: Path) -> dict[str, str]:
     items = OmegaConf.to_container(OmegaConf.load(path))
     return dict(item.split("=", 1) for item in items if "=" in item)  # type: ignore[union-attr]
 
 
 def read_points(sweep_dir: Path) -> list[SweepPoint]:
-    """Every job directory of ``sweep_dir`` (one with Hydra's ``.hydra/``), by job number."""
+    """Every job directory of ``sweep_dir`` (one with an attempt's Hydra files), by job
+    number."""
     points = []
-    job_dirs = (p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())
+    found = {p: attempt_overrides(p) for p in sweep_dir.iterdir() if p.is_dir()}
+    job_dirs = [p for p, overrides in found.items() if overrides is not None]
     for job_dir in sorted(job_dirs, key=_job_sort_key):
         summary = job_dir / "summary.json"
         failed = job_dir / "failed.json"
         points.append(
             SweepPoint(
                 job=job_dir.name,
-                overrides=_overrides(job_dir),
+                overrides=_overrides(found[job_dir]),  # type: ignore[arg-type]
                 summary=json.loads(summary.read_text()) if summary.is_file() else None,
                 failure=json.loads(failed.read_text()) if failed.is_file() else None,
             )
@@ -217,9 +249,38 @@ def write_sweep_summary(sweep_dir: Path) -> list[Path]:
     return written + ([plot] if plot is not None else [])
 
 
+SWEEP_DIR_KEY = "hydra.sweep.dir"
+
+
+def fix_sweep_dir(config: DictConfig) -> Path:
+    """Resolve ``hydra.sweep.dir`` once, here, as an absolute path, and add it to the Hydra
+    overrides each point's config is composed with (module docstring); the directory."""
+    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+    with read_write(config.hydra), open_dict(config.hydra):
+        given = [o for o in config.hydra.overrides.hydra if not o.startswith(SWEEP_DIR_KEY + "=")]
+        config.hydra.overrides.hydra = [*given, hydra_override(SWEEP_DIR_KEY, str(sweep_dir))]
+        config.hydra.sweep.dir = str(sweep_dir)
+    return sweep_dir
+
+
+def no_point_message(sweep_dir: Path) -> str:
+    """What a multirun that left no point in ``sweep_dir`` says."""
+    return (
+        f"the sweep has no point in {sweep_dir} (no job directory with Hydra's .hydra files): "
+        "its jobs ran elsewhere or none started; no summary table. Look for the jobs' own "
+        "logs (under submitit: hydra.launcher.submitit_folder), and pass "
+        "hydra.sweep.dir=<a directory every job sees>"
+    )
+
+
 class SweepSummary(Callback):
-    """Hydra callback: the sweep's comparison at its root, after each job and at the end
-    (rank 0 only: under Lightning's DDP launcher every rank runs the sweep)."""
+    """Hydra callback: one sweep directory for every point (at the multirun's start), the
+    sweep's comparison at its root after each job and at the end (rank 0 only: under
+    Lightning's DDP launcher every rank runs the sweep)."""
+
+    @override
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        fix_sweep_dir(config)
 
     @override
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
@@ -231,6 +292,8 @@ class SweepSummary(Callback):
         if rank_zero_only.rank != 0:
             return
         sweep_dir = Path(config.hydra.sweep.dir)
-        written = write_sweep_summary(sweep_dir)
-        if written:
-            log.info("sweep summary: %s", ", ".join(str(p) for p in written))
+        written = write_sweep_summary(sweep_dir) if sweep_dir.is_dir() else []
+        if not written:
+            log.error(no_point_message(sweep_dir))
+            raise SystemExit(1)  # Hydra turns a callback's Exception into a warning
+        log.info("sweep summary: %s", ", ".join(str(p) for p in written))

@@ -9,7 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from omegaconf import OmegaConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
 
 from odb_lightning.app.sweep import (
     CSV_NAME,
@@ -120,3 +121,64 @@ def test_plot_has_the_padding_efficiency_panel(tmp_path: Path) -> None:
     height, width, _ = matplotlib.image.imread(paths[-1]).shape
     # Three panels (tokens/s, padding efficiency, loss), each at least 6 inches wide.
     assert width >= 3 * 6 * 110 * 0.95
+
+
+def test_a_point_is_read_from_its_newest_attempt(tmp_path: Path) -> None:
+    """With ckpt_path=auto a point's Hydra files are .hydra_attempt-<time>/ (one per
+    attempt of a requeued point); the other ranks' .hydra_rank<r>/ are not a point."""
+    job = tmp_path / "0"
+    for name, seed in [(".hydra_attempt-2026-12-06_10-00-00", 1), (".hydra_rank1", 9)]:
+        (job / name).mkdir(parents=True)
+        OmegaConf.save(
+            OmegaConf.create([f"seed={seed}", "ckpt_path=auto"]), job / name / "overrides.yaml"
+        )
+    (job / ".hydra_attempt-2026-12-06_11-00-00").mkdir()
+    OmegaConf.save(
+        OmegaConf.create(["seed=2", "ckpt_path=auto"]),
+        job / ".hydra_attempt-2026-12-06_11-00-00" / "overrides.yaml",
+    )
+    (job / "summary.json").write_text(json.dumps(summary_of(2048, 3, 1.0, 1.0)))
+    (tmp_path / "1" / ".hydra_rank1").mkdir(parents=True)  # no rank 0 files: no point
+    (point,) = read_points(tmp_path)
+    assert (point.job, point.overrides["seed"], point.status) == ("0", "2", "ok")
+    assert [p.name for p in write_sweep_summary(tmp_path)][:2] == [TABLE_NAME, CSV_NAME]
+
+
+def _multirun_config(sweep_dir: str, hydra_overrides: list[str]) -> DictConfig:
+    config = OmegaConf.create({
+        "hydra": {
+            "mode": "MULTIRUN",
+            "run": {"dir": "outputs/${name}"},
+            "sweep": {"dir": sweep_dir},
+            "overrides": {"hydra": hydra_overrides, "task": []},
+        },
+        "name": "a run",
+    })  # fmt: skip
+    OmegaConf.set_readonly(config.hydra, True)
+    return config
+
+
+def test_the_sweep_dir_is_resolved_once_for_every_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's process resolves hydra.sweep.dir and hands it to every point as a
+    Hydra override that the override parser reads back as the same path."""
+    monkeypatch.chdir(tmp_path)
+    config = _multirun_config("${hydra.run.dir}/multirun", ["hydra.sweep.dir=old", "x=1"])
+    SweepSummary().on_multirun_start(config)
+    expected = tmp_path / "outputs" / "a run" / "multirun"
+    assert config.hydra.sweep.dir == str(expected)
+    given, fixed = list(config.hydra.overrides.hydra)
+    assert given == "x=1"
+    parsed = OverridesParser.create().parse_overrides([fixed])[0]
+    assert (parsed.key_or_group, parsed.value()) == ("hydra.sweep.dir", str(expected))
+
+
+def test_a_sweep_with_no_point_says_so_and_exits_1(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _multirun_config(str(tmp_path / "multirun"), [])
+    with pytest.raises(SystemExit) as exited:
+        SweepSummary().on_multirun_end(config)
+    assert exited.value.code == 1
+    assert f"the sweep has no point in {tmp_path / 'multirun'} (no job directory" in caplog.text

@@ -17,9 +17,12 @@ Older names still resume (a checkpoint is found by its ``.ckpt`` suffix, never b
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
-from typing import Any
+import zipfile
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -37,15 +40,46 @@ def stop_checkpoint_name(epoch: int, step: int) -> str:
     return f"stop-epoch{epoch}-step{step}.ckpt"
 
 
+LAST_LINK = "last.ckpt"
+"""The link to the newest checkpoint, re-pointed only after a save has completed."""
+
+
+class SavedCheckpoint(NamedTuple):
+    """A complete checkpoint on disk and the optimizer step its name gives."""
+
+    path: Path
+    step: int
+
+
+def linked_checkpoint(directory: Path) -> SavedCheckpoint | None:
+    """The checkpoint ``directory/last.ckpt`` names, when it is complete on disk (a zip
+    archive with its end, or a sharded directory with torch's ``.metadata``) and named
+    with its step (``...step<S>.ckpt``); else ``None``. A save that a kill cut short is
+    never named: the link moves to a checkpoint only after its save returned."""
+    link = directory / LAST_LINK
+    target = link.resolve()
+    complete = (
+        (target / ".metadata").is_file() if target.is_dir() else zipfile.is_zipfile(target)
+    ) if target.exists() else False  # fmt: skip
+    found = re.search(r"step(\d+)(?:-v\d+)?\.ckpt$", target.name)
+    if not complete or found is None:
+        return None
+    return SavedCheckpoint(target, int(found.group(1)))
+
+
 def ckpt_path_override(path: str | os.PathLike[str]) -> str:
     """``ckpt_path=<path>`` as a shell word that Hydra's override parser reads back as
     ``path``: bare where Hydra takes the path as it is (every name this package writes, in
     a directory without spaces or Hydra's special characters), else quoted (the older
     ``epoch=0-step=10.ckpt`` names)."""
-    text = os.fspath(path)
+    return shlex.quote(hydra_override("ckpt_path", os.fspath(path)))
+
+
+def hydra_override(key: str, text: str) -> str:
+    """``key=text`` as Hydra's override parser reads back ``text``: bare where Hydra takes
+    it as it is (a path without spaces or Hydra's special characters), else quoted."""
     bare = all(c.isalnum() or c in "/._-+~@%" for c in text)
-    override = f"ckpt_path={text}" if bare else f"ckpt_path={_hydra_quoted(text)}"
-    return shlex.quote(override)
+    return f"{key}={text}" if bare else f"{key}={_hydra_quoted(text)}"
 
 
 def _hydra_quoted(text: str) -> str:

@@ -1,32 +1,41 @@
-"""Stops on SIGTERM, SIGINT and SIGUSR1 without a collective in a signal handler.
+"""Stops on SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 without a collective in a signal handler.
 
 Lightning 2.6's own SIGTERM handler broadcasts over the training group from inside the
 handler; when the signal lands while the other ranks are in a collective of the step (a
 backward's gradient all-reduce), the job deadlocks. Here a handler only records the
 signal. At every step boundary (``on_train_batch_end``, which every rank reaches for
 every micro-batch, IDLE ones included) the ranks agree on it with one one-element
-all-reduce (the largest signal number wins: SIGTERM over SIGUSR1 over SIGINT), so all of
-them stop after the same step: they save an exact-resume checkpoint
+all-reduce (the largest signal number wins: SIGTERM over SIGUSR2 over SIGUSR1 over
+SIGINT), so all of them stop after the same step: they save an exact-resume checkpoint
 (``<checkpoint dir>/stop-epoch<E>-step<S>.ckpt``, with ``last.ckpt`` re-linked to it), end
-the fit, and the application exits 143 (SIGTERM) or 130 (SIGINT), or requeues the job
-under SLURM (SIGUSR1: ``scontrol requeue``) and exits 0.
+the fit, and the application exits 143 (SIGTERM) or 130 (SIGINT). SIGUSR1 (SLURM's
+``--signal=USR1@<s>``) and SIGUSR2 (the time-limit signal of submitit, which Hydra's
+submitit launcher runs) ask for a requeue (:data:`REQUEUE_SIGNALS`): inside a SLURM job
+rank 0 runs ``scontrol requeue`` and the job exits 0; outside one nothing can requeue it,
+and the application says so and exits 138 (SIGUSR1) or 140 (SIGUSR2).
 
 A second SIGINT while a stop is pending interrupts at once (``KeyboardInterrupt``), as a
 second Ctrl-C does anywhere.
 
-A stop must fit the scheduler's grace (SLURM: 30 s from SIGTERM to SIGKILL). After the
-step boundary the fit skips validation and ends at once. A step that does not reach its
-boundary within ``stop.deadline_s`` of the signal (a slow step, a rank stuck in a
-collective) is not waited for: the rank that received the signal logs the newest
-checkpoint and how many optimizer steps a resume will replay, kills the job's processes
-it started (the other ranks under Lightning's launcher, its loader processes), reaps them
-and exits with the stop's status. Nothing is saved then: the newest checkpoint stays the
-valid one. The deadline runs in a timer thread the handler starts; it talks to no rank.
+The whole stop is bounded: from the first signal, ``stop.deadline_s`` covers the wait for
+the step boundary, the save and the teardown (SLURM: 30 s from SIGTERM to SIGKILL by
+default; a ``--signal=USR1@<s>`` lead time allows more). A rank still running at the
+deadline (a slow step, a rank stuck in a collective, a save too slow for the deadline)
+logs the newest complete checkpoint on disk (what ``last.ckpt`` names, checked) and how
+many optimizer steps a resume will replay, requeues the job on a requeue signal (rank 0,
+inside SLURM), kills the job's processes it started (the other ranks under Lightning's
+launcher, its loader processes), reaps them and exits with the stop's status. The
+deadline runs in a timer thread the first signal starts; it talks to no rank.
 
-The job's status is its first process's. The other ranks that Lightning's launcher
-started on a node exit 0 on a stop: the launcher's observer in the node's first process
-SIGKILLs it as soon as one of them has exited with another status, so their 143 would
-turn the job's 143 into a kill (-9) while it reaps them.
+Once a stop signal came, this process keeps its recording handlers until it exits: the
+SIGTERM SLURM sends every process of a job that rank 0 requeued, or of a job ending, meets
+them (the handlers Lightning had before the fit would end a clean stop as a failure).
+Without a stop signal, the handlers in place before the fit come back at its end.
+
+The job's status is its first process's. The other ranks that Lightning's launcher started
+on a node exit 0 on a stop: the launcher's observer in the node's first process SIGKILLs it
+as soon as one of them has exited with another status, so their 143 would turn the job's
+143 into a kill (-9) while it reaps them.
 """
 
 from __future__ import annotations
@@ -54,14 +63,20 @@ from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from odb_lightning.core.checks import check_positive
-from odb_lightning.lit.callbacks.checkpointing import replace_link, stop_checkpoint_name
+from odb_lightning.lit.callbacks.checkpointing import (
+    linked_checkpoint,
+    replace_link,
+    stop_checkpoint_name,
+)
 from odb_lightning.lit.callbacks.step_end import StepEndCallback
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
-"""Exit status by stop signal (the shell's convention); SIGUSR1 requeues and exits 0."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""Stop signals that ask for a SLURM requeue (SLURM's ``--signal=USR1``, submitit's USR2)."""
+EXIT_CODES = {signum: 128 + signum for signum in STOP_SIGNALS}
+"""Exit status by stop signal (the shell's convention); a requeued job exits 0."""
 
 
 REAP_TIMEOUT_S = 5.0
@@ -73,9 +88,11 @@ class StopSettings:
     """How a stop signal ends the run (Hydra group ``stop``)."""
 
     deadline_s: float = 25.0
-    """Seconds from the signal within which the ranks must reach a step boundary; past
-    it, the job exits without a stop checkpoint (the newest checkpoint stays valid). Below
-    the scheduler's grace: SLURM's default is 30 s from SIGTERM to SIGKILL."""
+    """Seconds from the first stop signal to this process's exit: the wait for the step
+    boundary, the save of the stop checkpoint and the teardown. Past it, the process
+    exits at once, the newest complete checkpoint on disk kept (the log names it). Below
+    the scheduler's grace: SLURM's default is 30 s from SIGTERM to SIGKILL; with
+    ``--signal=USR1@<s>`` (or submitit's ``signal_delay_s``) it may approach ``s``."""
 
     def __post_init__(self) -> None:
         check_positive("stop.deadline_s", self.deadline_s, "seconds")
@@ -97,76 +114,116 @@ class GracefulStop(StepEndCallback):
         self.settings = settings or StopSettings()
         self._received: int = 0
         self._previous: dict[int, Any] = {}
+        self._installed = False
         self._deadline: threading.Timer | None = None
-        self._step, self._saved_step, self._saved_dir = 0, None, None
+        self._step = 0
+        self._phase = "waiting for a step boundary"
+        self._checkpoint_dir: Path | None = None
         self.stopped_by: signal.Signals | None = None
         self.checkpoint: Path | None = None
         self.stopped_at_step: int | None = None
         self._launched_child = False
+        self._global_zero = True
 
     # -- signals -----------------------------------------------------------------------
     def _record(self, signum: int, _: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stopped_by is not None:  # the job's end, e.g. SLURM's SIGTERM after a requeue
+            os.write(2, f"received {name} after the stop: ending as the stop decided\n".encode())
+            return
         if signum == signal.SIGINT and self._received:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self._received = max(self._received, signum)
+        self._start_deadline()
+        # Only a flag, a timer and a write: nothing here may block or talk to other ranks.
+        os.write(2, f"received {name}: stopping after this step\n".encode())
+
+    def _start_deadline(self) -> None:
         if self._deadline is None:
             self._deadline = threading.Timer(self.settings.deadline_s, self._exit_at_deadline)
             self._deadline.daemon = True
             self._deadline.start()
-        # Only a flag, a timer and a write: nothing here may block or talk to other ranks.
-        os.write(2, f"received {signal.Signals(signum).name}: stopping after this step\n".encode())
 
     def _exit_at_deadline(self) -> None:
-        """No step boundary within the deadline: leave now, every process of this rank's
-        tree with it (see the module docstring). Runs in the timer thread."""
-        name = signal.Signals(self._received).name
-        if self._saved_step is None:
-            kept = "no checkpoint was written in this run yet: a resume starts over"
-            replay = self._step
+        """The stop did not end within the deadline: leave now, every process of this
+        rank's tree with it (see the module docstring). Runs in the timer thread."""
+        signum = signal.Signals(self._received)
+        step = self._step
+        newest = linked_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+        if newest is None:
+            kept, replay = "no checkpoint of this run is on disk: a resume starts over", step
         else:
-            kept = (
-                f"the newest checkpoint (in {self._saved_dir}, last.ckpt) was saved at "
-                f"optimizer step {self._saved_step} and stays valid"
-            )
-            replay = self._step - self._saved_step
+            kept = f"the newest checkpoint on disk is {newest.path} (optimizer step {newest.step})"
+            replay = step - newest.step
         log.error(
-            "no step boundary within stop.deadline_s=%gs of %s (the step after optimizer step "
-            "%d did not finish): exiting without a stop checkpoint; %s; a resume will replay "
-            "%d optimizer step(s)",
-            self.settings.deadline_s, name, self._step, kept, replay,
+            "the stop on %s did not end within stop.deadline_s=%gs (%s; optimizer step %d "
+            "done): exiting now; %s; a resume will replay %d optimizer step(s)",
+            signum.name, self.settings.deadline_s, self._phase, step, kept, replay,
         )  # fmt: skip
+        code = self.exit_code(signum)
+        if signum in REQUEUE_SIGNALS:
+            job = slurm_job_to_requeue()
+            if job is None:
+                log.warning(not_requeued_message(signum, code))
+            elif self._global_zero:
+                code = 0 if requeue_slurm_job(job) == 0 else 1
+            else:
+                code = 0
         for handler in logging.getLogger().handlers:
             handler.flush()
         kill_descendants(REAP_TIMEOUT_S)
-        os._exit(self.exit_code(signal.Signals(self._received)))
+        os._exit(code)
 
     def exit_code(self, signum: signal.Signals) -> int:
-        """This process's status for a stop on ``signum``: :data:`EXIT_CODES`, or 0 in a
-        rank that Lightning's launcher started (see the module docstring)."""
-        return 0 if self._launched_child else EXIT_CODES.get(signum, 0)
+        """This process's status for a stop on ``signum`` that was not requeued:
+        :data:`EXIT_CODES`, or 0 in a rank that Lightning's launcher started (see the module
+        docstring)."""
+        return 0 if self._launched_child else EXIT_CODES[signum]
 
     def _install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() or self._installed:
             return
         for signum in STOP_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._record)
+            signal.signal(signum, self._record)
+        self._installed = True
+
+    def _keep_before_fit(self) -> None:
+        """Note the handlers in place before the fit (before Lightning registers its own)."""
+        if threading.current_thread() is threading.main_thread() and not self._installed:
+            self._previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
     def _restore(self) -> None:
-        # The fit is over (or these handlers never ran one): no deadline may outlive it, or
-        # its timer would end whatever the process does next.
+        """The handlers of before the fit back, unless a stop signal came: then this
+        process keeps recording until it exits, and the deadline keeps running."""
+        if self._received:
+            return
         if self._deadline is not None:
             self._deadline.cancel()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
+        self._previous, self._installed = {}, False
+
+    def finish(self) -> None:
+        """End the deadline and restore the handlers of before the fit: the process goes on
+        after a stop (a test, a notebook). The application exits instead."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._received = 0
+        self._restore()
 
     # -- hooks -------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._keep_before_fit()  # Lightning registers its handlers after the setup hooks
+
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After Lightning has registered its own handlers (in fit, before the loops run):
         # these replace them for the whole fit.
         self._install()
         self._launched_child = launched_child(trainer)
+        self._global_zero = trainer.is_global_zero
+        self._checkpoint_dir = _checkpoint_dir(trainer)
 
     @override
     def on_step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -174,12 +231,14 @@ class GracefulStop(StepEndCallback):
         agreed = self._agree(trainer, pl_module.device)
         if not agreed or trainer.should_stop:
             return
-        # A boundary is reached: from here the stop is bounded by the save and the teardown.
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self.stopped_by = signal.Signals(agreed)
+        # A boundary is reached; the deadline goes on bounding the save and the teardown.
+        self._received = max(self._received, agreed)  # a rank that got no signal itself
+        self._start_deadline()  # here from the agreement on
+        self._phase = "saving the stop checkpoint"
         self.stopped_at_step = trainer.global_step
         self.checkpoint = self._save(trainer)
+        self.stopped_by = signal.Signals(agreed)
+        self._phase = "ending the job after the stop checkpoint"
         trainer.should_stop = True
         # Lightning validates when should_stop is set mid-epoch: a stop skips it.
         trainer.limit_val_batches = 0
@@ -191,16 +250,9 @@ class GracefulStop(StepEndCallback):
         )
 
     @override
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        # Called before the file is written; the resume's newest-valid rule covers a save
-        # cut off by the deadline's kill.
-        self._saved_step, self._saved_dir = trainer.global_step, _checkpoint_dir(trainer)
-
-    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._restore()  # cancels the deadline: the fit ended before a boundary, or at one
+        # After Lightning's own teardown restored its handlers of before the fit.
+        self._restore()
 
     def stop_entries(self) -> dict[str, Any]:
         """What the run summary says about a stop (empty when the run was not stopped)."""
@@ -301,24 +353,38 @@ def _still_running(process: psutil.Process) -> bool:
         return False
 
 
-def requeue_slurm_job() -> int:
-    """``scontrol requeue`` this SLURM job (array task aware); the command's exit status.
+def slurm_job_to_requeue(environ: dict[str, str] | None = None) -> str | None:
+    """The SLURM job a requeue names (``<array job>_<task>`` for an array task, which
+    submitit's sweeps are), or ``None`` outside a SLURM job."""
+    env = os.environ if environ is None else environ
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{array_task}" if array_job and array_task else env.get("SLURM_JOB_ID")
+    return job if job and re.fullmatch(r"[0-9_]+", job) else None
 
-    Raises:
-        RuntimeError: Not inside a SLURM job.
-    """
-    array_job, array_task = (
-        os.environ.get("SLURM_ARRAY_JOB_ID"),
-        os.environ.get("SLURM_ARRAY_TASK_ID"),
+
+def not_requeued_message(signum: signal.Signals, code: int) -> str:
+    """What a stop on a requeue signal outside SLURM says."""
+    return (
+        f"{signum.name} asks for a SLURM requeue, but this process is not in a SLURM job "
+        f"(SLURM_JOB_ID is not set): nothing requeues it; stopped cleanly, exit status {code}"
     )
-    job = (
-        f"{array_job}_{array_task}" if array_job and array_task else os.environ.get("SLURM_JOB_ID")
-    )
-    if not job or not re.fullmatch(r"[0-9_]+", job):
-        raise RuntimeError(
-            f"SIGUSR1 asks for a SLURM requeue, but SLURM_JOB_ID is {job!r}: not a SLURM job"
-        )
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+
+
+REQUEUE_TIMEOUT_S = 30.0
+"""How long ``scontrol requeue`` may take."""
+
+
+def requeue_slurm_job(job: str) -> int:
+    """``scontrol requeue <job>``; the command's exit status (1 when it did not answer
+    within :data:`REQUEUE_TIMEOUT_S`)."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", job],
+            capture_output=True, text=True, check=False, timeout=REQUEUE_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        log.error("scontrol requeue %s did not answer within %gs", job, REQUEUE_TIMEOUT_S)
+        return 1
     if done.returncode == 0:
         log.warning("requeued SLURM job %s", job)
     else:
