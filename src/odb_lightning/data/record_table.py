@@ -11,10 +11,26 @@ as a file reference, and no record is held as a Python object
 (:class:`~odb_lightning.data.sources.arrow_records.TableRecords`).
 
 **The fingerprint** is the SHA-256 of :data:`TABLE_FORMAT`, the source's name, what
-identifies its content without reading it (a file's resolved path, size and
-``mtime_ns``; a bundled set's package version) and the reader's arguments that change its
+identifies its content without reading it (a file's resolved path, size, ``mtime_ns``,
+inode and ``ctime_ns``: a copy or edit that restores the modification time, as ``cp -p``,
+``rsync -t`` and ``tar x`` do, still changes the inode's change time; a bundled set's
+package version) and the reader's arguments that change its
 records (``max_samples``, ``on_bad_record``, the ShareGPT regime and mix seed). A changed
 file is a new fingerprint, so a new table.
+
+**The content digest** proves the table is the one its conversion wrote: the conversion
+records the SHA-256 of every :data:`PAGE_BYTES` page of ``records.arrow`` (and its size)
+in ``source.json``; every open checks the size and the pages, all of them when the table
+is at most :data:`FULL_CHECK_BYTES`, else the first, the last and :data:`SAMPLED_PAGES`
+drawn at random on each open. A table that differs (a flipped byte, a copy cut short)
+is logged naming the page and converted again. An entry that is a symbolic link, or
+whose files are, is refused (:class:`RecordTableError`, naming it and the fix): the cache
+writes real directories only, so a link is something else's. A row that cannot be
+decoded all the same (damage in a page no check drew) is a bad sample naming its index
+and the table (:mod:`~odb_lightning.data.sources.arrow_records`). What the digest does
+not prove is who wrote the entry: a process that can write the cache directory can write
+a table and a matching ``source.json``; keep ``data.caches.record_dir`` writable by the
+run's user only (the default, under the working directory, is).
 
 **Layout** of the cache directory (``data.caches.record_dir``), one entry per fingerprint::
 
@@ -41,6 +57,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -55,7 +72,7 @@ from odb_lightning.data.sources.source_records import SourceReader, SourceRecord
 
 logger = logging.getLogger(__name__)
 
-TABLE_FORMAT = "odb-record-table/1"
+TABLE_FORMAT = "odb-record-table/2"
 """Version of the table schema and its ``source.json``: a new one converts every source
 again."""
 RECORDS_FILE = "records.arrow"
@@ -66,11 +83,74 @@ CONVERSION_WAIT_S = 3600.0
 """How long a process waits for another one's conversion before it gives up."""
 LOCK_POLL_S = 30.0
 """How often a waiting process says that it is still waiting."""
+PAGE_BYTES = 1 << 20
+"""The pages of ``records.arrow`` whose digests ``source.json`` keeps."""
+FULL_CHECK_BYTES = 64 << 20
+"""Tables up to this size are checked whole on every open (about 0.1 s on one core)."""
+SAMPLED_PAGES = 32
+"""Pages drawn at random, besides the first and the last, to check a larger table."""
 
 
 class RecordTableError(RuntimeError):
     """A record table that could not be had: a conversion that another process holds too
-    long."""
+    long, or an entry that is not the cache's own (a symbolic link)."""
+
+
+def page_digest(data: bytes) -> str:
+    """The digest of one page (SHA-256, 128 bits in hex)."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def content_digest(path: Path) -> dict[str, Any]:
+    """``{"size", "page_bytes", "pages"}`` of the file at ``path``: what an open checks."""
+    pages = []
+    with _open_nofollow(path) as file:
+        while data := file.read(PAGE_BYTES):
+            pages.append(page_digest(data))
+    return {"size": path.stat().st_size, "page_bytes": PAGE_BYTES, "pages": pages}
+
+
+def content_problem(path: Path, content: dict[str, Any]) -> str | None:
+    """How the file at ``path`` differs from ``content`` (:func:`content_digest` at
+    conversion), in the pages this open checks (the module docstring); ``None`` when it
+    does not."""
+    size, pages, page_bytes = path.stat().st_size, content["pages"], content["page_bytes"]
+    if size != content["size"]:
+        return f"{size:,} bytes, {content['size']:,} at conversion"
+    if size <= FULL_CHECK_BYTES:
+        chosen: list[int] = list(range(len(pages)))
+    else:
+        drawn = random.SystemRandom().sample(range(len(pages)), SAMPLED_PAGES)
+        chosen = sorted({0, len(pages) - 1, *drawn})
+    with _open_nofollow(path) as file:
+        for page in chosen:
+            file.seek(page * page_bytes)
+            if page_digest(file.read(page_bytes)) != pages[page]:
+                return (
+                    f"page {page} of {len(pages)} (bytes {page * page_bytes:,} on) differs "
+                    "from its digest at conversion"
+                )
+    return None
+
+
+def _open_nofollow(path: Path) -> Any:
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+
+
+def check_not_linked(entry: Path) -> None:
+    """Refuse an entry that is, or holds, a symbolic link (the cache writes none).
+
+    Raises:
+        RecordTableError: Naming the link and the fix.
+    """
+    for path in (entry, entry / RECORDS_FILE, entry / SOURCE_FILE):
+        if path.is_symlink():
+            raise RecordTableError(
+                f"the record table entry {entry} is not the cache's own: {path} is a "
+                f"symbolic link (to {os.readlink(path)}), and the cache writes real files "
+                f"only. Remove it (rm {'-r ' if path != entry else ''}{entry}) and the "
+                "next run converts the source again"
+            )
 
 
 def default_record_cache_dir() -> Path:
@@ -151,18 +231,23 @@ class RecordCache:
         """The records of a whole entry of ``fingerprint``; ``None`` if there is none (a
         damaged one is logged and converted again). ``replay``: log the reader's warnings
         (a conversion logged them as it read)."""
+        check_not_linked(entry)
         if not entry.is_dir():
             return None
         import datasets
 
         try:
-            meta = json.loads((entry / SOURCE_FILE).read_text(encoding="utf-8"))
+            with _open_nofollow(entry / SOURCE_FILE) as file:
+                meta = json.loads(file.read().decode("utf-8"))
             if meta.get("format") != TABLE_FORMAT or meta.get("fingerprint") != fingerprint:
                 raise ValueError(f"not a {TABLE_FORMAT} entry of fingerprint {fingerprint[:16]}")
+            problem = content_problem(entry / RECORDS_FILE, meta["content"])
+            if problem is not None:
+                raise ValueError(f"{RECORDS_FILE}: {problem}")
             table = datasets.Dataset.from_file(str(entry / RECORDS_FILE))
             if len(table) != meta["num_records"]:
                 raise ValueError(f"{len(table)} rows for {meta['num_records']} records")
-        except (OSError, ValueError, KeyError) as error:  # ValueError: bad JSON, bad Arrow
+        except (OSError, ValueError, KeyError, TypeError) as error:  # bad JSON, Arrow, digest
             logger.warning("record table %s is damaged (%s); converting again", entry, error)
             return None
         for warning in meta["warnings"] if replay else ():
@@ -223,6 +308,7 @@ class RecordCache:
                 "rejected": result.rejected,
                 "warnings": result.warnings,
                 "detected": result.detected,
+                "content": content_digest(temp / RECORDS_FILE),
                 "convert_s": round(time.perf_counter() - start, 3),
             }
             (temp / SOURCE_FILE).write_text(json.dumps(meta, default=str), encoding="utf-8")

@@ -56,7 +56,7 @@ def record_label(dataset: MapDataset, index: int) -> str:
         return ""
     try:
         return f" (record id {record_id(index)!r})"
-    except (LookupError, TypeError):  # e.g. a record that is not a mapping: index only
+    except (LookupError, TypeError, ValueError):  # not a mapping, or cannot be decoded
         return ""
 
 

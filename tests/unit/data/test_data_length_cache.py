@@ -214,7 +214,8 @@ def test_fingerprint_and_source_version(jsonl_path: Path, tmp_path: Path) -> Non
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(jsonl_path.read_bytes())
     before = source_version("jsonl", copy)
-    assert before.endswith(f":{copy.stat().st_size}:{copy.stat().st_mtime_ns}")
+    stat = copy.stat()
+    assert before.endswith(f":{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:{stat.st_ctime_ns}")
     os.utime(copy, ns=(0, copy.stat().st_mtime_ns + 1_000_000_000))
     assert source_version("jsonl", copy) != before
     folder = source_version("ultrachat", tmp_path)

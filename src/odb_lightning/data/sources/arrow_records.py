@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -30,6 +31,7 @@ from odb_lightning.data.conversation import (
     has_assistant,
 )
 from odb_lightning.data.mapped_pages import PageRelease
+from odb_lightning.sample import BadSampleError
 
 if TYPE_CHECKING:
     import datasets
@@ -96,14 +98,34 @@ class ArrowRecords(Sequence[ChatRecord]):
         if not -len(self) <= index < len(self):
             raise IndexError(f"record {index} of {len(self)}")
         index %= len(self)
-        row = self.table[index]
+        try:
+            row = self.table[index]
+        except ValueError as error:  # UnicodeDecodeError, pyarrow's ArrowInvalid
+            raise self.undecodable(index, error) from error
         self._pages.read(self.table.data.table)
         return self.record_of(row, self.offset + index)
+
+    def undecodable(self, index: int, error: Exception) -> BadSampleError:
+        """The bad sample of row ``index`` (of this view) that cannot be decoded: it names
+        the row, the table file and what to delete so that it is converted again."""
+        files = [entry["filename"] for entry in self.table.cache_files]
+        where = files[0] if files else "an in-memory table"
+        entry = str(Path(files[0]).parent) if files else "the table"
+        return BadSampleError(
+            index,
+            "record",
+            f"cannot be decoded: row {self.offset + index} of {where} raised "
+            f"{type(error).__name__}: {error}. The table is damaged: delete {entry} and "
+            "the next run converts the source again",
+        )
 
     def __iter__(self) -> Iterator[ChatRecord]:
         index = self.offset
         for batch in self.table.with_format("arrow").iter(batch_size=ITER_BATCH_ROWS):
-            rows = batch.to_pylist()
+            try:
+                rows = batch.to_pylist()
+            except ValueError as error:  # UnicodeDecodeError, pyarrow's ArrowInvalid
+                raise self.undecodable(index - self.offset, error) from error
             self._pages.read(self.table.data.table, len(rows))
             for row in rows:
                 yield self.record_of(row, index)
@@ -123,7 +145,10 @@ class TableRecords(ArrowRecords):
     """The records of a record table (the schema in the module docstring)."""
 
     def record_of(self, row: Mapping[str, Any], index: int) -> ChatRecord:
-        record: dict[str, Any] = {"id": json.loads(row["id_json"])}
+        try:
+            record: dict[str, Any] = {"id": json.loads(row["id_json"])}
+        except ValueError as error:  # a damaged id that still decodes as UTF-8
+            raise self.undecodable(index - self.offset, error) from error
         if "images" in row:
             record["images"] = row["images"]
         record["messages"] = row["messages"]

@@ -74,10 +74,13 @@ def collect(name: str, reader: RecordReader) -> SourceRecords:
 
 
 def _path_version(path: Path) -> str:
-    """``path:size:mtime_ns`` for a file; for a directory a digest of that over its data
-    files (``_DATA_SUFFIXES``, hidden ones and length caches excluded)."""
+    """``path:size:mtime_ns:inode:ctime_ns`` for a file (an edit that restores the
+    modification time, as ``cp -p``, ``rsync -t`` or ``tar x`` do, still changes the
+    inode's change time, which no user call sets); for a directory a digest of that over
+    its data files (``_DATA_SUFFIXES``, hidden ones and length caches excluded)."""
     if path.is_file():
-        return f"{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
+        stat = path.stat()
+        return f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:{stat.st_ctime_ns}"
     entries = [
         _path_version(file)
         for file in sorted(path.rglob("*"))
@@ -94,9 +97,9 @@ def source_version(name: str, path: str | Path | None = None) -> str:
 
     Returns:
         ``"<package>==<version>"`` for data a package ships (the source table's
-        ``package``, read without a path); ``"<path>:<size>:<mtime_ns>"`` for a local file
-        (a digest over all files for a directory or a glob's matches); the hub name
-        otherwise.
+        ``package``, read without a path); ``"<path>:<size>:<mtime_ns>:<inode>:<ctime_ns>"``
+        for a local file (a digest over all files for a directory or a glob's matches);
+        the hub name otherwise.
     """
     package = SOURCES[name].package if name in SOURCES else None
     if path is None and package is not None:
