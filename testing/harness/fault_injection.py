@@ -162,3 +162,9 @@ class RaisingTokenizer(QwenTokenizer):
         if self.trigger in text:
             raise ValueError(f"cannot tokenize text containing {self.trigger!r}")
         return super().encode_text(text)
+
+    @override
+    def encode_rendered(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        if self.trigger in text:
+            raise ValueError(f"cannot tokenize text containing {self.trigger!r}")
+        return super().encode_rendered(text)

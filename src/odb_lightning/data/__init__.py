@@ -1,6 +1,6 @@
 """The input pipeline that runs inside the loader workers.
 
-Sources yield conversations (:class:`ChatRecord`); :class:`ChatDataset` applies the ChatML
+Sources yield conversations (:class:`ChatRecord`); :class:`ChatDataset` applies the chat
 template and tokenizer per item. Imports torch, tokenizer and data libraries, the core and
 the sample contract (:mod:`odb_lightning.sample`); never the runtime, Lightning or Hydra.
 
@@ -19,8 +19,8 @@ _EXPORTS = {
     "BadSampleError": "odb_lightning.sample",
     "CachedLengths": "odb_lightning.data.length_cache",
     "ChatDataset": "odb_lightning.data.dataset",
-    "ChatMLTemplate": "odb_lightning.data.template",
     "ChatRecord": "odb_lightning.data.conversation",
+    "ChatTemplate": "odb_lightning.data.template",
     "ChatTokenizer": "odb_lightning.data.tokenizer",
     "DEFAULT_SYSTEM_PROMPTS": "odb_lightning.data.augment",
     "HFTokenizer": "odb_lightning.data.hf_tokenizer",
@@ -41,9 +41,12 @@ _EXPORTS = {
     "SourceKind": "odb_lightning.data.sources.table",
     "SourceRecords": "odb_lightning.data.sources",
     "SyntheticDataset": "odb_lightning.data.synthetic",
+    "ThinkBlock": "odb_lightning.data.chat_formats",
     "TokenizedChat": "odb_lightning.data.template",
     "TokenizedDataset": "odb_lightning.data.dataset",
+    "Truncation": "odb_lightning.data.chat_formats",
     "augment_messages": "odb_lightning.data.augment",
+    "build_chat_template": "odb_lightning.data.template_choice",
     "count_loss_tokens": "odb_lightning.sample",
     "export_hf_tokenizer": "odb_lightning.data.hf_tokenizer",
     "inspect_sample": "odb_lightning.sample",

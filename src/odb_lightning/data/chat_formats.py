@@ -1,19 +1,16 @@
-"""Chat templates of other model families, and the tokenizer's own template through
-Hugging Face ``apply_chat_template``.
+"""The built-in chat layouts, each as its family's Hugging Face chat template renders it.
 
 A renderer turns a conversation into :class:`Span` s of text, each marked supervised or
-not and, for message text, with the message field it came from. The whole text is then
-tokenized in one pass by the model's own tokenizer, exactly as ``apply_chat_template``
-would tokenize it, and a token is supervised when its characters overlap a supervised
-span. Supervised are the assistant's content and its end-of-turn token, nothing else.
+not and, for message text, with the message field it came from
+(:class:`~odb_lightning.data.chat_layouts.SpanLayout` tokenizes their text in one pass).
+Supervised are the assistant's turn as the model generates it (its content, and for
+Qwen3 the think block) and its end-of-turn token, nothing else.
 
-A control token (``<|eot_id|>``, ``<end_of_turn>``, ...) spelled inside message text
-would be read as a real control token by the one-pass tokenization (and by
-``apply_chat_template``); such a message is a bad sample naming the field (skipped and
-counted with ``on_bad_sample=skip``), never a conversation the model sees with a turn
-boundary the user did not write.
+Layouts:
 
-Layouts, as the families' Hugging Face chat templates render them:
+- ``chatml``: per turn ``<|im_start|>{role}\n{content}<|im_end|>\n`` (Qwen2/2.5 without
+  their default system prompt, which :func:`~odb_lightning.data.template.build_chat_template`
+  finds in the tokenizer's own template).
 
 - ``llama3``: ``<|begin_of_text|>`` then per turn
   ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content.strip()}<|eot_id|>``
@@ -30,17 +27,12 @@ Layouts, as the families' Hugging Face chat templates render them:
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from odb_lightning.data.conversation import Message, Role
-from odb_lightning.sample import IGNORE_INDEX, BadSampleError
-
-if TYPE_CHECKING:
-    from odb_lightning.data.hf_tokenizer import HFTokenizer
+from odb_lightning.sample import BadSampleError
 
 
 class TemplateName(StrEnum):
@@ -55,6 +47,34 @@ class TemplateName(StrEnum):
     HF = "hf"
 
 
+class ThinkBlock(StrEnum):
+    """What of an empty think block (``<think>\n\n</think>\n\n``, which Qwen3's template
+    puts before the last answer when the data has no reasoning) is supervised
+    (``data.source.think_block``)."""
+
+    GENERATION = "generation"
+    """Supervised, as the template's generation is (what a ``{% generation %}``-marked
+    template and TRL train): the model learns to open and close it."""
+    PROMPT = "prompt"
+    """Context, not supervised; a think block with reasoning is supervised either way."""
+
+
+class Truncation(StrEnum):
+    """What happens to a conversation longer than ``data.sizes.max_seq_len``
+    (``data.sizes.truncation``). Whatever the choice, a sample left without a supervised
+    token is dropped: counted and named, never trained on."""
+
+    TURNS = "turns"
+    """Cut whole turns from the start, user turn and the answers after it together,
+    keeping the system turn, until the rest fits; a last exchange that does not fit alone
+    drops the sample. Never trains an answer without its end-of-turn token."""
+    DROP = "drop"
+    """Drop the sample."""
+    TAIL = "tail"
+    """Cut the tokens past ``max_seq_len`` (the last answer may lose its end-of-turn
+    token, and the model learns an answer that does not stop)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Span:
     """A piece of rendered text: supervised or not; ``field`` names message text."""
@@ -66,6 +86,17 @@ class Span:
 
 def _content(position: int) -> str:
     return f"messages[{position}].content"
+
+
+def render_chatml(messages: Sequence[Message]) -> list[Span]:
+    spans = []
+    for k, message in enumerate(messages):
+        supervised = message["role"] == Role.ASSISTANT.value
+        spans.append(Span(f"<|im_start|>{message['role']}\n"))
+        spans.append(Span(message["content"], supervised, _content(k)))
+        spans.append(Span("<|im_end|>", supervised))
+        spans.append(Span("\n"))
+    return spans
 
 
 def render_llama3(messages: Sequence[Message]) -> list[Span]:
@@ -110,8 +141,8 @@ def render_mistral(messages: Sequence[Message], bos: str, eos: str) -> list[Span
                 spans.append(Span("\n\n"))
             spans.append(Span(message["content"], field=_content(k)))
             spans.append(Span("[/INST]"))
-        else:
-            spans.append(Span(" "))
+        else:  # the space before the answer is its own (what the model generates)
+            spans.append(Span(" ", True))
             spans.append(Span(message["content"].strip(), True, _content(k)))
             spans.append(Span(eos, True))
     return spans
@@ -154,7 +185,7 @@ def render_qwen3(messages: Sequence[Message]) -> list[Span]:
             reasoning, content = _split_reasoning(content)
             if k > last_user and (k == len(messages) - 1 or reasoning):
                 think = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n"
-                spans.append(Span(think, bool(reasoning), _content(k)))
+                spans.append(Span(think, True, _content(k)))
                 content = content.lstrip("\n")
         spans.append(Span(content, supervised, _content(k)))
         spans.append(Span("<|im_end|>", supervised))
@@ -163,6 +194,7 @@ def render_qwen3(messages: Sequence[Message]) -> list[Span]:
 
 
 REQUIRED_TOKENS: dict[TemplateName, tuple[str, ...]] = {
+    TemplateName.CHATML: ("<|im_start|>", "<|im_end|>"),
     TemplateName.LLAMA3: (
         "<|begin_of_text|>",
         "<|start_header_id|>",
@@ -173,115 +205,3 @@ REQUIRED_TOKENS: dict[TemplateName, tuple[str, ...]] = {
     TemplateName.QWEN3: ("<|im_start|>", "<|im_end|>"),
     TemplateName.MISTRAL: (),  # bos/eos come from the tokenizer; [INST] is text in v0.1
 }
-
-
-def _overlapping(offsets: Sequence[tuple[int, int]], ranges: Sequence[tuple[int, int]]):
-    """For each token ``(start, end)``, the index of a range it overlaps, else ``-1``
-    (ranges sorted and disjoint)."""
-    starts = [r[0] for r in ranges]
-    found = []
-    for start, end in offsets:
-        i = bisect.bisect_right(starts, max(start, end - 1)) - 1
-        hit = i >= 0 and start < ranges[i][1] and end > ranges[i][0] and end > start
-        found.append(i if hit else -1)
-    return found
-
-
-class RenderedTemplate:
-    """A family's layout (:data:`TemplateName`), tokenized by its Hugging Face tokenizer.
-
-    Args:
-        tokenizer: An :class:`~odb_lightning.data.hf_tokenizer.HFTokenizer` (it gives the
-            character offsets that map supervision onto tokens).
-        name: ``qwen3``, ``llama3``, ``mistral`` or ``gemma``.
-    """
-
-    def __init__(self, tokenizer: HFTokenizer, name: TemplateName) -> None:
-        self.tokenizer, self.name = tokenizer, name
-
-    def spans(self, messages: Sequence[Message]) -> list[Span]:
-        if self.name is TemplateName.LLAMA3:
-            return render_llama3(messages)
-        if self.name is TemplateName.GEMMA:
-            return render_gemma(messages)
-        if self.name is TemplateName.QWEN3:
-            return render_qwen3(messages)
-        backend = self.tokenizer.backend
-        return render_mistral(messages, backend.bos_token or "<s>", backend.eos_token or "</s>")
-
-    def render(self, messages: Sequence[Message]) -> str:
-        return "".join(span.text for span in self.spans(messages))
-
-    def tokenize(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
-        """Token ids and labels of the whole conversation (not truncated)."""
-        spans = self.spans(messages)
-        supervised, content, fields, position = [], [], [], 0
-        for span in spans:
-            end = position + len(span.text)
-            if span.supervised and end > position:
-                supervised.append((position, end))
-            if span.field is not None and end > position:
-                content.append((position, end))
-                fields.append(span.field)
-            position = end
-        backend = self.tokenizer.backend
-        text = "".join(span.text for span in spans)
-        encoding = backend(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = list(encoding["input_ids"]), list(encoding["offset_mapping"])
-        self._refuse_control_tokens_in_text(ids, offsets, content, fields)
-        hits = _overlapping(offsets, supervised)
-        labels = [t if hit >= 0 else IGNORE_INDEX for t, hit in zip(ids, hits, strict=True)]
-        return ids, labels
-
-    def _refuse_control_tokens_in_text(self, ids, offsets, content, fields) -> None:
-        controls = self.tokenizer.control_token_ids
-        for token_id, hit in zip(ids, _overlapping(offsets, content), strict=True):
-            if hit >= 0 and token_id in controls:
-                token = self.tokenizer.backend.convert_ids_to_tokens(token_id)
-                raise BadSampleError(
-                    None,
-                    fields[hit],
-                    f"contains {token!r}, a control token of the {self.name} template: "
-                    "the model would read a turn boundary the data does not have",
-                )
-
-
-class HFChatTemplate:
-    """The tokenizer's own Jinja chat template, through ``apply_chat_template`` with
-    ``return_assistant_tokens_mask``: the template marks the assistant tokens with
-    ``{% generation %}`` blocks, so supervision is what its author put in them."""
-
-    name = TemplateName.HF
-
-    def __init__(self, tokenizer: HFTokenizer) -> None:
-        self.tokenizer = tokenizer
-
-    def render(self, messages: Sequence[Message]) -> str:
-        return self.tokenizer.backend.apply_chat_template(list(messages), tokenize=False)
-
-    def tokenize(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
-        # The template's text is tokenized with control tokens parsed: refuse them in
-        # message text, as the shipped layouts do.
-        for k, message in enumerate(messages):
-            token = self.tokenizer.find_control_token(message["content"])
-            if token is not None:
-                raise BadSampleError(
-                    None,
-                    _content(k),
-                    f"contains {token!r}, a control token of the tokenizer's own template: "
-                    "the model would read a turn boundary the data does not have",
-                )
-        from jinja2 import TemplateError
-
-        try:
-            encoding = self.tokenizer.backend.apply_chat_template(
-                [dict(m) for m in messages],
-                tokenize=True,
-                return_dict=True,
-                return_assistant_tokens_mask=True,
-            )
-        except TemplateError as error:  # e.g. raise_exception('roles must alternate ...')
-            problem = f"is refused by the tokenizer's own chat template: {error}"
-            raise BadSampleError(None, "messages", problem) from error
-        ids, mask = list(encoding["input_ids"]), list(encoding["assistant_masks"])
-        return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]

@@ -3,8 +3,9 @@
 Every item is ``{"input_ids": LongTensor[L], "labels": LongTensor[L]}`` (1-D), the shape
 :func:`~odb_lightning.sample.inspect_sample` checks and the collates consume. A
 :class:`ChatDataset` sample cut to ``max_seq_len`` also carries
-``TRUNCATED_FROM: int`` (its length before the cut), which the collates ignore and the
-loader's epoch statistics count (:func:`~odb_lightning.sample.is_truncated`).
+``TRUNCATED_FROM: int`` (its length before the cut, ``data.sizes.truncation``), which the
+collates ignore and the loader's epoch statistics count
+(:func:`~odb_lightning.sample.is_truncated`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ import torch
 from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
+from odb_lightning.data.chat_formats import ThinkBlock, Truncation
 from odb_lightning.data.conversation import ChatRecord, has_assistant
 from odb_lightning.data.plain_text import is_plain, tokenize_record
 from odb_lightning.data.sources.arrow_records import ArrowRecords
-from odb_lightning.data.template import build_chat_template, template_fingerprint
+from odb_lightning.data.template_choice import (
+    PROBED_RECORDS,
+    build_chat_template,
+    template_fingerprint,
+)
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.sample import TRUNCATED_FROM, BadSampleError, Sample
 
@@ -43,14 +49,17 @@ class ChatDataset(Dataset[Sample]):
 
     Args:
         records: Conversations (any random-access sequence of :class:`ChatRecord`).
-        max_seq_len: Samples are right-truncated to this many tokens.
+        max_seq_len: The most tokens of a sample; ``truncation`` says what happens to a
+            longer one (``data.sizes.truncation``).
         system_prompt: Default system prompt for conversations that have none (after
             augmentation, which may already have given one).
         template: The chat template (``data.source.template``): ``auto``, ``chatml``, ``qwen3``,
             ``llama3``, ``mistral``, ``gemma`` or ``hf``, chosen and checked here, before
-            any sample is read (:func:`~odb_lightning.data.template.build_chat_template`).
+            any sample is read, on a probe that includes the first records
+            (:func:`~odb_lightning.data.template_choice.build_chat_template`).
         augmentation: Seeded per-epoch augmentation, applied before the template; it
             depends on :meth:`set_epoch`, so workers must see the current epoch.
+        think_block: ``data.source.think_block``.
     """
 
     def __init__(
@@ -61,14 +70,33 @@ class ChatDataset(Dataset[Sample]):
         system_prompt: str | None = None,
         augmentation: Augmentation | None = None,
         template: str = "auto",
+        truncation: Truncation | str = Truncation.TURNS,
+        think_block: ThinkBlock | str = ThinkBlock.GENERATION,
     ) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         self.records = records
         self.max_seq_len = max_seq_len
-        self.template = build_chat_template(tokenizer, template, system_prompt)
+        self.truncation = Truncation(truncation)
+        self.template = build_chat_template(
+            tokenizer, template, system_prompt, think_block, self._first_chats(records)
+        )
         self.augmentation = augmentation
         self.epoch = 0
+
+    @staticmethod
+    def _first_chats(records: Sequence[ChatRecord]) -> list[Any]:
+        """The first conversations of ``records`` for the template's start-up probe
+        (plain records and malformed ones left out: they are not the template's)."""
+        chats = []
+        for index in range(min(len(records), PROBED_RECORDS)):
+            try:
+                messages = records[index].get("messages")
+            except (KeyError, IndexError, TypeError, AttributeError):
+                continue
+            if isinstance(messages, list) and messages and not is_plain(messages):
+                chats.append(messages)
+        return chats
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose augmentation ``__getitem__`` applies."""
@@ -84,6 +112,7 @@ class ChatDataset(Dataset[Sample]):
             "template": template_fingerprint(self.template),
             "system_prompt": self.template.system_prompt,
             "max_seq_len": self.max_seq_len,
+            "truncation": self.truncation.value,
             "augmentation": self.augmentation.fingerprint if augmented else None,
         }
 
@@ -100,8 +129,8 @@ class ChatDataset(Dataset[Sample]):
         No tokenizer: records in an Arrow table answer from its role column at once
         (:attr:`~odb_lightning.data.sources.arrow_records.ArrowRecords.supervised`), others
         by a scan of their turns. A record whose assistant turns are all cut off by
-        ``max_seq_len`` (or dropped by augmentation) is not found here; the length pass
-        and the loader's epoch statistics count those.
+        ``max_seq_len`` (``data.sizes.truncation``; or dropped by augmentation) is not found
+        here; the length pass and the loader's epoch statistics count those.
         """
         if isinstance(self.records, ArrowRecords):
             chosen = np.asarray(indices, dtype=np.int64)
@@ -135,7 +164,7 @@ class ChatDataset(Dataset[Sample]):
         if self.augmentation is not None and not is_plain(messages):
             messages = augment_messages(messages, self.augmentation, self.epoch, index)
         try:
-            chat = tokenize_record(self.template, messages, self.max_seq_len)
+            chat = tokenize_record(self.template, messages, self.max_seq_len, self.truncation)
         except BadSampleError as error:
             raise error.at_index(index) from error
         sample = as_sample(chat.input_ids, chat.labels)

@@ -136,6 +136,14 @@ class HFTokenizer:
         found = pattern.search(text) if pattern is not None else None
         return found.group() if found else None
 
+    def encode_rendered(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        # apply_chat_template(tokenize=True) calls the tokenizer so on its rendered text.
+        encoding = self.backend(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(encoding["input_ids"]), [tuple(o) for o in encoding["offset_mapping"]]
+
+    def unknown_id(self) -> int | None:
+        return self.backend.unk_token_id
+
     @property
     def fingerprint(self) -> str:
         digest = hashlib.sha256()

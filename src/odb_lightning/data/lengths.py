@@ -26,7 +26,8 @@ from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources import load_source
 from odb_lightning.data.sources.table import SourceKind, source_named
 from odb_lightning.data.synthetic import LENGTH_PROFILES
-from odb_lightning.data.template import ChatTemplate, build_chat_template
+from odb_lightning.data.template import ChatTemplate
+from odb_lightning.data.template_choice import build_chat_template
 from odb_lightning.data.tokenizer import ChatTokenizer
 
 if TYPE_CHECKING:

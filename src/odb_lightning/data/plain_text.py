@@ -8,7 +8,8 @@ the record table, the length pass and the loaders like a conversation. Its token
 prompt's, then the completion's and the tokenizer's end-of-sequence id, no other token
 added (no begin-of-sequence id, no template); the completion and its end-of-sequence id
 are supervised. The chat template's default system prompt and the augmentation do not
-apply to it.
+apply to it. A plain record is one turn to learn: longer than ``max_seq_len``, it is
+dropped under ``data.sizes.truncation=turns`` or ``drop`` and cut under ``tail``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from odb_lightning.data.chat_formats import Truncation
 from odb_lightning.data.conversation import Message
 from odb_lightning.data.template import ChatTemplate, TokenizedChat
 from odb_lightning.sample import IGNORE_INDEX, BadSampleError
@@ -31,9 +33,12 @@ def is_plain(messages: Sequence[Any]) -> bool:
 
 
 def tokenize_plain(
-    template: ChatTemplate, messages: Sequence[Message], max_seq_len: int | None = None
+    template: ChatTemplate,
+    messages: Sequence[Message],
+    max_seq_len: int | None = None,
+    truncation: Truncation = Truncation.TURNS,
 ) -> TokenizedChat:
-    """The plain record's ids and labels (the module docstring), right-truncated."""
+    """The plain record's ids and labels (the module docstring), cut or dropped."""
     roles = [m.get("role") for m in messages]
     if roles not in ([COMPLETION], [PROMPT, COMPLETION]):
         raise BadSampleError(
@@ -45,15 +50,21 @@ def tokenize_plain(
     input_ids = prompt + completion
     labels = [IGNORE_INDEX] * len(prompt) + completion
     full_length = len(input_ids)
-    if max_seq_len is not None:
-        input_ids, labels = input_ids[:max_seq_len], labels[:max_seq_len]
-    return TokenizedChat(input_ids, labels, full_length)
+    if max_seq_len is None or full_length <= max_seq_len:
+        return TokenizedChat(input_ids, labels, full_length)
+    cut = TokenizedChat(input_ids[:max_seq_len], labels[:max_seq_len], full_length)
+    if truncation is not Truncation.TAIL or cut.num_loss_tokens == 0:
+        return TokenizedChat(input_ids[:1], [IGNORE_INDEX], full_length, dropped=True)
+    return cut
 
 
 def tokenize_record(
-    template: ChatTemplate, messages: Sequence[Message], max_seq_len: int | None = None
+    template: ChatTemplate,
+    messages: Sequence[Message],
+    max_seq_len: int | None = None,
+    truncation: Truncation = Truncation.TURNS,
 ) -> TokenizedChat:
     """A record's ids and labels: a plain record's own rule, else the chat template's."""
     if is_plain(messages):
-        return tokenize_plain(template, messages, max_seq_len)
-    return template.tokenize(messages, max_seq_len)
+        return tokenize_plain(template, messages, max_seq_len, truncation)
+    return template.tokenize(messages, max_seq_len, truncation)

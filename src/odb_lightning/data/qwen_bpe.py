@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import re
 import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +44,7 @@ QWEN_ADDED_IDS = {
     token: QWEN_SPECIAL_IDS[ENDOFTEXT] + k for k, token in enumerate(QWEN_ADDED_TOKENS)
 }
 QWEN_NUM_RANKS = 151_643
+_CONTROL_TOKENS = re.compile("|".join(map(re.escape, QWEN_ADDED_TOKENS)))
 QWEN_TOKENIZER_NAME = "qwen2.5"
 
 
@@ -133,6 +135,27 @@ class QwenTokenizer:
     def encode_text(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(unicodedata.normalize("NFC", text))
 
+    def encode_rendered(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """One pass, the chat template's control tokens read as such; each token's
+        character span in ``text`` (through NFC: a token in a piece NFC changed spans the
+        whole piece)."""
+        normalized, starts, ends = _nfc_with_map(text)
+        ids = self.encoding.encode(normalized, allowed_special=set(QWEN_SPECIAL_IDS))
+        _, token_starts = self.encoding.decode_with_offsets(ids)
+        bounds = [*token_starts[1:], len(normalized)]
+        offsets = [
+            (starts[a], ends[max(a, b - 1)]) if a < len(normalized) else (len(text), len(text))
+            for a, b in zip(token_starts, bounds, strict=True)
+        ]
+        return ids, offsets
+
+    def find_control_token(self, text: str) -> str | None:
+        found = _CONTROL_TOKENS.search(text)
+        return found.group() if found else None
+
+    def unknown_id(self) -> int | None:
+        return None  # byte-level: every character is encoded
+
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(list(ids))
 
@@ -140,3 +163,29 @@ class QwenTokenizer:
         if token not in QWEN_ADDED_IDS:
             raise ValueError(f"the Qwen2.5 tokenizer has no special token {token}")
         return QWEN_ADDED_IDS[token]
+
+
+def _is_starter(char: str) -> bool:
+    """Whether NFC can never compose ``char`` with what precedes it (Hangul jamo can)."""
+    code = ord(char)
+    jamo = 0x1100 <= code <= 0x11FF or 0xA960 <= code <= 0xA97F or 0xD7B0 <= code <= 0xD7FF
+    return unicodedata.combining(char) == 0 and not jamo
+
+
+def _nfc_with_map(text: str) -> tuple[str, list[int], list[int]]:
+    """``text`` in NFC, and for each character of it the start and end of the characters
+    of ``text`` it came from (a piece NFC changed maps to the whole piece)."""
+    if unicodedata.is_normalized("NFC", text):
+        return text, list(range(len(text))), list(range(1, len(text) + 1))
+    cuts = [i for i in range(1, len(text)) if _is_starter(text[i])]
+    pieces, starts, ends = [], [], []
+    for begin, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        piece = unicodedata.normalize("NFC", text[begin:end])
+        pieces.append(piece)
+        if piece == text[begin:end]:
+            starts += range(begin, end)
+            ends += range(begin + 1, end + 1)
+        else:
+            starts += [begin] * len(piece)
+            ends += [end] * len(piece)
+    return "".join(pieces), starts, ends

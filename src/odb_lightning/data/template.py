@@ -1,44 +1,43 @@
-"""Chat templates: the ChatML one Qwen uses (below), the other families' layouts
-(:mod:`~odb_lightning.data.chat_formats`), and the choice among them at startup
-(:func:`build_chat_template`), all with standard SFT label masking.
+"""The chat template: a conversation to token ids and SFT labels, in one pass.
 
-Rendered text, one block per message::
+A layout (:mod:`~odb_lightning.data.chat_layouts`: a built-in one, or the tokenizer's own
+Jinja template) writes the conversation's whole text and marks what is supervised; the
+tokenizer encodes that text in one pass, as ``apply_chat_template`` does, so what the
+template would merge stays merged; a token is supervised when its characters overlap a
+supervised range. ``labels`` are ``-100`` everywhere else: the model learns to answer and
+to stop, never to imitate the user, the system prompt or the role headers.
 
-    <|im_start|>{role}\\n{content}<|im_end|>\\n
+Rules every layout shares, stated once here:
 
-``labels`` are ``-100`` everywhere except the assistant content tokens and the assistant's
-closing ``<|im_end|>``: the model learns to answer and to stop, never to imitate the user,
-the system prompt or the role headers.
+- **Control tokens in text.** A message whose text spells a control token of the tokenizer
+  (``<|im_end|>``, ``<|eot_id|>``, ...) is a bad sample naming the field: the one-pass
+  encoding (and ``apply_chat_template``) would read it as a turn boundary the data does
+  not have. It is skipped and counted with ``batching.loader.on_bad_sample=skip``.
+- **Characters the vocabulary cannot encode** (a tokenizer without byte fallback would
+  write ``<unk>``) make a bad sample naming the field and the character.
+- **Truncation** (``data.sizes.truncation``, :class:`~odb_lightning.data.chat_formats.Truncation`)
+  and **think blocks** (``data.source.think_block``,
+  :class:`~odb_lightning.data.chat_formats.ThinkBlock`).
 
-The header ``"{role}\\n"`` and the content are tokenized separately, so the supervised span
-starts exactly at the first content token. This matches tokenizing the whole rendered text
-token-for-token except when content starts with whitespace that BPE would merge with the
-header's newline (rare; every SFT framework that masks by span does the same).
+Which layout serves a tokenizer is :mod:`~odb_lightning.data.template_choice`'s decision.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from odb_lightning.data.chat_formats import (
-    REQUIRED_TOKENS,
-    HFChatTemplate,
-    RenderedTemplate,
-    TemplateName,
-)
+from odb_lightning.data.chat_formats import TemplateName, ThinkBlock, Truncation
+from odb_lightning.data.chat_layouts import OwnTemplate, SpanLayout, overlapping
 from odb_lightning.data.conversation import Message, Role
-from odb_lightning.data.hf_tokenizer import HFTokenizer
-from odb_lightning.data.tokenizer import IM_END, IM_START, ChatTokenizer
+from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.sample import IGNORE_INDEX, BadSampleError, count_loss_tokens
 
-logger = logging.getLogger(__name__)
-
 QWEN25_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+"""The system prompt Qwen2.5's own template gives a chat without one."""
 _ROLES = frozenset(role.value for role in Role)
+_EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +48,15 @@ class TokenizedChat:
         input_ids: Token ids, at most ``max_seq_len`` of them.
         labels: Same length; ``-100`` where there is no loss.
         full_length: Length before truncation.
+        dropped: Left out by the truncation (too long for ``data.sizes.truncation``, or no
+            supervised token left after the cut): the sample is its first token, without
+            a supervised one, so the loaders count it as unsupervised and cut.
     """
 
     input_ids: list[int]
     labels: list[int]
     full_length: int
+    dropped: bool = False
 
     @property
     def length(self) -> int:
@@ -68,76 +71,8 @@ class TokenizedChat:
         return count_loss_tokens(self.labels)
 
 
-class ChatMLTemplate:
-    """Render and tokenize conversations in ChatML.
-
-    Args:
-        tokenizer: Any :class:`ChatTokenizer`.
-        system_prompt: Prepended as a system message when a conversation has none; ``None``
-            adds nothing. Qwen2.5's own default is :data:`QWEN25_SYSTEM_PROMPT`.
-    """
-
-    name = TemplateName.CHATML
-
-    def __init__(self, tokenizer: ChatTokenizer, system_prompt: str | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.system_prompt = system_prompt
-        self._headers: dict[str, list[int]] = {}
-        self._newline: list[int] = []
-
-    def _header(self, role: str) -> list[int]:
-        """``<|im_start|>{role}\\n``, tokenized once per role."""
-        if role not in self._headers:
-            ids = [self.tokenizer.im_start_id, *self.tokenizer.encode_text(f"{role}\n")]
-            self._headers[role] = ids
-        return self._headers[role]
-
-    def _closing(self) -> tuple[int, list[int]]:
-        if not self._newline:
-            self._newline = self.tokenizer.encode_text("\n")
-        return self.tokenizer.im_end_id, self._newline
-
-    def with_system_prompt(self, messages: Sequence[Message]) -> list[Message]:
-        """The messages as rendered: the default system prompt first, if one applies."""
-        messages = list(messages)
-        first_is_system = bool(messages) and messages[0].get("role") == Role.SYSTEM.value
-        if self.system_prompt is not None and not first_is_system:
-            messages.insert(0, {"role": Role.SYSTEM.value, "content": self.system_prompt})
-        return messages
-
-    def render(self, messages: Sequence[Message]) -> str:
-        """The template as text (for inspection; tokenization does not go through it)."""
-        return "".join(
-            f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n"
-            for m in self.with_system_prompt(messages)
-        )
-
-    def tokenize(
-        self, messages: Sequence[Message], max_seq_len: int | None = None
-    ) -> TokenizedChat:
-        """Tokenize a conversation, mask labels, then right-truncate to ``max_seq_len``.
-
-        Raises:
-            BadSampleError: A message is not ``{"role": system|user|assistant, "content": str}``
-                (``index`` is ``None`` here; the dataset fills it in).
-        """
-        input_ids: list[int] = []
-        labels: list[int] = []
-        im_end, newline = self._closing()
-        for position, message in enumerate(self.with_system_prompt(messages)):
-            role, content = _checked_message(message, position)
-            header = self._header(role)
-            body = [*self.tokenizer.encode_text(content), im_end]
-            input_ids += [*header, *body, *newline]
-            supervised = body if role == Role.ASSISTANT.value else [IGNORE_INDEX] * len(body)
-            labels += [IGNORE_INDEX] * len(header) + supervised + [IGNORE_INDEX] * len(newline)
-        full_length = len(input_ids)
-        if max_seq_len is not None:
-            input_ids, labels = input_ids[:max_seq_len], labels[:max_seq_len]
-        return TokenizedChat(input_ids, labels, full_length)
-
-
-def _checked_message(message: object, position: int) -> tuple[str, str]:
+def checked_message(message: object, position: int) -> Message:
+    """``message`` as ``{"role", "content"}``, or a :class:`BadSampleError` naming it."""
     if not isinstance(message, dict):
         raise BadSampleError(None, f"messages[{position}]", "must be a dict with role/content")
     role, content = message.get("role"), message.get("content")
@@ -147,202 +82,139 @@ def _checked_message(message: object, position: int) -> tuple[str, str]:
         raise BadSampleError(
             None, f"messages[{position}].content", f"must be str, got {type(content).__name__}"
         )
-    return role, content
+    return {"role": role, "content": content}
 
 
-def _with_system_prompt(messages: Sequence[Message], system_prompt: str | None) -> list[Message]:
-    messages = list(messages)
-    first_is_system = bool(messages) and messages[0].get("role") == Role.SYSTEM.value
-    if system_prompt is not None and not first_is_system:
-        messages.insert(0, {"role": Role.SYSTEM.value, "content": system_prompt})
-    return messages
+def checked_text(tokenizer: ChatTokenizer, message: object, position: int) -> Message:
+    """:func:`checked_message`, and refused where its text spells a control token of
+    ``tokenizer`` (the module docstring)."""
+    checked = checked_message(message, position)
+    token = tokenizer.find_control_token(checked["content"])
+    if token is not None:
+        raise BadSampleError(
+            None,
+            f"messages[{position}].content",
+            f"spells {token!r}, a control token of the tokenizer: the chat template's "
+            "one-pass encoding (as apply_chat_template's) would read a turn boundary "
+            "the data does not have; remove it or write it otherwise",
+        )
+    return checked
 
 
-class FamilyTemplate:
-    """Any non-ChatML template behind :class:`ChatMLTemplate`'s interface: the default
-    system prompt, message checks and right-truncation to ``max_seq_len``.
+class ChatTemplate:
+    """A layout behind the rules of the module docstring.
 
     Args:
-        layout: A :class:`~odb_lightning.data.chat_formats.RenderedTemplate` or
-            :class:`~odb_lightning.data.chat_formats.HFChatTemplate`.
+        layout: A :class:`~odb_lightning.data.chat_layouts.SpanLayout` or
+            :class:`~odb_lightning.data.chat_layouts.OwnTemplate`.
+        system_prompt: Prepended as a system turn to conversations without one; ``None``
+            adds nothing.
+        think_block: Whether an empty think block is supervised (``data.source.think_block``).
     """
 
     def __init__(
-        self, layout: RenderedTemplate | HFChatTemplate, system_prompt: str | None = None
+        self,
+        layout: SpanLayout | OwnTemplate,
+        system_prompt: str | None = None,
+        think_block: ThinkBlock = ThinkBlock.GENERATION,
     ) -> None:
         self.layout, self.system_prompt = layout, system_prompt
-        self.name, self.tokenizer = layout.name, layout.tokenizer
+        self.think_block = ThinkBlock(think_block)
+        self.name: TemplateName = layout.name
+        self.tokenizer: ChatTokenizer = layout.tokenizer
 
     def with_system_prompt(self, messages: Sequence[Message]) -> list[Message]:
-        return _with_system_prompt(messages, self.system_prompt)
+        """The messages as rendered: the default system prompt first, if one applies."""
+        messages = list(messages)
+        first_is_system = bool(messages) and messages[0].get("role") == Role.SYSTEM.value
+        if self.system_prompt is not None and not first_is_system:
+            messages.insert(0, {"role": Role.SYSTEM.value, "content": self.system_prompt})
+        return messages
+
+    def checked(self, messages: Sequence[Message]) -> list[Message]:
+        """The messages as rendered, each checked: its fields, and no control token in it."""
+        return [
+            checked_text(self.tokenizer, message, position)
+            for position, message in enumerate(self.with_system_prompt(messages))
+        ]
 
     def render(self, messages: Sequence[Message]) -> str:
-        return self.layout.render(self.with_system_prompt(messages))
+        """The conversation's text, as the tokenizer reads it."""
+        return self.layout.render(self.checked(messages)).text
 
     def tokenize(
-        self, messages: Sequence[Message], max_seq_len: int | None = None
+        self,
+        messages: Sequence[Message],
+        max_seq_len: int | None = None,
+        truncation: Truncation = Truncation.TURNS,
     ) -> TokenizedChat:
-        """Tokenize, mask labels, right-truncate (see :meth:`ChatMLTemplate.tokenize`)."""
-        checked: list[Message] = []
-        for position, message in enumerate(self.with_system_prompt(messages)):
-            role, content = _checked_message(message, position)
-            checked.append({"role": role, "content": content})
-        input_ids, labels = self.layout.tokenize(checked)
-        full_length = len(input_ids)
-        if max_seq_len is not None:
-            input_ids, labels = input_ids[:max_seq_len], labels[:max_seq_len]
-        return TokenizedChat(input_ids, labels, full_length)
+        """Token ids and labels of a conversation, at most ``max_seq_len`` of them.
 
+        Raises:
+            BadSampleError: A message is not ``{"role": system|user|assistant, "content":
+                str}``, spells a control token or a character the tokenizer cannot encode,
+                or the layout refuses the conversation (``index`` is ``None`` here; the
+                dataset fills it in).
+        """
+        checked = self.checked(messages)
+        ids, labels = self.encode(checked)
+        if max_seq_len is None or len(ids) <= max_seq_len:
+            return TokenizedChat(ids, labels, len(ids))
+        kept: tuple[list[int], list[int]] | None = None
+        if truncation is Truncation.TAIL:
+            kept = ids[:max_seq_len], labels[:max_seq_len]
+        elif truncation is Truncation.TURNS:
+            kept = self._last_turns(checked, max_seq_len)
+        if kept is None or count_loss_tokens(kept[1]) == 0:
+            return TokenizedChat(ids[:1], [IGNORE_INDEX], len(ids), dropped=True)
+        return TokenizedChat(*kept, len(ids))
 
-ChatTemplate = ChatMLTemplate | FamilyTemplate
-"""What :class:`~odb_lightning.data.dataset.ChatDataset` tokenizes with."""
+    def encode(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+        """Ids and labels of checked ``messages``, whole (the module docstring)."""
+        rendering = self.layout.render(messages)
+        ids, offsets = self.tokenizer.encode_rendered(rendering.text)
+        supervised = overlapping(offsets, rendering.supervised)
+        if self.think_block is ThinkBlock.PROMPT:
+            empty = [m.span() for m in _EMPTY_THINK.finditer(rendering.text)]
+            if empty:
+                context = overlapping(offsets, empty)
+                supervised = [s and not c for s, c in zip(supervised, context, strict=True)]
+        self._refuse_unknown(ids, offsets, rendering.text, messages)
+        return ids, [t if s else IGNORE_INDEX for t, s in zip(ids, supervised, strict=True)]
 
-_GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
-# Markers of each family's layout in a tokenizer's own Jinja template, most specific first.
-_MARKERS = (
-    ("<|start_header_id|>", TemplateName.LLAMA3),
-    ("<start_of_turn>", TemplateName.GEMMA),
-    ("[INST]", TemplateName.MISTRAL),
-)
-_PROBE: list[Message] = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi there"},
-    {"role": "assistant", "content": "Hello! How can I help?"},
-    {"role": "user", "content": "Name a color."},
-    {"role": "assistant", "content": "Blue."},
-]
-_SHIPPED = ", ".join(n.value for n in TemplateName if n not in (TemplateName.AUTO,))
+    def _last_turns(
+        self, messages: list[Message], max_seq_len: int
+    ) -> tuple[list[int], list[int]] | None:
+        """``data.sizes.truncation=turns``: the system turn and the fewest exchanges cut
+        from the start that fit (a binary search: fewer turns never render longer)."""
+        system = messages[:1] if messages[0]["role"] == Role.SYSTEM.value else []
+        rest = messages[len(system) :]
+        starts = [k for k, m in enumerate(rest) if m["role"] == Role.USER.value and k > 0]
+        low, high, best = 0, len(starts) - 1, None
+        while low <= high:
+            middle = (low + high) // 2
+            ids, labels = self.encode([*system, *rest[starts[middle] :]])
+            if len(ids) <= max_seq_len:
+                best, high = (ids, labels), middle - 1
+            else:
+                low = middle + 1
+        return best
 
-
-def _detect(tokenizer: ChatTokenizer) -> TemplateName:
-    """``data.source.template=auto``: the tokenizer's own template where it marks assistant
-    tokens, else the shipped layout its template (or its vocabulary) shows."""
-    own = tokenizer.chat_template if isinstance(tokenizer, HFTokenizer) else None
-    if own is not None and _GENERATION_BLOCK.search(own):
-        return TemplateName.HF
-    if own is not None:
-        for marker, name in _MARKERS:
-            if marker in own:
-                return name
-        if IM_START in own:
-            return TemplateName.QWEN3 if "<think>" in own else TemplateName.CHATML
-    elif not isinstance(tokenizer, HFTokenizer) or tokenizer.has_token(IM_END):
-        return TemplateName.CHATML
-    kind = "its chat template" if own is not None else "it has no chat template and"
-    raise ValueError(
-        f"template=auto: tokenizer {tokenizer!r}: {kind} matches none of the shipped "
-        f"layouts ({_SHIPPED}), and no {{% generation %}} block marks its assistant "
-        "tokens for apply_chat_template: set data.source.template to one of them"
-    )
-
-
-def _check_tokens(tokenizer: ChatTokenizer, name: TemplateName) -> None:
-    if name is TemplateName.CHATML:
-        if isinstance(tokenizer, HFTokenizer):
-            missing = [t for t in (IM_START, IM_END) if not tokenizer.has_token(t)]
-        else:
-            missing = []
-    elif not isinstance(tokenizer, HFTokenizer):
-        raise ValueError(
-            f"template={name.value} needs a Hugging Face tokenizer (tokenizer=hf), got "
-            f"{tokenizer!r}"
+    def _refuse_unknown(
+        self, ids: list[int], offsets: list[tuple[int, int]], text: str, messages: Sequence[Message]
+    ) -> None:
+        unknown = self.tokenizer.unknown_id()
+        if unknown is None or unknown not in ids:
+            return
+        start, end = offsets[ids.index(unknown)]
+        piece = text[start:end]
+        position = next((k for k, m in enumerate(messages) if piece in m["content"]), None)
+        field = "messages" if position is None else f"messages[{position}].content"
+        codes = " ".join(f"U+{ord(char):04X}" for char in piece[:8])
+        raise BadSampleError(
+            None,
+            field,
+            f"has {piece!r} ({codes}), text tokenizer {self.tokenizer!r} cannot encode: it has "
+            f"no byte fallback and would write its unknown token (id {unknown}); replace or "
+            "remove it",
         )
-    elif name is TemplateName.HF:
-        own = tokenizer.chat_template
-        if own is None or not _GENERATION_BLOCK.search(own):
-            raise ValueError(
-                f"template=hf: the chat template of tokenizer {tokenizer!r} has no "
-                "{% generation %} block, so apply_chat_template cannot mark the "
-                f"assistant tokens; set data.source.template to a shipped layout ({_SHIPPED})"
-            )
-        missing = []
-    else:
-        missing = [t for t in REQUIRED_TOKENS[name] if not tokenizer.has_token(t)]
-    if missing:
-        raise ValueError(
-            f"template={name.value}: tokenizer {tokenizer!r} lacks the control tokens "
-            f"{', '.join(missing)}: its model uses another chat layout (data.source.template=auto "
-            "picks it)"
-        )
-
-
-def _compare_with_own(template: ChatTemplate) -> None:
-    """Warn when a shipped layout renders a probe conversation unlike the tokenizer's own
-    template (e.g. Llama 3.1's dated system prompt): the ids the model was tuned on."""
-    tokenizer = template.tokenizer
-    own = tokenizer.chat_template if isinstance(tokenizer, HFTokenizer) else None
-    if own is None or template.name is TemplateName.HF:
-        return
-    try:
-        theirs = tokenizer.backend.apply_chat_template(_PROBE, tokenize=False)
-    except Exception as error:  # a template may refuse the probe (e.g. no system role)
-        logger.info(
-            "template=%s: the tokenizer's own template refused a probe: %s",
-            template.name.value,
-            error,
-        )
-        return
-    ours = template.render(_PROBE)
-    if ours != theirs:
-        at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-        at = min(len(ours), len(theirs)) if at is None else at
-        logger.warning(
-            "template=%s renders a probe conversation unlike the tokenizer's own chat "
-            "template from character %d: ours %r, its own %r",
-            template.name.value,
-            at,
-            ours[max(0, at - 20) : at + 40],
-            theirs[max(0, at - 20) : at + 40],
-        )
-
-
-def resolve_template_name(tokenizer: ChatTokenizer, template: str = "auto") -> TemplateName:
-    """The template ``template`` names for ``tokenizer``, checked against its vocabulary.
-
-    Raises:
-        ValueError: An unknown name, a layout whose control tokens the tokenizer lacks,
-            ``hf`` without a ``{% generation %}`` block, or ``auto`` that recognizes
-            nothing. The message starts with ``template``.
-    """
-    try:
-        name = TemplateName(template)
-    except ValueError:
-        choices = ", ".join(n.value for n in TemplateName)
-        raise ValueError(f"template must be one of {choices}, got {template!r}") from None
-    if name is TemplateName.AUTO:
-        name = _detect(tokenizer)
-    _check_tokens(tokenizer, name)
-    return name
-
-
-def build_chat_template(
-    tokenizer: ChatTokenizer, template: str = "auto", system_prompt: str | None = None
-) -> ChatTemplate:
-    """The chat template for ``tokenizer`` (``data.source.template``), chosen and checked now.
-
-    Args:
-        template: ``auto`` (the tokenizer's own template when it has ``{% generation %}``
-            blocks, else the shipped layout it shows, else ChatML for a tokenizer with
-            ``<|im_start|>``/``<|im_end|>``), ``chatml``, ``qwen3``, ``llama3``,
-            ``mistral``, ``gemma`` or ``hf``.
-        system_prompt: Default system prompt for conversations without one.
-    """
-    name = resolve_template_name(tokenizer, template)
-    chosen: ChatTemplate
-    if name is TemplateName.CHATML:
-        chosen = ChatMLTemplate(tokenizer, system_prompt)
-    elif name is TemplateName.HF:
-        chosen = FamilyTemplate(HFChatTemplate(tokenizer), system_prompt)  # type: ignore[arg-type]
-    else:
-        chosen = FamilyTemplate(RenderedTemplate(tokenizer, name), system_prompt)  # type: ignore[arg-type]
-    _compare_with_own(chosen)
-    return chosen
-
-
-def template_fingerprint(template: ChatTemplate) -> str:
-    """What of the template decides token ids, for length-cache keys: its name, and for
-    ``hf`` a digest of the tokenizer's own Jinja template."""
-    if template.name is not TemplateName.HF:
-        return template.name.value
-    own = template.tokenizer.chat_template or ""
-    return f"hf:{hashlib.sha256(own.encode()).hexdigest()[:16]}"

@@ -1,10 +1,13 @@
 """What the chat template needs from a tokenizer, and the ChatML control-token names.
 
 Backends (:mod:`~odb_lightning.data.qwen_bpe`, :mod:`~odb_lightning.data.hf_tokenizer`)
-encode message text *ordinarily*: a literal ``<|im_end|>`` typed by a user is text, never
-a control token. The template adds the real control tokens by id, so the only way a
-special token enters a sample is through the template. Tokenizer objects are sent to
-loader workers, so they pickle as a few strings and load their encoding lazily.
+encode a chat template's rendered text in one pass, as ``apply_chat_template`` does: a
+control token spelled in the text is the control token. So the template refuses a message
+whose text spells one (:mod:`~odb_lightning.data.template`), and the only way a control
+token enters a sample is through the template. :meth:`ChatTokenizer.encode_text` encodes
+plain text (a plain record's, the vision family's) *ordinarily*: there a literal
+``<|im_end|>`` is text. Tokenizer objects are sent to loader workers, so they pickle as a
+few strings and load their encoding lazily.
 """
 
 from __future__ import annotations
@@ -43,6 +46,21 @@ class ChatTokenizer(Protocol):
 
     def encode_text(self, text: str) -> list[int]:
         """Encode plain text; special-token strings in it stay ordinary text."""
+        ...
+
+    def encode_rendered(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Encode a chat template's whole text in one pass, control tokens spelled in it
+        read as control tokens (``apply_chat_template``'s ids), with each token's
+        ``(start, end)`` character span in ``text``."""
+        ...
+
+    def find_control_token(self, text: str) -> str | None:
+        """The first control token spelled in ``text``, if any."""
+        ...
+
+    def unknown_id(self) -> int | None:
+        """The id a character the vocabulary cannot encode becomes (``<unk>``), if the
+        tokenizer has one (a byte-level BPE has none)."""
         ...
 
     def decode(self, ids: list[int]) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from odb_lightning.data.conversation import ChatRecord, Role
 from odb_lightning.data.dataset import ChatDataset, as_sample
-from odb_lightning.data.template import TokenizedChat, _checked_message
+from odb_lightning.data.template import TokenizedChat, checked_text
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import (
     IMAGE_PLACEHOLDER,
@@ -157,9 +157,11 @@ def tokenize_with_images(
 ) -> TokenizedChat:
     """ChatML with each ``<image>`` expanded to its image's tokens, SFT labels masked.
 
-    The layout is :class:`~odb_lightning.data.template.ChatMLTemplate`'s (header, content,
-    ``<|im_end|>``, newline; assistant content and its ``<|im_end|>`` supervised), token
-    for token for a conversation without images; the image blocks are never supervised.
+    The layout is the ``chatml`` layout's (header, content, ``<|im_end|>``, newline;
+    assistant content and its ``<|im_end|>`` supervised), each run of text between control
+    tokens encoded in one pass (the ids of the text layouts for a conversation without
+    images); the image blocks are never supervised. Control tokens in message text are
+    refused, as the text layouts refuse them.
 
     Raises:
         BadSampleError: A malformed message, a placeholder outside a user or system
@@ -171,24 +173,29 @@ def tokenize_with_images(
     remaining = iter(image_tokens)
     last_image_end = -1
     for position, message in enumerate(messages):
-        role, content = _checked_message(message, position)
+        role, content = checked_text(tokenizer, message, position).values()
         pieces = content.split(IMAGE_PLACEHOLDER)
         if len(pieces) > 1 and role == Role.ASSISTANT.value:
             field = f"messages[{position}].content"
             raise BadSampleError(None, field, "holds an image placeholder in an assistant turn")
-        header = [tokenizer.im_start_id, *tokenizer.encode_text(f"{role}\n")]
-        input_ids += header
-        labels += [IGNORE_INDEX] * len(header)
         supervised = role == Role.ASSISTANT.value
+        input_ids.append(tokenizer.im_start_id)
+        labels.append(IGNORE_INDEX)
         for k, piece in enumerate(pieces):
             if k:
                 block = [vision.vision_start_id, *[vision.image_pad_id] * next(remaining)]
                 input_ids += [*block, vision.vision_end_id]
                 labels += [IGNORE_INDEX] * (len(block) + 1)
                 last_image_end = len(input_ids) - 1
-            text = tokenizer.encode_text(piece)
-            input_ids += text
-            labels += text if supervised else [IGNORE_INDEX] * len(text)
+            # The header and the text up to the first image are one run between control
+            # tokens, encoded in one pass as the tokenizer's own template would.
+            header = f"{role}\n" if k == 0 else ""
+            ids, offsets = tokenizer.encode_rendered(header + piece)
+            input_ids += ids
+            labels += [
+                t if supervised and end > len(header) else IGNORE_INDEX
+                for t, (_, end) in zip(ids, offsets, strict=True)
+            ]
         input_ids += [tokenizer.im_end_id, *newline]
         labels += [tokenizer.im_end_id if supervised else IGNORE_INDEX]
         labels += [IGNORE_INDEX] * len(newline)

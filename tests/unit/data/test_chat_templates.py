@@ -21,8 +21,8 @@ from helpers.chat_tokenizers import (
 from helpers.configs import ComposeConfig
 from odb_lightning.app.validation import ConfigError, instantiate_checked
 from odb_lightning.data import BadSampleError, ChatDataset, HFTokenizer, QwenTokenizer
-from odb_lightning.data.chat_formats import TemplateName
-from odb_lightning.data.template import build_chat_template, resolve_template_name
+from odb_lightning.data.chat_formats import TemplateName, ThinkBlock, Truncation
+from odb_lightning.data.template_choice import build_chat_template, resolve_template_name
 from odb_lightning.sample import IGNORE_INDEX
 
 CHAT = [
@@ -38,7 +38,8 @@ SUPERVISED = {
     "gemma": "Hello! How can I help?<end_of_turn>Blue.<end_of_turn>",
     # The first content token carries the space the layout puts before the answer.
     "mistral": " Hello! How can I help?</s> Blue.</s>",
-    "qwen3": "Hello! How can I help?<|im_end|>Blue.<|im_end|>",
+    # The empty think block Qwen3's template puts before the last answer is generation.
+    "qwen3": "Hello! How can I help?<|im_end|><think>\n\n</think>\n\nBlue.<|im_end|>",
     "deepseek": "Hello! How can I help?<｜end▁of▁sentence｜>Blue.<｜end▁of▁sentence｜>",
 }
 
@@ -99,22 +100,28 @@ def test_round_trip_matches_the_tokenizers_own_template(
 def test_truncation_keeps_the_mask_aligned(tokenizer_dirs: dict[str, Path]) -> None:
     template = build_chat_template(HFTokenizer(tokenizer_dirs["llama3"]), "llama3")
     whole = template.tokenize(CHAT)
-    cut = template.tokenize(CHAT, max_seq_len=12)
-    assert cut.input_ids == whole.input_ids[:12] and cut.labels == whole.labels[:12]
+    at = next(t for t, label in enumerate(whole.labels) if label != IGNORE_INDEX) + 3
+    cut = template.tokenize(CHAT, at, Truncation.TAIL)
+    assert cut.input_ids == whole.input_ids[:at] and cut.labels == whole.labels[:at]
     assert cut.truncated and cut.full_length == whole.length
 
 
-def test_qwen3_think_block_is_supervised_only_when_it_has_reasoning(
-    tokenizer_dirs: dict[str, Path],
+@pytest.mark.parametrize(
+    ("think_block", "empty_block"),
+    [(ThinkBlock.GENERATION, "<think>\n\n</think>\n\n"), (ThinkBlock.PROMPT, "")],
+)
+def test_qwen3_think_block_knob(
+    tokenizer_dirs: dict[str, Path], think_block: ThinkBlock, empty_block: str
 ) -> None:
     tokenizer = HFTokenizer(tokenizer_dirs["qwen3"])
-    template = build_chat_template(tokenizer, "qwen3")
+    template = build_chat_template(tokenizer, "qwen3", think_block=think_block)
     reasoning = [
         *CHAT[:4],
         {"role": "assistant", "content": "<think>\nblue is common\n</think>\n\nBlue."},
     ]
     for messages, supervised_tail in (
-        (CHAT, "Blue.<|im_end|>"),
+        (CHAT, f"{empty_block}Blue.<|im_end|>"),
+        # A think block with reasoning is supervised under either rule.
         (reasoning, "<think>\nblue is common\n</think>\n\nBlue.<|im_end|>"),
     ):
         chat = template.tokenize(messages)
@@ -152,7 +159,7 @@ def test_auto_picks_chatml_for_the_bundled_qwen_tokenizer(tokenizer: QwenTokeniz
     ("tokenizer_key", "template", "message"),
     [
         ("deepseek_plain", "auto", r"template=auto: .*no chat template.*data.source.template"),
-        ("llama3", "hf", r"template=hf: .*no \{% generation %\} block"),
+        ("deepseek_plain", "hf", r"template=hf: .*no chat template of its own"),
         (
             "llama3",
             "gemma",
@@ -207,11 +214,18 @@ def test_layout_unlike_the_tokenizers_own_template_warns(
     )
     (dated / "tokenizer_config.json").write_text(json.dumps(config))
     with caplog.at_level(logging.WARNING):
-        build_chat_template(HFTokenizer(dated), "auto")
-    assert "renders a probe conversation unlike the tokenizer's own chat template" in caplog.text
+        build_chat_template(HFTokenizer(dated), "llama3")
+    assert "renders unlike the tokenizer's own chat template" in caplog.text
+    assert "Today Date" in caplog.text  # where it differs
+    caplog.clear()
+    # auto renders with the template itself, and says so in one line.
+    with caplog.at_level(logging.INFO, logger="odb_lightning.data.template_choice"):
+        chosen = build_chat_template(HFTokenizer(dated), "auto")
+    assert chosen.name is TemplateName.HF
+    assert len(caplog.records) == 1 and "renders each chat" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        build_chat_template(HFTokenizer(tokenizer_dirs["llama3"]), "auto")
+        build_chat_template(HFTokenizer(tokenizer_dirs["llama3"]), "llama3")
     assert "unlike" not in caplog.text
 
 
@@ -220,7 +234,7 @@ def test_chat_dataset_with_another_family_survives_pickling(
 ) -> None:
     records = [{"id": "a", "messages": CHAT[1:]}]
     dataset = ChatDataset(records, HFTokenizer(tokenizer_dirs["gemma"]), 64, template="auto")
-    assert dataset.length_settings()["template"] == "gemma"
+    assert dataset.length_settings()["template"] == "gemma/think=generation"
     copy = pickle.loads(pickle.dumps(dataset))  # what a spawned loader worker receives
     sample, again = dataset[0], copy[0]
     assert sample["input_ids"].tolist() == again["input_ids"].tolist()

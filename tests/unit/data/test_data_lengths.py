@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from odb_lightning.data import (
-    ChatMLTemplate,
     LengthStats,
     QwenTokenizer,
+    build_chat_template,
     load_source,
     measure_source,
     source_lengths,
@@ -35,7 +35,7 @@ def chats(tmp_path: Path) -> Path:
 
 
 def test_lengths_match_the_template(chats: Path, tokenizer: QwenTokenizer) -> None:
-    template = ChatMLTemplate(tokenizer)
+    template = build_chat_template(tokenizer, "chatml")
     records = load_source("jsonl", path=chats).records
     expected = [template.tokenize(r["messages"]).length for r in records]
     assert source_lengths("jsonl", path=chats, max_seq_len=10_000) == expected

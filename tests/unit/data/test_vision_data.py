@@ -11,12 +11,12 @@ import torch
 
 from helpers.vlm import image_record, write_image, write_records
 from odb_lightning.core.loader_config import OnBadSample
-from odb_lightning.data import BadRecordError, ChatMLTemplate
+from odb_lightning.data import BadRecordError, build_chat_template
 from odb_lightning.data.image_generator import ResolutionProfile
 from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.sources.llava import llava_records
 from odb_lightning.data.vision import ImageSettings
-from odb_lightning.data.vision_dataset import VisionChatDataset
+from odb_lightning.data.vision_dataset import VisionChatDataset, tokenize_with_images
 from odb_lightning.data.vision_family import ImageProcessor, Qwen2VLFamily
 from odb_lightning.runtime.messages import FetchedSample, FetchRequest, SampleFailed, SampleSkipped
 from odb_lightning.runtime.transport import load_sample
@@ -54,7 +54,6 @@ def test_observed_length_is_text_plus_visual_tokens(tmp_path: Path, tokenizer) -
     # Two images in one record, in two turns.
     records.append(image_record("two", ["img0.png", "img3.png"], ["first?", "second?"]))
     dataset = _dataset(tmp_path, records, tokenizer)
-    template = ChatMLTemplate(tokenizer)
     for index, record in enumerate(records):
         fetched = _fetch(dataset, index)
         assert isinstance(fetched, FetchedSample)
@@ -64,14 +63,13 @@ def test_observed_length_is_text_plus_visual_tokens(tmp_path: Path, tokenizer) -
         sizes = [RESOLUTIONS[int(p[3])] for p in record["images"]]
         processor = ImageProcessor(SETTINGS)
         assert [tuple(g.tolist()) for g in grids] == [processor.grid(h, w) for w, h in sizes]
-        text_only = [
-            {"role": m["role"], "content": m["content"].replace("<image>", "")}
-            for m in record["messages"]
-        ]
-        text_tokens = template.tokenize(text_only).length
+        # The record's text with empty image blocks: <|vision_start|><|vision_end|> each.
+        text_tokens = tokenize_with_images(
+            record["messages"], tokenizer, [0] * len(grids), dataset.vision_tokens, None
+        ).length
         image_tokens = sum(int(g.prod()) // 4 for g in grids)
-        # Each image adds its tokens plus <|vision_start|> and <|vision_end|>.
-        assert fetched.length == text_tokens + image_tokens + 2 * len(grids)
+        # Each image adds its tokens between its <|vision_start|> and <|vision_end|>.
+        assert fetched.length == text_tokens + image_tokens
         assert fetched.num_image_tokens == image_tokens
         assert fetched.num_patches == int(grids.prod(dim=-1).sum())
         assert fetched.patch_square_sum == sum(int(g.prod()) ** 2 for g in grids)
@@ -90,7 +88,7 @@ def test_visual_tokens_are_never_supervised(tmp_path: Path, tokenizer) -> None:
     assert bool((labels[is_vision] == -100).all())
     # The supervised tokens are exactly the template's: the answers and their <|im_end|>.
     text_only = [{**m, "content": m["content"].replace("<image>", "")} for m in record["messages"]]
-    chat = ChatMLTemplate(tokenizer).tokenize(text_only)
+    chat = build_chat_template(tokenizer, "chatml").tokenize(text_only)
     expected = [t for t in chat.labels if t != -100]
     assert labels[labels != -100].tolist() == expected
 
@@ -105,7 +103,7 @@ def test_text_only_record_equals_the_chat_template(tmp_path: Path, tokenizer) ->
         ],
     }
     sample = _dataset(tmp_path, [record], tokenizer)[0]
-    chat = ChatMLTemplate(tokenizer).tokenize(record["messages"])
+    chat = build_chat_template(tokenizer, "chatml").tokenize(record["messages"])
     assert sample["input_ids"].tolist() == chat.input_ids
     assert sample["labels"].tolist() == chat.labels
     assert sample["pixel_values"].shape == (0, SETTINGS.patch_dim)

@@ -6,8 +6,9 @@ Two kinds, one JSON object per record, ``{"source", "record", "reason"}``:
 - source lines skipped as bad records (``batching.loader.on_bad_sample=skip``): ``record``
   is ``<file>:<line>``, ``reason`` the field and the problem, as the source rejected it;
 - training records without a supervised token (no assistant turn, or, where a length pass
-  counted them, none left after the template and ``max_seq_len``): ``record`` is the
-  record's own id.
+  counted them, none left after the template, ``max_seq_len`` and
+  ``data.sizes.truncation``, which drops a sample it cannot cut without losing an answer's
+  end): ``record`` is the record's own id.
 
 The counts in ``summary.json`` (``skipped_bad_records``, ``unsupervised_samples``) count
 the same records; this file names them.
@@ -36,8 +37,8 @@ _REJECTED = re.compile(r"^record (?P<record>.+?): (?P<reason>field .*)$", re.DOT
 
 NO_ASSISTANT_TURN = "no assistant turn: nothing to supervise (SFT trains on assistant turns)"
 NO_SUPERVISED_TOKEN = (
-    "0 supervised tokens after the chat template and data.sizes.max_seq_len (the assistant turns "
-    "are cut off or empty)"
+    "0 supervised tokens after the chat template and data.sizes.max_seq_len: longer than "
+    "max_seq_len and dropped by data.sizes.truncation, or its assistant turns are empty"
 )
 
 

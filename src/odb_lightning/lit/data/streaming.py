@@ -64,10 +64,9 @@ def check_streaming(
 
 def open_stream(
     source: DataSource,
+    sizes: DataSizes,
     caches: DataCaches,
     tokenizer: ChatTokenizer,
-    max_seq_len: int,
-    template: str,
     on_bad_record: str,
 ) -> tuple[ChatStream, StreamedChatDataset]:
     """The stream of ``source``'s files (written once as chunks under
@@ -86,9 +85,11 @@ def open_stream(
     dataset = StreamedChatDataset(
         stream.num_records,
         tokenizer,
-        max_seq_len,
+        sizes.max_seq_len,
         system_prompt=source.system_prompt,
         augmentation=source.augmentation,
-        template=template,
+        template=source.template,
+        truncation=sizes.truncation,
+        think_block=source.think_block,
     )
     return stream, dataset
