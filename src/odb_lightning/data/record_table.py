@@ -19,13 +19,12 @@ records (``max_samples``, ``on_bad_record``, the ShareGPT regime and mix seed). 
 file is a new fingerprint, so a new table.
 
 **The content digest** proves the table is the one its conversion wrote: the conversion
-records the SHA-256 of every :data:`PAGE_BYTES` page of ``records.arrow`` (and its size)
-in ``source.json``; every open checks the size and the pages, all of them when the table
-is at most :data:`FULL_CHECK_BYTES`, else the first, the last and :data:`SAMPLED_PAGES`
-drawn at random on each open. A table that differs (a flipped byte, a copy cut short)
-is logged naming the page and converted again. An entry that is a symbolic link, or
-whose files are, is refused (:class:`RecordTableError`, naming it and the fix): the cache
-writes real directories only, so a link is something else's. A row that cannot be
+records the digest of every page of ``records.arrow`` in ``source.json``, and every open
+checks them (:mod:`odb_lightning.data.content_digest`: the whole table up to 64 MiB, else
+its ends and pages drawn at random). A table that differs (a flipped byte, a copy cut
+short) is logged naming the page and converted again. An entry that is a symbolic link,
+or whose files are, is refused (:class:`RecordTableError`, naming it and the fix): the
+cache writes real directories only, so a link is something else's. A row that cannot be
 decoded all the same (damage in a page no check drew) is a bad sample naming its index
 and the table (:mod:`~odb_lightning.data.sources.arrow_records`). What the digest does
 not prove is who wrote the entry: a process that can write the cache directory can write
@@ -57,7 +56,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -67,6 +65,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from odb_lightning.data.content_digest import content_digest, content_problem, open_nofollow
 from odb_lightning.data.sources.arrow_records import TableRecords, record_schema, table_row
 from odb_lightning.data.sources.source_records import SourceReader, SourceRecords
 
@@ -83,58 +82,11 @@ CONVERSION_WAIT_S = 3600.0
 """How long a process waits for another one's conversion before it gives up."""
 LOCK_POLL_S = 30.0
 """How often a waiting process says that it is still waiting."""
-PAGE_BYTES = 1 << 20
-"""The pages of ``records.arrow`` whose digests ``source.json`` keeps."""
-FULL_CHECK_BYTES = 64 << 20
-"""Tables up to this size are checked whole on every open (about 0.1 s on one core)."""
-SAMPLED_PAGES = 32
-"""Pages drawn at random, besides the first and the last, to check a larger table."""
 
 
 class RecordTableError(RuntimeError):
     """A record table that could not be had: a conversion that another process holds too
     long, or an entry that is not the cache's own (a symbolic link)."""
-
-
-def page_digest(data: bytes) -> str:
-    """The digest of one page (SHA-256, 128 bits in hex)."""
-    return hashlib.sha256(data).hexdigest()[:32]
-
-
-def content_digest(path: Path) -> dict[str, Any]:
-    """``{"size", "page_bytes", "pages"}`` of the file at ``path``: what an open checks."""
-    pages = []
-    with _open_nofollow(path) as file:
-        while data := file.read(PAGE_BYTES):
-            pages.append(page_digest(data))
-    return {"size": path.stat().st_size, "page_bytes": PAGE_BYTES, "pages": pages}
-
-
-def content_problem(path: Path, content: dict[str, Any]) -> str | None:
-    """How the file at ``path`` differs from ``content`` (:func:`content_digest` at
-    conversion), in the pages this open checks (the module docstring); ``None`` when it
-    does not."""
-    size, pages, page_bytes = path.stat().st_size, content["pages"], content["page_bytes"]
-    if size != content["size"]:
-        return f"{size:,} bytes, {content['size']:,} at conversion"
-    if size <= FULL_CHECK_BYTES:
-        chosen: list[int] = list(range(len(pages)))
-    else:
-        drawn = random.SystemRandom().sample(range(len(pages)), SAMPLED_PAGES)
-        chosen = sorted({0, len(pages) - 1, *drawn})
-    with _open_nofollow(path) as file:
-        for page in chosen:
-            file.seek(page * page_bytes)
-            if page_digest(file.read(page_bytes)) != pages[page]:
-                return (
-                    f"page {page} of {len(pages)} (bytes {page * page_bytes:,} on) differs "
-                    "from its digest at conversion"
-                )
-    return None
-
-
-def _open_nofollow(path: Path) -> Any:
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
 
 
 def check_not_linked(entry: Path) -> None:
@@ -237,13 +189,13 @@ class RecordCache:
         import datasets
 
         try:
-            with _open_nofollow(entry / SOURCE_FILE) as file:
+            with open_nofollow(entry / SOURCE_FILE) as file:
                 meta = json.loads(file.read().decode("utf-8"))
             if meta.get("format") != TABLE_FORMAT or meta.get("fingerprint") != fingerprint:
                 raise ValueError(f"not a {TABLE_FORMAT} entry of fingerprint {fingerprint[:16]}")
-            problem = content_problem(entry / RECORDS_FILE, meta["content"])
+            problem = content_problem({entry / RECORDS_FILE: meta["content"]})
             if problem is not None:
-                raise ValueError(f"{RECORDS_FILE}: {problem}")
+                raise ValueError(problem)
             table = datasets.Dataset.from_file(str(entry / RECORDS_FILE))
             if len(table) != meta["num_records"]:
                 raise ValueError(f"{len(table)} rows for {meta['num_records']} records")

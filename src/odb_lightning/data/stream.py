@@ -8,7 +8,8 @@ The engine is LitData (``litdata.streaming``): ``Cache`` writes the chunks,
 the loader, the id audit and resume use.
 
 * **Conversion** (:func:`convert_jsonl_stream`): once per path, under a fingerprint of its
-  files (resolved path, size, modification time of each), the bad-line policy, the record
+  files (resolved path, size, modification time, inode and change time of each), the
+  bad-line policy, the record
   layout and the format version, by one process while the others wait for it (a file
   lock, bounded). The files, layouts, bad-line policy and messages (file, line or row,
   field) are those of the ``jsonl`` source: JSON Lines, a JSON array, parquet, a folder or
@@ -16,6 +17,13 @@ the loader, the id audit and resume use.
   :mod:`odb_lightning.data.formats`. It runs in a
   spawned child that is the only writer: LitData's writer takes the job's ranks from
   ``torch.distributed`` and ``WORLD_SIZE`` and would wait for every rank's part.
+* **Content** (:func:`stream_problem`): the conversion writes the page digests of every
+  file it wrote (LitData's chunks and ``index.json``, :data:`CONTENT_FILE`,
+  :mod:`odb_lightning.data.content_digest`); every process that opens the stream checks
+  them first, so a missing, cut or damaged chunk is logged naming the file and the page
+  and converted again, and a stream directory that is a symbolic link, or holds one, is
+  refused naming it. A record that cannot be decoded all the same (damage in a page no
+  check drew) fails naming its index, its chunk and what to delete.
 * **Parts** (:meth:`ChatStream.part`): LitData deals each rank a contiguous run of the
   records (``shuffle=False``, ``drop_last=False``, so parts may differ by a record and
   none is dropped). The reader checks every record's index against its place, so a
@@ -28,7 +36,9 @@ the loader, the id audit and resume use.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -41,6 +51,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from odb_lightning.data.content_digest import content_digest, content_problem
 from odb_lightning.data.conversation import BadRecordError, ChatRecord
 from odb_lightning.data.dataset import ChatDataset
 from odb_lightning.data.formats import AUTO, FieldMapping
@@ -50,12 +61,17 @@ from odb_lightning.data.sources.source_records import source_version
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.sample import Sample
 
-STREAM_FORMAT = 1
-"""Version of the items :func:`write_chat_stream` writes (part of the fingerprint)."""
+log = logging.getLogger(__name__)
+
+STREAM_FORMAT = 2
+"""Version of the items :func:`write_chat_stream` writes and of the files beside them
+(part of the fingerprint)."""
 COUNTS_FILE = "odb_source_counts.json"
 """Beside LitData's ``index.json``: what the conversion read, kept and dropped."""
 LAYOUT_FILE = "odb_layout.json"
 """Beside it: the record layout the conversion read (``{"layout": <name>}``)."""
+CONTENT_FILE = "odb_content.json"
+"""Beside them: the page digests of every file LitData wrote (``{name: digest}``)."""
 CHUNK_BYTES = "64MB"
 """LitData chunk size: a rank reads its part chunk by chunk."""
 
@@ -84,8 +100,8 @@ def stream_fingerprint(
     mapping: FieldMapping | None = None,
 ) -> str:
     """What decides the converted records: the files of ``path`` (resolved path, size,
-    modification time of each), the bad-line policy, the layout (``layout`` or
-    ``mapping``) and :data:`STREAM_FORMAT`.
+    modification time, inode and change time of each), the bad-line policy, the layout
+    (``layout`` or ``mapping``) and :data:`STREAM_FORMAT`.
 
     Raises:
         DataPathError: ``path`` names nothing readable (the message says what it found).
@@ -143,6 +159,8 @@ def write_chat_stream(
     if counts["kept"]:
         cache.done()
         cache.merge()
+    digests = {f.name: content_digest(f) for f in sorted(Path(out_dir).iterdir()) if f.is_file()}
+    Path(out_dir, CONTENT_FILE).write_text(json.dumps(digests))
     written = dict(counts)
     Path(out_dir, COUNTS_FILE).write_text(json.dumps(written))
     layout_read = parse.format.name if parse.format is not None else layout
@@ -175,7 +193,7 @@ def convert_jsonl_stream(
         TimeoutError: Another process held the conversion longer than ``timeout_s``.
     """
     target = Path(cache_dir) / stream_fingerprint(path, on_bad_record, layout, mapping)
-    if (target / COUNTS_FILE).is_file():
+    if _whole(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(target) + ".lock")
@@ -187,7 +205,9 @@ def convert_jsonl_stream(
             f"at {target} (lock {lock.lock_file}); if no process is converting, delete the lock"
         ) from None
     try:
-        if not (target / COUNTS_FILE).is_file():
+        if not _whole(target):
+            if target.exists():  # damaged (logged): replaced whole
+                shutil.rmtree(target)
             partial = target.with_name(target.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             context = multiprocessing.get_context("spawn")
@@ -198,6 +218,46 @@ def convert_jsonl_stream(
     finally:
         lock.release()
     return target
+
+
+def stream_problem(directory: Path) -> str | None:
+    """How the stream at ``directory`` differs from what its conversion wrote (a file
+    missing, cut, or a page that differs, :data:`CONTENT_FILE`); ``None`` when it does
+    not."""
+    try:
+        digests = json.loads(Path(directory, CONTENT_FILE).read_text())
+        return content_problem({Path(directory, name): d for name, d in digests.items()})
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def check_not_linked(directory: Path) -> None:
+    """Refuse a stream directory that is, or holds, a symbolic link (the conversion
+    writes none).
+
+    Raises:
+        StreamError: Naming the link and the fix.
+    """
+    links = [directory] if directory.is_symlink() else []
+    if not links and directory.is_dir():
+        links = [path for path in directory.iterdir() if path.is_symlink()]
+    if links:
+        raise StreamError(
+            f"the stream {directory} is not the cache's own: {links[0]} is a symbolic link "
+            f"(to {os.readlink(links[0])}), and the conversion writes real files only. "
+            f"Remove it (rm -r {directory}) and the next run converts the source again"
+        )
+
+
+def _whole(target: Path) -> bool:
+    """Whether ``target`` holds a whole stream as written; a damaged one is logged."""
+    check_not_linked(target)
+    if not (target / COUNTS_FILE).is_file():
+        return False
+    problem = stream_problem(target)
+    if problem is not None:
+        log.warning("the stream %s is damaged (%s); converting again", target, problem)
+    return problem is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +309,10 @@ class ChatStream:
                 "torch.distributed.init_process_group, in the rank's own process"
             )
         count = len(probe)
-        first = next(iter(probe))["index"] if count else 0
+        try:
+            first = next(iter(probe))["index"] if count else 0
+        except ValueError as error:  # UnicodeDecodeError: a damaged chunk
+            raise self.undecodable(None, error) from error
         self._dataset = self._stream()
         return StreamPart(first, count)
 
@@ -268,19 +331,57 @@ class ChatStream:
             state = stream.state_dict(num_samples_yielded=offset, num_workers=1, batch_size=1)
             stream.load_state_dict(state)
         expected = part.first + offset
-        for item in stream:
+        items = iter(stream)
+        while True:
+            try:
+                item = next(items, None)
+                record = None if item is None else self._decoded(item)
+            except ValueError as error:  # UnicodeDecodeError, bad JSON: a damaged chunk
+                raise self.undecodable(expected, error) from error
+            if item is None:
+                break
             if item["index"] != expected:
                 raise StreamError(
                     f"the stream at {self.directory} gave record {item['index']} where this "
                     f"rank's part has record {expected}: LitData dealt the records otherwise"
                 )
-            yield expected, {"id": item["id"], "messages": json.loads(item["messages"])}
+            yield expected, record
             expected += 1
         if expected != part.first + part.count:
             raise StreamError(
                 f"the stream at {self.directory} ended at record {expected}, this rank's part "
                 f"runs to {part.first + part.count - 1}"
             )
+
+    @staticmethod
+    def _decoded(item: dict[str, Any]) -> ChatRecord:
+        return {"id": item["id"], "messages": json.loads(item["messages"])}
+
+    def undecodable(self, index: int | None, error: Exception) -> StreamError:
+        """The error of record ``index`` (``None``: the first of this rank's part), which
+        cannot be decoded: it names the record, its chunk (LitData's ``index.json``) and
+        what to delete. LitData decodes a record with its neighbours in the chunk, so the
+        damage may lie in one of those."""
+        record = "the first record of this rank's part" if index is None else f"record {index}"
+        chunk = "" if index is None else f" ({self._chunk_of(index)})"
+        return StreamError(
+            f"{record} of the stream at {self.directory}{chunk} cannot be decoded, with the "
+            "records LitData reads with it: "
+            f"{type(error).__name__}: {error}. The stream is damaged: delete {self.directory} "
+            "and the next run converts the source again"
+        )
+
+    def _chunk_of(self, index: int) -> str:
+        """The chunk file that holds record ``index`` (LitData's ``index.json``)."""
+        try:
+            chunks = json.loads(Path(self.directory, "index.json").read_text())["chunks"]
+        except (OSError, ValueError, KeyError):
+            return "its chunk unknown: index.json is unreadable"
+        ends = itertools.accumulate(chunk["chunk_size"] for chunk in chunks)
+        for chunk, end in zip(chunks, ends, strict=True):
+            if index < end:
+                return str(chunk["filename"])
+        return f"beyond the {len(chunks)} chunks of index.json"
 
 
 class StreamedChatDataset(ChatDataset):
