@@ -33,7 +33,8 @@ from pathlib import Path
 from odb_lightning.core.order import make_rng
 from odb_lightning.core.profiles import CASE_STUDY_LENGTHS
 from odb_lightning.data import QwenTokenizer
-from odb_lightning.data.template import ChatTemplate, build_chat_template
+from odb_lightning.data.template import ChatTemplate
+from odb_lightning.data.template_choice import build_chat_template
 from odb_lightning.data.tokenizer import ChatTokenizer
 
 LONGEST = 8191  # the profile's longest sample; the case study's last bucket edge is 8,192

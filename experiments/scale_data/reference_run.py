@@ -41,7 +41,7 @@ class JsonlChats(Dataset):
 
     def __init__(self, path: Path, max_seq_len: int) -> None:
         from odb_lightning.data import QwenTokenizer
-        from odb_lightning.data.template import build_chat_template
+        from odb_lightning.data.template_choice import build_chat_template
 
         with path.open(encoding="utf-8") as lines:
             self.records = [json.loads(line) for line in lines if line.strip()]

@@ -26,6 +26,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.config import DataSizes
 from odb_lightning.data.vision_family import vision_family_of
 from odb_lightning.lit.callbacks.counters import StepCounters
+from odb_lightning.lit.callbacks.mixture_counts import MixtureCounts
 from odb_lightning.lit.callbacks.run_report import (
     AddsToSummary,
     CountsParameters,
@@ -205,16 +206,19 @@ def build_callbacks(cfg: DictConfig | None, parts: RunParts) -> RunCallbacks:
             if objects is None
             else instantiate_checked(entry, key, objects=objects)
         )
+    mixture = []
+    if getattr(parts.datamodule, "mixture", None):  # what each part of data.mixture trained
+        mixture = [MixtureCounts(parts.datamodule.mixed_records)]
     model = parts.model
     summary = SummaryBuilder(
         counters,
         run_report=parts.datamodule if isinstance(parts.datamodule, ReportsRun) else None,
         parameters=model if isinstance(model, CountsParameters) else None,
         compiled=model if isinstance(model, ReportsCompile) else None,
-        extras=[c for c in configured if isinstance(c, AddsToSummary)],
+        extras=[c for c in [*mixture, *configured] if isinstance(c, AddsToSummary)],
     )
     check = SupervisionCheck(counters, parts.sizes.max_seq_len)
-    return RunCallbacks([counters, check, *configured, summary], summary)
+    return RunCallbacks([counters, check, *mixture, *configured, summary], summary)
 
 
 def check_world(trainer: pl.Trainer, run: RunContext) -> None:

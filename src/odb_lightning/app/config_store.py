@@ -92,6 +92,7 @@ def data_node(module: type = ODBDataModule) -> dict[str, Any]:
         node["images"] = node_of(ImageSettings)
     else:
         node["streaming"] = False
+        node["mixture"] = []
     return node
 
 

@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--source", choices=SOURCES,
         help="tokenize a data source with the chat template (ultrachat and jsonl need --path)",
     )  # fmt: skip
+    source.add_argument(
+        "--mixture", nargs="+", metavar="PATH[:WEIGHT]",
+        help="a mixture of your files (train.py's data.mixture), each with its weight "
+        "(default 1), chosen as training chooses them (--seed, --max-samples caps the mix)",
+    )  # fmt: skip
     parser.add_argument(
         "--path",
         help="--source ultrachat: parquet file/dir or hub name; jsonl: your files (JSON "

@@ -68,6 +68,49 @@ def read_lengths_file(path: Path) -> list[int]:
     return lengths
 
 
+def mixture_part(text: str) -> tuple[str, float]:
+    """``PATH[:WEIGHT]`` of ``--mixture``: the path and its weight (default 1)."""
+    path, _, weight = text.rpartition(":")
+    try:
+        value = float(weight)
+    except ValueError:
+        return text, 1.0
+    if not path or value <= 0:
+        raise PlanCliError(f"--mixture {text}: the weight after ':' must be a number > 0")
+    return path, value
+
+
+def mixture_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
+    """The lengths of a mixture of the user's files, each part's records chosen as
+    ``data.mixture`` chooses them (:mod:`odb_lightning.data.mixture`)."""
+    from odb_lightning.data.lengths import measure_source
+    from odb_lightning.data.mixture import chosen_records, part_counts
+    from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
+
+    parts = [mixture_part(text) for text in args.mixture]
+    cache = RecordCache(args.record_cache_dir or default_record_cache_dir())
+    max_seq_len = args.max_seq_len or 4096
+    measured = []
+    for path, _ in parts:
+        try:
+            report = measure_source(
+                "jsonl", path=path, record_cache=cache, max_seq_len=max_seq_len,
+                over_length="truncate", tokenizer=args.tokenizer, template=args.template,
+                format=args.format, on_bad_record="skip" if args.skip_bad_records else "raise",
+            )  # fmt: skip
+        except (OSError, ValueError) as error:
+            raise PlanCliError(f"--mixture {path}: {in_flags(str(error))}") from None
+        measured.append(list(report.lengths))
+    available = [len(m) for m in measured]
+    counts = part_counts([w for _, w in parts], [None] * len(parts), available, args.max_samples)
+    lengths = []
+    for k, (part, n) in enumerate(zip(measured, counts, strict=True)):
+        if n:
+            lengths.extend(part[i] for i in chosen_records(len(part), n, args.seed, k))
+    shares = ", ".join(f"{p}: {n}" for (p, _), n in zip(parts, counts, strict=True))
+    return lengths, f"mixture ({shares}; max_seq_len={max_seq_len})"
+
+
 def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
     """The lengths the command plans over, and a description of where they came from.
 
@@ -80,6 +123,8 @@ def load_lengths(args: argparse.Namespace) -> tuple[list[int], str]:
         mean, cv, n = args.synthetic
         lengths = lognormal_lengths(n, mean, cv, args.seed, max_len=args.max_seq_len)
         origin = f"lognormal(mean={mean:g}, cv={cv:g}, n={n}, seed={args.seed})"
+    elif getattr(args, "mixture", None):
+        lengths, origin = mixture_lengths(args)
     else:
         try:
             from odb_lightning.data.lengths import measure_source

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from odb_lightning.core.signals import reset_inherited_handlers, signals_held
 from odb_lightning.data.augment import Augmentation
 from odb_lightning.data.length_file import (
     CACHE_FORMAT,
@@ -64,14 +65,17 @@ def source_parts(
     regime: str | None = None,
     max_samples: int | None = None,
     seed: int | None = None,
+    **layout: object,
 ) -> dict[str, object]:
-    """The source's share of a length-cache key (arguments as given to ``load_source``)."""
+    """The source's share of a length-cache key (arguments as given to ``load_source``;
+    ``layout``: the record layout's ``format`` and ``mapping``, a mixture's ``parts``)."""
     return {
         "source": str(name),
         "source_version": source_version(str(name), path),
         "regime": None if regime is None else str(regime),
         "max_samples": max_samples,
         "source_seed": seed,
+        **layout,
     }
 
 
@@ -155,10 +159,13 @@ def _measure(
         num_workers=num_workers,
         multiprocessing_context=context if num_workers > 0 else None,
         prefetch_factor=64 if num_workers > 0 else None,
+        worker_init_fn=reset_inherited_handlers,  # no handler of this process runs there
     )
     with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
         task = bar.add_task("length cache", total=len(loader))
-        for stats in loader:
+        with signals_held():  # the workers start; each resets its handlers first
+            measured = iter(loader)
+        for stats in measured:
             yield stats
             bar.advance(task)
 

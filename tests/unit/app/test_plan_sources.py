@@ -15,7 +15,7 @@ from odb_lightning.data import HFTokenizer, QwenTokenizer
 from odb_lightning.data.sources.jsonl import jsonl_records
 from odb_lightning.data.sources.table import SOURCES as TABLE
 from odb_lightning.data.sources.table import SourceKind
-from odb_lightning.data.template import build_chat_template
+from odb_lightning.data.template_choice import build_chat_template
 
 
 def test_source_choices_are_the_source_tables_text_sources() -> None:
@@ -88,3 +88,30 @@ def test_a_template_error_names_the_flag_not_the_training_key(tmp_path: Path, ca
     assert "set --template to one of them" in err and "data.source.template" not in err
     with pytest.raises(ValueError, match="set data.source.template to one of them"):
         build_chat_template(HFTokenizer(str(tokenizer)))
+
+
+def test_a_mixture_plans_over_the_records_training_mixes(tmp_path: Path, capsys) -> None:
+    from odb_lightning.core.config import BatchingConfig
+    from odb_lightning.lit.data.datamodule import ODBDataModule
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_own_jsonl(a, num_short=30, num_long=4)
+    write_own_jsonl(b, num_short=20, num_long=0)
+    for path in (a, b):  # without the broken line
+        path.write_text("".join(line for line in path.open() if "broken" not in line))
+    cache = str(tmp_path / "records")
+    argv = ["--mixture", f"{a}:3", str(b), "--record-cache-dir", cache, "--json"]
+    assert main([*argv, "--template", "chatml"]) == 0
+    planned = json.loads(capsys.readouterr().out)["lengths"]
+    data = ODBDataModule.of(
+        QwenTokenizer(), BatchingConfig.of(num_workers=0), template="chatml", record_dir=cache,
+        mixture=[{"path": str(a), "weight": 3}, {"path": str(b)}], val_samples=0,
+    )  # fmt: skip
+    data.setup("fit")
+    trained = [len(data.dataset[i]["input_ids"]) for i in range(len(data.dataset))]
+    assert planned["n"] == len(trained) == 34 + 11  # 3:1 as far as the 34 records of a allow
+    assert planned["mean"] == pytest.approx(statistics.fmean(trained))
+    assert planned["max"] == max(trained)
+    assert "mixture (" in planned["origin"]
+    assert main(["--mixture", f"{a}:0"]) == 2
+    assert "the weight after ':' must be a number > 0" in capsys.readouterr().err

@@ -126,17 +126,32 @@ class ChatSource:
         rank: int,
         barrier: Callable[[], None],
     ) -> ExactLengths:
-        """Every record's exact length and supervised tokens: the length pass, in
-        ``batching``'s worker processes, cached in ``cache_dir`` under this source's
-        arguments (rank 0 builds the cache, the others wait at ``barrier``)."""
-        method = batching.loader.multiprocessing_context
-        return exact_lengths(
-            dataset,
-            self.arguments(),
-            cache_dir,
-            num_workers=batching.loader.num_workers,
-            multiprocessing_context=None if method is None else method.value,
-            rank=rank,
-            world_size=world_size,
-            barrier=barrier,
+        """Every record's exact length and supervised tokens (:func:`source_lengths`)."""
+        return source_lengths(
+            self.arguments(), dataset, cache_dir, batching, world_size, rank, barrier
         )
+
+
+def source_lengths(
+    arguments: dict[str, Any],
+    dataset: Any,
+    cache_dir: str | None,
+    batching: BatchingConfig,
+    world_size: int,
+    rank: int,
+    barrier: Callable[[], None],
+) -> ExactLengths:
+    """Every record's exact length and supervised tokens: the length pass, in
+    ``batching``'s worker processes, cached in ``cache_dir`` under the source's
+    ``arguments`` (rank 0 builds the cache, the others wait at ``barrier``)."""
+    method = batching.loader.multiprocessing_context
+    return exact_lengths(
+        dataset,
+        arguments,
+        cache_dir,
+        num_workers=batching.loader.num_workers,
+        multiprocessing_context=None if method is None else method.value,
+        rank=rank,
+        world_size=world_size,
+        barrier=barrier,
+    )

@@ -13,18 +13,26 @@ from torch.utils.data import Dataset, Subset
 from typing_extensions import override
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.data.config import DataCaches, DataSizes, DataSource, split_concerns
+from odb_lightning.data.config import (
+    DataCaches,
+    DataSizes,
+    DataSource,
+    mixture_parts,
+    split_concerns,
+)
 from odb_lightning.data.dataset import ChatDataset
+from odb_lightning.data.mixture import MixedRecords
 from odb_lightning.data.record_table import RecordCache, default_record_cache_dir
 from odb_lightning.data.sizes import records_to_read
 from odb_lightning.data.sources.table import SourceKind, source_named
 from odb_lightning.data.synthetic import SyntheticDataset
-from odb_lightning.data.template import resolve_template_name
+from odb_lightning.data.template_choice import resolve_template_name
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.lit.callbacks.run_report import RunReport
 from odb_lightning.lit.data.batched import BatchedDataModule
 from odb_lightning.lit.data.chat_source import ChatSource
 from odb_lightning.lit.data.evaluation_split import hold_out, without_augmentation
+from odb_lightning.lit.data.mixed_source import MixedSource
 from odb_lightning.lit.data.resume_state import (
     data_identity,
     data_settings,
@@ -65,6 +73,10 @@ class ODBDataModule(BatchedDataModule):
             trained on. ``None``: no vocabulary check, a count of its own, and no file.
         max_samples_from: What set ``sizes.max_samples`` when a preset did (``debug=smoke``),
             named in the warning that a file was read only in part.
+        mixture: Several sources in one run (``data.mixture``: a list of
+            :class:`~odb_lightning.data.config.MixturePart` fields, each a mapping), read
+            instead of ``source``'s name, path and layout; ``source``'s template, system
+            prompt and augmentation hold for every part. Not streamed.
     """
 
     KINDS = (SourceKind.CHAT, SourceKind.TOKENS)
@@ -80,6 +92,7 @@ class ODBDataModule(BatchedDataModule):
         streaming: bool = False,
         run: RunContext | None = None,
         max_samples_from: str | None = None,
+        mixture: Sequence[Any] | None = None,
     ) -> None:
         sizes = sizes if sizes is not None else DataSizes()
         super().__init__(batching, tokenizer.pad_id, sizes.max_seq_len, run)
@@ -87,12 +100,16 @@ class ODBDataModule(BatchedDataModule):
         self.sizes = sizes
         self.caches = caches if caches is not None else DataCaches()
         self.entry = source_named(self.source.name, self.KINDS)
-        self.template = self.source.template
-        if self.entry.kind is not SourceKind.TOKENS:  # a wrong template fails now
-            try:
-                self.template = resolve_template_name(tokenizer, self.template).value
-            except ValueError as error:  # its messages start with the field: template=...
-                raise ValueError(f"data.source.{error}") from None
+        chat = (SourceKind.CHAT,)
+        self.mixture, self.mixture_sources = mixture_parts(mixture, self.source, chat)
+        if self.mixture and streaming:
+            raise ValueError(
+                "data.mixture is read through record tables, which data.streaming=true does "
+                "not use: set data.streaming=false (or stream one source)"
+            )
+        self.mixture_report: dict[str, dict[str, Any]] = {}  # each part's share, at setup
+        if self.entry.kind is not SourceKind.TOKENS:  # a wrong template fails now, its
+            resolve_template_name(tokenizer, self.source.template)  # message naming the key
         self.tokenizer = tokenizer
         self.max_samples_from = max_samples_from
         self.record_cache = RecordCache(self.caches.record_dir or default_record_cache_dir())
@@ -115,9 +132,12 @@ class ODBDataModule(BatchedDataModule):
         return cls(tokenizer, batching, **concerns, **rest)
 
     # -- data ---------------------------------------------------------------------------
-    def _chat_source(self) -> ChatSource:
-        set_dir = self.caches.image_set_dir
-        return ChatSource(self.source, self.sizes.max_samples, self.batching.seed, set_dir)
+    def _chat_source(self) -> ChatSource | MixedSource:
+        set_dir, seed = self.caches.image_set_dir, self.batching.seed
+        if self.mixture:
+            sources = self.mixture_sources
+            return MixedSource(self.mixture, sources, self.sizes.max_samples, seed, set_dir)
+        return ChatSource(self.source, self.sizes.max_samples, seed, set_dir)
 
     def _read_records(self) -> Sequence[Any]:
         """The records kept of the source, with its counts noted; warns of a file read in
@@ -126,6 +146,8 @@ class ODBDataModule(BatchedDataModule):
         kept, self.source_counts, self.source_rejected = source.read(
             on_bad_record, self.record_cache
         )
+        if isinstance(source, MixedSource) and isinstance(kept, MixedRecords):
+            self.mixture_report = source.report(kept)
         source.warn_partial_read(len(kept), on_bad_record, self.record_cache, self.max_samples_from)
         return kept
 
@@ -143,15 +165,16 @@ class ODBDataModule(BatchedDataModule):
             self.max_seq_len,
             self.source.system_prompt,
             augmentation=self.source.augmentation,
-            template=self.template,
+            template=self.source.template,
+            truncation=self.sizes.truncation,
+            think_block=self.source.think_block,
         )
 
     def _open_stream(self) -> None:
         """The stream of the file (written once as chunks) and its tokenizing dataset."""
         on_bad_record = self.batching.loader.on_bad_sample.value
         self.stream, self.dataset = open_stream(
-            self.source, self.caches, self.tokenizer, self.max_seq_len, self.template,
-            on_bad_record,
+            self.source, self.sizes, self.caches, self.tokenizer, on_bad_record,
         )  # fmt: skip
         self.source_counts = dict(self.stream.counts)
         self.train_indices = range(self.stream.num_records)  # type: ignore[assignment]
@@ -169,9 +192,15 @@ class ODBDataModule(BatchedDataModule):
         if len(dataset) == 0:
             on_bad_record = self.batching.loader.on_bad_sample.value
             raise no_records_error(self.source, self.source_counts, on_bad_record)
-        val_indices, self.train_indices = hold_out(
-            len(dataset), self.sizes.val_samples, self.batching.seed
-        )
+        records = getattr(dataset, "records", None)
+        if isinstance(records, MixedRecords):  # each part held out in proportion
+            val_indices, self.train_indices = records.hold_out(
+                self.sizes.val_samples, self.batching.seed
+            )
+        else:
+            val_indices, self.train_indices = hold_out(
+                len(dataset), self.sizes.val_samples, self.batching.seed
+            )
         self.num_val_samples = len(val_indices)
         self.dataset = dataset
         self.val_set = Subset(without_augmentation(dataset), val_indices)
@@ -187,9 +216,10 @@ class ODBDataModule(BatchedDataModule):
         self.train_record_counts, unsupervised = count_train_records(
             dataset, self.train_indices, self.train_lengths, self.loss_tokens, self.max_seq_len
         )
+        name = "mixture" if self.mixture else self.source.name
         report_skipped(
-            self.source.name, self.source_counts, self.source_rejected,
-            self.record_ids(unsupervised), self.loss_tokens is not None, self.run.output_dir,
+            name, self.source_counts, self.source_rejected, self.record_ids(unsupervised),
+            self.loss_tokens is not None, self.run.output_dir,
         )  # fmt: skip
         read = self.source_counts.get("read", len(dataset))
         refuse_unsupervised(
@@ -201,6 +231,11 @@ class ODBDataModule(BatchedDataModule):
         if self.trainer is not None:  # without one (odb-preview) this is the only process
             self.trainer.strategy.barrier("odb-length-cache")
 
+    def mixed_records(self) -> MixedRecords | None:
+        """The records of ``data.mixture`` (after ``setup``; ``None`` without one)."""
+        records = getattr(self.dataset, "records", None)
+        return records if isinstance(records, MixedRecords) else None
+
     def record_ids(self, indices: list[int]) -> list[str | int]:
         """The source's own ids of the records at dataset ``indices`` (the indices
         themselves for synthetic data, which has no records)."""
@@ -209,9 +244,18 @@ class ODBDataModule(BatchedDataModule):
             return list(indices)  # streamed: the record's place among the file's records
         return [dataset.record_id(i) for i in indices]
 
+    @property
+    def template_name(self) -> str:
+        """The chat template the records are rendered with: ``data.source.template``, or
+        after ``setup`` the layout it settled on (``auto``'s choice)."""
+        template = getattr(self.dataset, "template", None)
+        return template.name.value if template is not None else self.source.template
+
     def data_identity(self) -> dict[str, Any]:
         """What makes a dataset index name the same record (known after ``setup``)."""
         settings = data_settings(self.source, self.sizes, self.batching.seed)
+        if self.mixture:
+            settings["mixture"] = [part.settings() for part in self.mixture]
         records = getattr(self.dataset, "records", None) or []
         if self.stream is not None:  # the file's fingerprint names its records
             settings["stream"] = Path(self.stream.directory).name
@@ -223,9 +267,9 @@ class ODBDataModule(BatchedDataModule):
     def run_report(self) -> RunReport:
         """This rank's report of the run for the summary builder."""
         facts = {
-            "source": self.source.name,
+            "source": "mixture" if self.mixture else self.source.name,
             "regime": self.source.regime,
-            "template": self.template,
+            "template": self.template_name,
             "max_seq_len": self.max_seq_len,
             "train_samples": self.num_train_samples,
             "length_cache_s": self.length_cache_s,
@@ -235,6 +279,8 @@ class ODBDataModule(BatchedDataModule):
             "skipped_bad_records": self.source_counts.get("dropped/bad_record", 0),
             **self.train_record_counts,
         }
+        if self.mixture_report:
+            facts["mixture"] = self.mixture_report
         if self.resume_changed_settings:
             facts["resume_changed_settings"] = self.resume_changed_settings
         stats = self._train_loader.epoch_stats if self._train_loader else []
