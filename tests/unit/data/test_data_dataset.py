@@ -47,7 +47,13 @@ def test_chat_dataset_items(chat_dataset: ChatDataset) -> None:
         stats = inspect_sample(sample, index, max_seq_len=20)
         assert stats.length == sample["input_ids"].numel() <= 20
     assert chat_dataset[0]["input_ids"].numel() < 20
-    assert chat_dataset[5]["input_ids"].numel() == 20  # right-truncated
+    # Over max_seq_len, one exchange has no whole turn to cut (data.sizes.truncation=turns):
+    # dropped to one unsupervised token, its length before the cut recorded.
+    dropped = chat_dataset[5]
+    assert dropped["input_ids"].numel() == 1 and (dropped["labels"] == -100).all()
+    assert dropped[TRUNCATED_FROM] > 20
+    tail = ChatDataset(RECORDS, chat_dataset.template.tokenizer, 20, truncation="tail")
+    assert tail[5]["input_ids"].numel() == 20 and tail[5][TRUNCATED_FROM] > 20
 
 
 def test_chat_dataset_pickles_for_spawn_workers(chat_dataset: ChatDataset) -> None:

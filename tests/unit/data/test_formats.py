@@ -218,8 +218,9 @@ def test_plain_prompt_completion_and_text_follow_their_own_rule(tmp_path: Path) 
     assert ids == prompt_ids + completion_ids
     assert labels == [-100] * len(prompt_ids) + completion_ids
     assert samples(text.records) == [(text_ids, text_ids)]
-    dataset = ChatDataset(pc.records, tokenizer, 3, None, template="chatml")
-    assert dataset[0]["input_ids"].tolist() == (prompt_ids + completion_ids)[:3]
+    cut = len(prompt_ids) + 2  # data.sizes.truncation=tail: two completion tokens left
+    dataset = ChatDataset(pc.records, tokenizer, cut, None, template="chatml", truncation="tail")
+    assert dataset[0]["input_ids"].tolist() == (prompt_ids + completion_ids)[:cut]
     assert dataset.unsupervised_indices([0]) == []
 
 
