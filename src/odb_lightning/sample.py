@@ -10,14 +10,17 @@ Face convention: the model shifts them, so position ``t`` is scored against
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+# torch is imported where a function uses it: the error and the keys below are what the
+# config and data checks need (odb-check), before torch loads.
+if TYPE_CHECKING:
+    import torch
 
 IGNORE_INDEX = -100
 """Label of a position that has no loss."""
 
-Sample = dict[str, torch.Tensor]
+Sample = dict[str, "torch.Tensor"]
 """``{"input_ids": LongTensor[L], "labels": LongTensor[L]}``."""
 
 
@@ -60,6 +63,8 @@ def supervised_targets(labels: torch.Tensor) -> torch.Tensor:
 
 def count_loss_tokens(labels: torch.Tensor | Sequence[int]) -> int:
     """Supervised positions after the causal shift: the denominator of the loss."""
+    import torch
+
     return int(supervised_targets(torch.as_tensor(labels)).sum())
 
 
@@ -88,6 +93,8 @@ def _token_tensor(value: object, index: int, field: str) -> torch.Tensor:
     """``value`` as a 1-D int64 tensor: any integer dtype, of a tensor or a NumPy array
     (e.g. a slice of a pre-tokenized ``uint16`` memmap), is widened, so that every check
     and the collate see the true ids."""
+    import torch
+
     if _is_numpy_array(value):
         array: Any = value
         if array.dtype.kind not in "iu":
@@ -136,6 +143,8 @@ def count_image_tokens(sample: Mapping[str, Any]) -> int:
 def count_patch_squares(sample: Mapping[str, Any]) -> int:
     """``sum(p**2)`` over a sample's images of ``p`` patches each (the quadratic term of
     the patch budget: the vision tower attends within each image)."""
+    import torch
+
     grid = sample.get(IMAGE_GRID_THW)
     if not isinstance(grid, torch.Tensor) or grid.numel() == 0:
         return 0
@@ -145,6 +154,8 @@ def count_patch_squares(sample: Mapping[str, Any]) -> int:
 def count_image_patches(sample: Mapping[str, Any]) -> int:
     """ViT patches of a sample's images (``sum(t * h * w)``; 0 for a text-only sample):
     the vision tower's share of the sample's cost, observed with its length."""
+    import torch
+
     grid = sample.get(IMAGE_GRID_THW)
     if not isinstance(grid, torch.Tensor) or grid.numel() == 0:
         return 0

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from helpers.tiny_lm import module_arguments
-from odb_lightning.data.vision import ImageSettings, VisionTokens
-from odb_lightning.data.vision_family import Qwen2VLFamily, VisionTower
+from odb_lightning.data.vision import ImageSettings, VisionTokens, VisionTower
+from odb_lightning.data.vision_family import Qwen2VLFamily
 from odb_lightning.lit.model.vlm_module import VisionLanguageModule
 
 SMALL_IMAGES = ImageSettings(min_pixels=56 * 56, max_pixels=112 * 112)

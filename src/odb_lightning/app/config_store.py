@@ -11,6 +11,12 @@ under ``conf/`` then hold presets only: the values that differ from the defaults
 Plain nodes rather than typed structured configs: the dataclasses validate themselves
 (with messages naming the Hydra key), and some fields are unions OmegaConf cannot type
 (``token_budget: int | str``).
+
+Importing this module loads neither torch, Lightning nor transformers (``odb-check``
+composes and validates a config in about a second): the configuration dataclasses live
+in modules that import those where they are used, and the data and Lightning modules are
+named by their ``_target_`` strings (:data:`MODULES`, checked against the classes by
+``tests/unit/app/test_config_store.py``).
 """
 
 from __future__ import annotations
@@ -22,16 +28,20 @@ from hydra.core.config_store import ConfigStore
 from odb_lightning.app.run_dir import register_run_name_resolver
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.modes import MODES, Mode
-from odb_lightning.core.nodes import node_of, target_of
+from odb_lightning.core.nodes import node_of
 from odb_lightning.data.config import DataCaches, DataSizes, DataSource
-from odb_lightning.data.vision import ImageSettings
-from odb_lightning.data.vision_family import VisionTower
-from odb_lightning.lit.callbacks.graceful_stop import StopSettings
-from odb_lightning.lit.data.datamodule import ODBDataModule
-from odb_lightning.lit.data.vlm_datamodule import VisionDataModule
+from odb_lightning.data.vision import ImageSettings, VisionTower
+from odb_lightning.lit.callbacks.stop_settings import StopSettings
 from odb_lightning.lit.model.config import Architecture, Finetuning, ModelRuntime, StepPolicy
-from odb_lightning.lit.model.module import CausalLMModule
-from odb_lightning.lit.model.vlm_module import VisionLanguageModule
+
+MODULES = {
+    "text_data": "odb_lightning.lit.data.datamodule.ODBDataModule",
+    "image_text_data": "odb_lightning.lit.data.vlm_datamodule.VisionDataModule",
+    "causal_lm": "odb_lightning.lit.model.module.CausalLMModule",
+    "vision_language": "odb_lightning.lit.model.vlm_module.VisionLanguageModule",
+}
+"""The ``_target_`` of each data and Lightning module a generated node builds (strings:
+their modules load torch and Lightning, which composing a config does not need)."""
 
 
 def register_configs() -> None:
@@ -48,18 +58,19 @@ def batching_node(mode: Mode) -> dict[str, Any]:
     return node_of(BatchingConfig, seed="${seed}", policy=mode.policy(), rows=mode.rows())
 
 
-def model_node(module: type = CausalLMModule) -> dict[str, Any]:
-    """The base ``model`` node of a LightningModule class: its configuration concerns with
-    their defaults. ``optimizer`` and ``scheduler`` are not generated: their values are
-    ours, not the optimizer's defaults, and live in ``conf/model/tiny_qwen2.yaml``."""
+def model_node(vision: bool = False) -> dict[str, Any]:
+    """The base ``model`` node of the text module (or, with ``vision``, the image-text
+    module): its configuration concerns with their defaults. ``optimizer`` and
+    ``scheduler`` are not generated: their values are ours, not the optimizer's defaults,
+    and live in ``conf/model/tiny_qwen2.yaml``."""
     node: dict[str, Any] = {
-        "_target_": target_of(module),
+        "_target_": MODULES["vision_language" if vision else "causal_lm"],
         "architecture": node_of(Architecture),
         "finetuning": node_of(Finetuning),
         "runtime": node_of(ModelRuntime),
         "step": node_of(StepPolicy),
     }
-    if issubclass(module, VisionLanguageModule):
+    if vision:
         node["vision"] = node_of(VisionTower)
     return node
 
@@ -69,11 +80,11 @@ CACHE_ROOT = "${paths.root_dir}/.cache/odb_lightning"
 run directory, so every run shares them."""
 
 
-def data_node(module: type = ODBDataModule) -> dict[str, Any]:
-    """The base ``data`` node of a data module class: its concerns with their defaults,
-    the caches it uses under :data:`CACHE_ROOT` (streams for text, written sets for
-    image-text data), and for image-text data the image settings."""
-    image = issubclass(module, VisionDataModule)
+def data_node(image: bool = False) -> dict[str, Any]:
+    """The base ``data`` node of the text data module (or, with ``image``, the image-text
+    one): its concerns with their defaults, the caches it uses under :data:`CACHE_ROOT`
+    (streams for text, written sets for image-text data), and for image-text data the
+    image settings."""
     caches = node_of(
         DataCaches,
         record_dir=f"{CACHE_ROOT}/records",
@@ -82,7 +93,7 @@ def data_node(module: type = ODBDataModule) -> dict[str, Any]:
         image_set_dir=f"{CACHE_ROOT}/vlm_sets" if image else None,
     )
     node: dict[str, Any] = {
-        "_target_": target_of(module),
+        "_target_": MODULES["image_text_data" if image else "text_data"],
         "source": node_of(DataSource),
         "sizes": node_of(DataSizes),
         "caches": caches,
@@ -101,10 +112,10 @@ def _generated_nodes() -> list[tuple[str, str, dict[str, Any]]]:
     batching = [("batching", mode.name, batching_node(mode)) for mode in MODES.values()]
     return [
         *batching,
-        ("data", "chat", data_node(ODBDataModule)),
-        ("data", "image_text", data_node(VisionDataModule)),
-        ("model", "causal_lm", model_node(CausalLMModule)),
-        ("model", "vision_language", model_node(VisionLanguageModule)),
+        ("data", "chat", data_node()),
+        ("data", "image_text", data_node(image=True)),
+        ("model", "causal_lm", model_node()),
+        ("model", "vision_language", model_node(vision=True)),
         ("stop", "default", node_of(StopSettings)),
     ]
 

@@ -51,10 +51,11 @@ def config_dir() -> Path:
     )
 
 
-def compose_train_config(overrides: Sequence[str]) -> Any:
+def compose_train_config(overrides: Sequence[str], stream_as_table: bool = True) -> Any:
     """``conf/train.yaml`` with ``overrides``, composed as ``train.py`` composes it; paths
-    under the working directory, as ``train.py``'s are. Streaming is read as a record
-    table (the same records, template and truncation; a stream has no random access)."""
+    under the working directory, as ``train.py``'s are. With ``stream_as_table``,
+    streaming is read as a record table (the same records, template and truncation; a
+    stream has no random access)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -74,7 +75,7 @@ def compose_train_config(overrides: Sequence[str]) -> Any:
     with open_dict(cfg):
         cfg.paths.root_dir = os.getcwd()
         cfg.paths.output_dir = os.getcwd()  # nothing is written there
-        if cfg.data.get("streaming"):
+        if stream_as_table and cfg.data.get("streaming"):
             cfg.data.streaming = False
     return cfg
 

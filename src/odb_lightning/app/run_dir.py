@@ -33,10 +33,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import torch.distributed as dist
 from omegaconf import OmegaConf
-
-from odb_lightning.runtime.rendezvous import job_store_address
 
 RESOLVER = "odb.run_name"
 """Name of the OmegaConf resolver (``${odb.run_name:<strftime pattern>,<timeout_s>}``)."""
@@ -66,6 +63,11 @@ def published_run_name(pattern: str, timeout_s: float, environ: Mapping[str, str
         MetadataChannelError: ``MASTER_ADDR`` does not resolve (the message names it).
         RunDirError: The store is unreachable, or rank 0 published nothing in ``timeout_s``.
     """
+    # Here, not at the top: composing the config (odb-check) must not load torch.
+    import torch.distributed as dist
+
+    from odb_lightning.runtime.rendezvous import job_store_address
+
     host, port = job_store_address(dict(environ))
     rank, key = int(environ.get("RANK", "0")), run_name_key(environ)
     timeout = timedelta(seconds=timeout_s)
@@ -142,6 +144,20 @@ def process_tag(environ: Mapping[str, str] | None = None) -> str:
     if rank is None and srun_tasks(env) > 1:
         rank = env.get("SLURM_PROCID")
     return "" if rank in (None, "0") else f"_rank{rank}"
+
+
+LIGHTNING_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+"""Where Lightning reads a process's rank when it is imported (the first one set)."""
+
+
+def lightning_rank(environ: Mapping[str, str] | None = None) -> int:
+    """The rank Lightning gives this process when it is imported (``rank_zero_only.rank``:
+    the first of :data:`LIGHTNING_RANK_VARIABLES` set, else 0), read without importing
+    it: the Hydra callbacks and the checks before the run (``train.py``) decide their
+    rank-0 work before Lightning loads (``tests/unit/app/test_run_dir.py`` compares)."""
+    env = os.environ if environ is None else environ
+    rank = next((env[k] for k in LIGHTNING_RANK_VARIABLES if k in env), None)
+    return int(rank or 0)
 
 
 RESUME_DIR_RESOLVER = "odb.resume_dir"

@@ -35,11 +35,10 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 from typing_extensions import override
 
-from odb_lightning.app.run_dir import CHECKPOINT_DIR_NAME
+from odb_lightning.app.run_dir import CHECKPOINT_DIR_NAME, lightning_rank
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +200,7 @@ class RunDirGuard(Callback):
 
     def _guard(self, run_dir: Path) -> None:
         check_no_planted_links(run_dir)
-        if rank_zero_only.rank != 0:
+        if lightning_rank() != 0:
             return  # a rank the job's first process (or torchrun, srun) started
         self._lock = RunDirLock(run_dir)
         self._lock.acquire()

@@ -16,26 +16,18 @@ import io
 import json
 import logging
 import os
+import re
 import traceback
 from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from rich.console import Console
 
-from odb_lightning.app.checkpoints import NoValidCheckpointError
-from odb_lightning.app.run_config import ResumeConfigError
-from odb_lightning.app.run_dir import RunDirError
-from odb_lightning.app.validation import ConfigError
-from odb_lightning.core.handshake import SettingsMismatchError
+from odb_lightning.app.validation import ConfigError, DataCheckError
 from odb_lightning.data.conversation import BadRecordError
-from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
-from odb_lightning.lit.callbacks.summary_table import print_summary
-from odb_lightning.lit.memory.report import MemoryBudgetError
 from odb_lightning.lit.run_files import RunFileLinkError, write_run_file
-from odb_lightning.runtime.errors import MetadataChannelError
 from odb_lightning.sample import BadSampleError
 
 log = logging.getLogger("odb_lightning.run")
@@ -44,23 +36,37 @@ _file_log = logging.getLogger("odb_lightning.run.file_only")
 
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "transformers")
 
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError,
-    RunDirError,
-    MetadataChannelError,
-    NoValidCheckpointError,
-    ResumeConfigError,
-    NoSupervisedTokensError,
-    SettingsMismatchError,
-    BadRecordError,
-    BadSampleError,
-    MemoryBudgetError,
-    RunFileLinkError,
-    OmegaConfBaseException,
-    HydraException,
-)
-"""Errors whose message says what to change: reported without a traceback (it still
-goes to ``train.log``; ``HYDRA_FULL_ERROR=1`` raises them as they are)."""
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message says what to change: reported without a traceback (it still
+    goes to ``train.log``; ``HYDRA_FULL_ERROR=1`` raises them as they are). Imported here
+    when asked: their modules load torch and Lightning, which the checks before the run
+    (:mod:`odb_lightning.app.check`) do not."""
+    from odb_lightning.app.checkpoints import NoValidCheckpointError
+    from odb_lightning.app.run_config import ResumeConfigError
+    from odb_lightning.app.run_dir import RunDirError
+    from odb_lightning.core.handshake import SettingsMismatchError
+    from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
+    from odb_lightning.lit.memory.report import MemoryBudgetError
+    from odb_lightning.runtime.errors import MetadataChannelError
+
+    return (
+        ConfigError,
+        DataCheckError,
+        RunDirError,
+        MetadataChannelError,
+        NoValidCheckpointError,
+        ResumeConfigError,
+        NoSupervisedTokensError,
+        SettingsMismatchError,
+        BadRecordError,
+        BadSampleError,
+        MemoryBudgetError,
+        RunFileLinkError,
+        OmegaConfBaseException,
+        HydraException,
+    )
+
 
 FAILED_MARKER = "failed.json"
 """Written into the run directory of a run that raised (``failed_rank<r>.json`` by the
@@ -91,12 +97,16 @@ def full_error_requested() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-def record_failure(error: BaseException, output_dir: Path) -> Path:
-    """Log ``error`` (its message to every handler, its traceback to the log file only)
-    and write the failed marker; returns the marker's path."""
-    rank = rank_zero_only.rank
+def record_failure(error: BaseException, output_dir: Path, rank: int | None = None) -> Path:
+    """Log ``error`` (its message, with the presets that set the keys it names, to every
+    handler; its traceback to the log file only) and write the failed marker of ``rank``
+    (``None``: Lightning's rank of this process); returns the marker's path."""
+    if rank is None:
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+        rank = rank_zero_only.rank
     marker = failed_marker(output_dir, rank)
-    log.error("run failed: %s: %s", type(error).__name__, error)
+    log.error("run failed: %s: %s", type(error).__name__, explained(error))
     _file_log.error("".join(traceback.format_exception(error)).rstrip())
     log.error("log: %s; run directory marked failed: %s", output_dir / "train.log", marker)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +120,10 @@ def record_failure(error: BaseException, output_dir: Path) -> Path:
 
 def log_summary_table(summary: dict[str, Any]) -> None:
     """The end-of-run table (printed on the console) into the log file too."""
+    from rich.console import Console
+
+    from odb_lightning.lit.callbacks.summary_table import print_summary
+
     console = Console(record=True, file=io.StringIO(), width=100)
     print_summary(summary, console)
     _file_log.info("run summary\n%s", console.export_text().rstrip())
@@ -117,4 +131,54 @@ def log_summary_table(summary: dict[str, Any]) -> None:
 
 def is_user_error(error: BaseException) -> bool:
     """Whether ``error``'s message alone tells the user what to change."""
-    return isinstance(error, USER_ERRORS)
+    return isinstance(error, user_errors())
+
+
+PRESET_GROUPS = {"debug": "", "experiment": "", "debug_batching": "batching."}
+"""The config groups whose options set keys of other groups (``@package _global_``
+presets), with the package each option is placed in."""
+
+_KEY = re.compile(r"\b((?:data|batching|model|trainer|stop|callbacks)(?:\.[A-Za-z_][\w]*)+)")
+"""A config key as messages spell it (``data.sizes.max_seq_len``)."""
+
+
+def preset_origins(message: str) -> list[str]:
+    """For each key ``message`` names whose value a preset chose (the command line did
+    not set it): ``key=value is set by group=option``. Empty outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    hydra_cfg = HydraConfig.get()
+    given = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
+    sources = {s.provider: s.path for s in hydra_cfg.runtime.config_sources}
+    conf_dir = Path(str(sources.get("main", "")).removeprefix("file://"))
+    origins: list[str] = []
+    for key in dict.fromkeys(_KEY.findall(message)):
+        if key in given:
+            continue
+        origin = _preset_setting(key, hydra_cfg.runtime.choices, conf_dir)
+        if origin is not None:
+            origins.append(origin)
+    return origins
+
+
+def _preset_setting(key: str, choices: Any, conf_dir: Path) -> str | None:
+    for group, package in PRESET_GROUPS.items():
+        option = choices.get(group)
+        preset = conf_dir / group / f"{option}.yaml"
+        if not option or not key.startswith(package) or not preset.is_file():
+            continue
+        value = OmegaConf.select(OmegaConf.load(preset), key.removeprefix(package))
+        if value is not None and not OmegaConf.is_config(value):
+            return f"{key}={value} is set by {group}={option}"
+    return None
+
+
+def explained(error: BaseException) -> str:
+    """``error``'s message, followed by the presets that set the keys it names, so the
+    user knows which value to override (``debug=smoke``'s ``data.sizes.max_seq_len``)."""
+    origins = preset_origins(str(error))
+    if not origins:
+        return str(error)
+    return f"{error} ({'; '.join(origins)}: override it on the command line)"

@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from typing_extensions import override
 
-from odb_lightning.lit.callbacks.checkpointing import hydra_override
+from odb_lightning.app.run_dir import lightning_rank
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +254,10 @@ SWEEP_DIR_KEY = "hydra.sweep.dir"
 def fix_sweep_dir(config: DictConfig) -> Path:
     """Resolve ``hydra.sweep.dir`` once, here, as an absolute path, and add it to the Hydra
     overrides each point's config is composed with (module docstring); the directory."""
+    # Here, not at the top: a single run's Hydra callbacks load no Lightning (its checks
+    # come first, in seconds); a multirun loads it anyway.
+    from odb_lightning.lit.callbacks.checkpointing import hydra_override
+
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     with read_write(config.hydra), open_dict(config.hydra):
         given = [o for o in config.hydra.overrides.hydra if not o.startswith(SWEEP_DIR_KEY + "=")]
@@ -284,12 +287,12 @@ class SweepSummary(Callback):
 
     @override
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        if config.hydra.mode.name == "MULTIRUN" and rank_zero_only.rank == 0:
+        if config.hydra.mode.name == "MULTIRUN" and lightning_rank() == 0:
             write_sweep_summary(Path(config.hydra.sweep.dir))
 
     @override
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if rank_zero_only.rank != 0:
+        if lightning_rank() != 0:
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         written = write_sweep_summary(sweep_dir) if sweep_dir.is_dir() else []

@@ -1,5 +1,8 @@
 """Startup checks of the composed config (every error names the key it is about) and of
-the launch environment (every error names the variable to set)."""
+the launch environment (every error names the variable to set).
+
+The config checks import neither torch nor Lightning (:mod:`odb_lightning.app.check` runs
+them before those load)."""
 
 from __future__ import annotations
 
@@ -14,13 +17,15 @@ from omegaconf import DictConfig
 
 from odb_lightning.app.run_dir import srun_tasks
 from odb_lightning.core.checks import is_int
-from odb_lightning.runtime.binding import gloo_binding
-from odb_lightning.runtime.errors import MetadataChannelError
-from odb_lightning.runtime.rendezvous import job_store_address
 
 
 class ConfigError(ValueError):
     """The composed configuration is invalid; the message names the key."""
+
+
+class DataCheckError(ValueError):
+    """The first records of a source could not be read (``odb-check``, ``train.py``'s
+    first step); the message names the source, the path and why."""
 
 
 def _failing_key(cfg: DictConfig, key: str, message: str) -> str:
@@ -151,6 +156,11 @@ def check_launch_environment(environ: Mapping[str, str] | None = None) -> None:
     Raises:
         MetadataChannelError: The message names the address and the variable to set.
     """
+    # Here, not at the top: the config checks above run before torch loads (odb-check).
+    from odb_lightning.runtime.binding import gloo_binding
+    from odb_lightning.runtime.errors import MetadataChannelError
+    from odb_lightning.runtime.rendezvous import job_store_address
+
     env = dict(os.environ if environ is None else environ)
     if launched_world_size(env) <= 1 or ("MASTER_ADDR" not in env and srun_tasks(env) > 1):
         return

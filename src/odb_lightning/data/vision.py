@@ -10,6 +10,9 @@ each patch row holds ``temporal_patch_size`` copies, ``3 * 2 * 14 * 14 = 1176`` 
 The vision tower sees every patch; the merger joins ``merge_size x merge_size``
 neighbours into one LLM token, so an image costs ``grid_t * grid_h * grid_w / 4`` tokens
 in ``input_ids`` (:func:`image_token_count`) and ``grid_t * grid_h * grid_w`` ViT patches.
+The vision tower of a random init (:class:`VisionTower`, ``model.vision``) takes these
+patches, so its patch settings sit here beside the images'. Importing this module loads
+no torch: the config is checked before torch loads (``odb-check``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from odb_lightning.sample import BadSampleError
+if TYPE_CHECKING:  # annotations only: the config is validated before torch loads
+    import torch
 
 IMAGE_PLACEHOLDER = "<image>"
 """Marks where an image goes in a user turn (LLaVA's convention)."""
@@ -115,6 +117,8 @@ def load_image(path: str | Path, index: int | None, field: str, max_image_pixels
     """
     from PIL import Image, UnidentifiedImageError
 
+    from odb_lightning.sample import BadSampleError  # with torch: the samples' contract
+
     path = Path(path)
     if not path.is_file():
         raise BadSampleError(index, field, f"names no file: {str(path)!r}")
@@ -136,3 +140,38 @@ def load_image(path: str | Path, index: int | None, field: str, max_image_pixels
             raise
         problem = f"cannot be decoded as an image ({path}): {type(error).__name__}: {error}"
         raise BadSampleError(index, field, problem) from error
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """The vision tower of a random init (``model.vision``); its patch settings must match
+    the data's ``images``."""
+
+    depth: int = 2
+    """Vision transformer blocks."""
+    embed_dim: int = 32
+    """Their width."""
+    num_heads: int = 2
+    """Their attention heads."""
+    mlp_ratio: int = 2
+    """MLP width over ``embed_dim``."""
+    patch_size: int = 14
+    """ViT patch side in pixels (``data.images.patch_size``)."""
+    spatial_merge_size: int = 2
+    """Patches merged per side into one LLM token (``data.images.merge_size``)."""
+    temporal_patch_size: int = 2
+    """Frames per patch."""
+    mrope_section: tuple[int, ...] | None = None
+    """Rotary frequency pairs per axis (temporal, height, width); ``None``: the family's
+    own proportion."""
+    rope_theta: float = 1_000_000.0
+    """Rotary base of the language model."""
+
+    def __post_init__(self) -> None:
+        if self.mrope_section is not None:
+            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+        sizes = ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size")
+        for name in (*sizes, "spatial_merge_size", "temporal_patch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.vision.{name} must be an integer >= 1, got {value!r}")

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from odb_lightning.app.config_store import _generated_nodes
 from odb_lightning.app.train import resume_command
 from odb_lightning.app.validation import ConfigError, instantiate_checked
-from odb_lightning.lit.callbacks.graceful_stop import StopSettings
+from odb_lightning.lit.callbacks.stop_settings import StopSettings
 
 
 @pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, True, "25"])

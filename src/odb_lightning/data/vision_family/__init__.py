@@ -26,7 +26,6 @@ from odb_lightning.data.vision_family.contract import (
     ImageProcessing,
     PatchLayout,
     VisionFamily,
-    VisionTower,
 )
 from odb_lightning.data.vision_family.qwen2_vl import (
     ImageProcessor,
@@ -70,7 +69,6 @@ __all__ = [
     "PatchLayout",
     "Qwen2VLFamily",
     "VisionFamily",
-    "VisionTower",
     "default_mrope_section",
     "mrope_positions",
     "vision_family_of",

@@ -1,16 +1,15 @@
-"""What the rest of the code may ask of an image-text model family (:class:`VisionFamily`),
-the vision tower of a random init, and the shapes they speak in."""
+"""What the rest of the code may ask of an image-text model family (:class:`VisionFamily`)
+and the shapes it speaks in."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Self
 
 from torch import Tensor, nn
 
-from odb_lightning.data.vision import ImageSettings, VisionTokens
+from odb_lightning.data.vision import ImageSettings, VisionTokens, VisionTower
 
 DUMMY_GRID = (1, 2, 2)
 """The dummy image's patch grid: one merge window, the smallest image the tower takes."""
@@ -82,38 +81,3 @@ class VisionFamily(ABC):
     def dummy_vision_loss(self, model: nn.Module) -> Tensor:
         """A loss term that is 0 and reaches every vision parameter (a batch without an
         image still runs the tower)."""
-
-
-@dataclass(frozen=True)
-class VisionTower:
-    """The vision tower of a random init (``model.vision``); its patch settings must match
-    the data's ``images``."""
-
-    depth: int = 2
-    """Vision transformer blocks."""
-    embed_dim: int = 32
-    """Their width."""
-    num_heads: int = 2
-    """Their attention heads."""
-    mlp_ratio: int = 2
-    """MLP width over ``embed_dim``."""
-    patch_size: int = 14
-    """ViT patch side in pixels (``data.images.patch_size``)."""
-    spatial_merge_size: int = 2
-    """Patches merged per side into one LLM token (``data.images.merge_size``)."""
-    temporal_patch_size: int = 2
-    """Frames per patch."""
-    mrope_section: tuple[int, ...] | None = None
-    """Rotary frequency pairs per axis (temporal, height, width); ``None``: Qwen2-VL's
-    1:1.5:1.5 proportion."""
-    rope_theta: float = 1_000_000.0
-    """Rotary base of the language model."""
-
-    def __post_init__(self) -> None:
-        if self.mrope_section is not None:
-            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
-        sizes = ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size")
-        for name in (*sizes, "spatial_merge_size", "temporal_patch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.vision.{name} must be an integer >= 1, got {value!r}")

@@ -12,13 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from odb_lightning.data.tokenizer import IMAGE_PAD, VISION_END, VISION_START, SpecialTokens
-from odb_lightning.data.vision import ImageSettings, VisionTokens
-from odb_lightning.data.vision_family.contract import (
-    DUMMY_GRID,
-    PatchLayout,
-    VisionFamily,
-    VisionTower,
-)
+from odb_lightning.data.vision import ImageSettings, VisionTokens, VisionTower
+from odb_lightning.data.vision_family.contract import DUMMY_GRID, PatchLayout, VisionFamily
 
 
 def default_mrope_section(head_dim: int) -> list[int]:

@@ -49,7 +49,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -62,13 +61,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
-from odb_lightning.core.checks import check_positive
 from odb_lightning.lit.callbacks.checkpointing import (
     linked_checkpoint,
     replace_link,
     stop_checkpoint_name,
 )
 from odb_lightning.lit.callbacks.step_end import StepEndCallback
+from odb_lightning.lit.callbacks.stop_settings import StopSettings
 
 log = logging.getLogger(__name__)
 
@@ -81,21 +80,6 @@ EXIT_CODES = {signum: 128 + signum for signum in STOP_SIGNALS}
 
 REAP_TIMEOUT_S = 5.0
 """How long a rank that exits at the deadline waits for the processes it killed."""
-
-
-@dataclass(frozen=True)
-class StopSettings:
-    """How a stop signal ends the run (Hydra group ``stop``)."""
-
-    deadline_s: float = 25.0
-    """Seconds from the first stop signal to this process's exit: the wait for the step
-    boundary, the save of the stop checkpoint and the teardown. Past it, the process
-    exits at once, the newest complete checkpoint on disk kept (the log names it). Below
-    the scheduler's grace: SLURM's default is 30 s from SIGTERM to SIGKILL; with
-    ``--signal=USR1@<s>`` (or submitit's ``signal_delay_s``) it may approach ``s``."""
-
-    def __post_init__(self) -> None:
-        check_positive("stop.deadline_s", self.deadline_s, "seconds")
 
 
 class GracefulStop(StepEndCallback):

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-
-import torch
-from transformers import AutoConfig, PretrainedConfig
+from typing import TYPE_CHECKING
 
 from odb_lightning.core.checks import check_bool, check_int, check_positive_int, enum_member
+
+if TYPE_CHECKING:  # imported where used: the config is validated before torch loads
+    import torch
+    from transformers import PretrainedConfig
 
 
 class ModelDType(StrEnum):
@@ -27,6 +29,8 @@ class ModelDType(StrEnum):
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         return getattr(torch, self.value)
 
 
@@ -120,6 +124,8 @@ class Architecture:
     def random_init(self) -> PretrainedConfig:
         """The ``transformers`` config of a random init of these sizes (the vocabulary is
         the fold when there is one)."""
+        from transformers import AutoConfig
+
         sizes = {name: getattr(self, name) for name in ARCHITECTURE_SIZES}
         sizes["vocab_size"] = self.token_id_fold or self.vocab_size
         if self.head_dim is not None:
@@ -133,6 +139,8 @@ class Architecture:
         ``vocab_size`` with ``pretrained_path`` (an image-text model's: its language
         model's), else ``vocab_size``."""
         if self.pretrained_path is not None:
+            from transformers import AutoConfig
+
             config = AutoConfig.from_pretrained(self.pretrained_path)
             return int(config.get_text_config().vocab_size)
         return self.token_id_fold or self.vocab_size

@@ -25,7 +25,8 @@ from typing_extensions import override
 
 from odb_lightning.core.nodes import plain
 from odb_lightning.core.rows import StepShape
-from odb_lightning.data.vision_family import VisionFamily, VisionTower
+from odb_lightning.data.vision import VisionTower
+from odb_lightning.data.vision_family import VisionFamily
 from odb_lightning.lit.model.attention_inputs import warmup_batch
 from odb_lightning.lit.model.lm_head import chunked_lm_loss
 from odb_lightning.lit.model.module import CausalLMModule
