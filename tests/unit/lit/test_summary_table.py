@@ -41,3 +41,14 @@ def test_image_text_runs_show_their_image_figures() -> None:
     # A text run (no patch fill) does not show a count of 0 patches.
     rows = table_rows({"mode": "odb", "image_patches": 0, "patch_fill": None})
     assert not any(label.startswith(("image patches", "patch fill")) for label in rows)
+
+
+def test_a_mixture_shows_what_each_part_trained_below_the_total() -> None:
+    trained = {
+        "a.jsonl": {"samples": 60, "tokens": 1_230, "share": 0.75},
+        "b.json": {"samples": 20, "tokens": 410, "share": 0.25},
+    }
+    rows = table_rows({"mode": "odb", "emitted_samples": 80, "mixture_trained": trained})
+    assert rows["emitted samples"] == "80"
+    assert rows["of them from a.jsonl"] == "60 (75.0%), 1,230 tokens"
+    assert rows["of them from b.json"] == "20 (25.0%), 410 tokens"

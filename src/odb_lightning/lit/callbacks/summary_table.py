@@ -93,4 +93,9 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             label = FIXED_SIZE_LABELS.get(key, label)
         if value is not None:
             table.add_row(label, fmt(value) if callable(fmt) else fmt.format(value))
+        if key == "emitted_samples":  # what each part of a mixture trained, below the total
+            for part, row in (summary.get("mixture_trained") or {}).items():
+                share = f" ({row['share']:.1%})" if row["share"] is not None else ""
+                trained = f"{row['samples']:,}{share}, {row['tokens']:,} tokens"
+                table.add_row(f"  of them from {part}", trained)
     (console or Console()).print(table)
