@@ -24,6 +24,8 @@ _TRAIN_KEYS = (
     ("set data.source.template to", "set --template to"),
     ("(data.source.template=auto picks it)", "(--template auto picks it)"),
     ("(tokenizer=hf)", "(--tokenizer <a Hugging Face directory>)"),
+    ("data.source.template=", "--template "),
+    ("data.source.template", "--template"),
 )
 """What the data layer's messages tell a ``train.py`` user to set, and the same said in
 this command's flags."""

@@ -84,9 +84,9 @@ def test_a_template_error_names_the_flag_not_the_training_key(tmp_path: Path, ca
     ]
     assert main([*argv, "--record-cache-dir", str(tmp_path / "records")]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "matches none of the shipped layouts" in err
-    assert "set --template to one of them" in err and "data.source.template" not in err
-    with pytest.raises(ValueError, match="set data.source.template to one of them"):
+    assert "--template auto: tokenizer" in err and "has no chat template" in err
+    assert "set --template to one of chatml," in err and "data.source.template" not in err
+    with pytest.raises(ValueError, match="set data.source.template to one of chatml,"):
         build_chat_template(HFTokenizer(str(tokenizer)))
 
 

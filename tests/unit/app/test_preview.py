@@ -131,7 +131,8 @@ def test_a_jsonl_file_with_overrides(
 
     # --ids, a held-out record among them, and truncation to data.sizes.max_seq_len.
     out = io.StringIO()
-    cut = [*overrides[:2], "data.sizes.val_samples=1", "data.sizes.max_seq_len=12"]
+    cut = [*overrides[:2], "data.sizes.val_samples=1", "data.sizes.max_seq_len=14"]
+    cut.append("data.sizes.truncation=tail")  # the first 14 tokens: two of the answer
     datamodule = build_data(compose_cfg(cut), world_size=1, device="cpu").datamodule
     datamodule.setup("fit")
     held = str(datamodule.record_ids(list(datamodule.val_set.indices))[0])
@@ -139,7 +140,7 @@ def test_a_jsonl_file_with_overrides(
     samples = shown(out.getvalue())
     assert [s["id"] for s in samples] == ["c", held]
     assert samples[1]["held"] == " (held out for validation)"
-    assert samples[0]["length"] == 12 and samples[0]["cut"].startswith(", cut from ")
+    assert samples[0]["length"] == 14 and samples[0]["cut"].startswith(", cut from ")
     check_against_the_data_module(samples, datamodule)
 
 
