@@ -2,9 +2,13 @@
 round (``shard_dealing=by_need``), and whether the round may emit.
 
 Every rank calls these on the same gathered reports
-(:func:`~odb_lightning.core.alignment.plan_round`), so every rank deals alike. By default
-the deal levels the ranks' work; with ``fetch_aware_dealing`` it levels their time,
-counting how long each rank waited for its own samples (:func:`fetch_shares`).
+(:func:`~odb_lightning.core.alignment.plan_round`), so every rank deals alike. The deal
+levels the ranks' work; with ``fetch_aware_dealing`` (on by default with
+``shard_dealing=by_need``), once the ranks' fetch speeds differ materially, it levels
+their time instead, counting how long each rank waited for its own samples
+(:func:`fetch_shares`). A rank whose window holds more of the waiting samples than its
+speed warrants is behind (:func:`behind_ranks`): rounds then group per rank, so no sample
+moves toward it (``core.pooling``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from odb_lightning.core.wire import RankReport
 MIN_US_PER_COST = 1e-6
 """The least time per unit of work :func:`fetch_shares` credits a rank with, so a rank
 that never waited and a common part of 0 give a finite share."""
+MATERIAL_SPEED_RATIO = 1.5
+"""Fetch speeds differ materially when the slowest rank's time per unit of work is at
+least this many times the fastest's; below it the shares stay equal."""
+MATERIAL_WAIT_SHARE = 0.1
+"""... and when the slowest rank has spent at least this share of its epoch so far
+waiting for its own samples (else fetching does not bound the epoch)."""
 
 
 def fetch_shares(reports: list[RankReport]) -> list[float] | None:
@@ -26,8 +36,10 @@ def fetch_shares(reports: list[RankReport]) -> list[float] | None:
     time it did not wait for its own samples per unit of work it received: what every
     rank spends in the lock-stepped rounds) plus its own wait per unit of work (its fetch
     backlog). Shares are inverse to it: a rank whose samples arrive twice as slowly,
-    when fetching bounds the epoch, is dealt about half the work; when no rank waits,
-    the shares are equal. Every rank computes them from the same reports."""
+    when fetching bounds the epoch, is dealt about half the work. While the ranks' speeds
+    do not differ materially (:data:`MATERIAL_SPEED_RATIO`, :data:`MATERIAL_WAIT_SHARE`:
+    timing noise, or no rank waits) there are none. Every rank computes them from the same
+    reports."""
     timed = [r for r in reports if r.dealt_cost > 0]
     if not timed or not any(r.wait_us for r in timed):
         return None
@@ -35,10 +47,34 @@ def fetch_shares(reports: list[RankReport]) -> list[float] | None:
     per_work = {
         rank: common + r.wait_us / r.dealt_cost for rank, r in enumerate(reports) if r.dealt_cost
     }
+    slowest = max(per_work, key=per_work.__getitem__)
+    waited = reports[slowest].wait_us >= MATERIAL_WAIT_SHARE * reports[slowest].elapsed_us
+    fastest = max(MIN_US_PER_COST, min(per_work.values()))
+    if not waited or per_work[slowest] < MATERIAL_SPEED_RATIO * fastest:
+        return None
     typical = sorted(per_work.values())[len(per_work) // 2]  # for a rank with no work yet
     speeds = [1 / max(MIN_US_PER_COST, per_work.get(rank, typical)) for rank in range(len(reports))]
     total = sum(speeds)
     return [speed / total for speed in speeds]
+
+
+def behind_ranks(reports: list[RankReport]) -> list[int]:
+    """The ranks that are behind: their windows hold more of the samples waiting to run
+    than their fetch speed warrants (each holds more than its :func:`fetch_shares` share
+    of all buffered samples, by more than one sample). A round that moved samples toward
+    such a rank would leave its own waiting longer. None while the speeds do not differ
+    materially. Read whatever the dealing (every rank reports its waits): dealt by work,
+    the slow rank holds half the samples all epoch; dealt by fetch time, until the deal
+    has brought its share down."""
+    shares = fetch_shares(reports)
+    if shares is None:
+        return []
+    held = sum(r.buffered for r in reports)
+    return [
+        rank
+        for rank, (r, share) in enumerate(zip(reports, shares, strict=True))
+        if r.buffered > share * held + 1
+    ]
 
 
 def deal_caps(reports: list[RankReport], *, fetch_aware: bool = False) -> list[int]:
@@ -84,6 +120,7 @@ def deal_counts(
     time (``fetch_aware``), a rank at its share is ready instead (:func:`ready`) and
     gets none. ``caps``: this round's :func:`deal_caps`, when the caller has them."""
     left = reports[0].undealt
+    fetch_aware = fetch_aware and fetch_shares(reports) is not None  # else: by work
     if caps is None:
         caps = deal_caps(reports, fetch_aware=fetch_aware)
     if not fetch_aware and not any(
@@ -106,6 +143,7 @@ def ready(
     nothing; an empty one runs IDLE steps). The caps sum to at least the undealt
     samples' need, so some rank is below its share: it is full, or the round deals it a
     sample. ``caps``: this round's :func:`deal_caps`, when the caller has them."""
+    fetch_aware = fetch_aware and fetch_shares(reports) is not None  # else: by work
     if fetch_aware and caps is None:
         caps = deal_caps(reports, fetch_aware=True)
     return all(

@@ -51,7 +51,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
     "join": int,
     "cross_rank_grouping": _tristate,
     "pool_below_sync": _billionths,
-    "fetch_aware_dealing": int,
+    "fetch_aware_dealing": _tristate,
     "seed": int,
     "attention_weight": _billionths,
     "mode": lambda mode: list(MODES).index(mode),
@@ -60,7 +60,7 @@ SHARED_SETTINGS: dict[str, Callable[[Any], int]] = {
 """The knobs (by their flat names, :meth:`BatchingConfig.knob`) that change what a round
 plans, each with its integer encoding: ranks that differ in one of them would diverge.
 The row layouts' entries are theirs (:data:`~odb_lightning.core.rows.ROW_SETTINGS`)."""
-_ENCODES_NONE = frozenset({"cross_rank_grouping"})
+_ENCODES_NONE = frozenset({"cross_rank_grouping", "fetch_aware_dealing"})
 """Knobs whose ``None`` is a setting of its own, not an absent field (encoded as such)."""
 HANDSHAKE_FIELDS = tuple(SHARED_SETTINGS)
 """The names of the settings part of the handshake message, in order."""

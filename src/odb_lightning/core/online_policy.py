@@ -93,14 +93,17 @@ class OnlinePolicy(Policy):
     window (most samples then run on a rank that did not fetch them); 0.97: only rounds
     clearly uneven, such as a tail over the budget, so long epochs move fewer bytes for
     a little less utilization (experiments/sync_efficiency). In ``(0, 1]``."""
-    fetch_aware_dealing: bool = False
+    fetch_aware_dealing: bool | None = None
     """Deal by need in proportion to how fast each rank gets its samples, not only to
     its work: every rank reports how long it waited for its own samples
-    (``core.dealing.fetch_shares``), and a rank whose samples arrive slowly is dealt
-    less of the rest of the epoch, so the fast ranks take over its share and the epoch
-    ends near their time. A rank at its share emits without waiting for more. The steps
-    then depend on timing (the simulator's are those of no waiting); every sample still
-    runs once and resume stays exact. Needs ``shard_dealing=by_need``
+    (``core.dealing.fetch_shares``), and once one rank's samples arrive materially slower
+    than another's (``MATERIAL_SPEED_RATIO``, while waiting takes a material share of its
+    epoch, ``MATERIAL_WAIT_SHARE``) it is dealt less of the rest of the epoch, so the
+    fast ranks take over its share and the epoch ends near their time; a rank at its
+    share emits without waiting for more. Until then the deal is the one by work. The
+    steps then depend on timing (the simulator's are those of no waiting); every sample
+    still runs once and resume stays exact. ``None`` (the default): on with
+    ``shard_dealing=by_need``, off with fixed shards; ``true`` needs ``by_need``
     (experiments/slow_rank)."""
     join: bool = True
     """Every sample once per epoch (IDLE steps for finished ranks); ``false``: end the
@@ -122,13 +125,14 @@ class OnlinePolicy(Policy):
         check_bool(f"{key}.join", self.join)
         if self.cross_rank_grouping is not None:
             check_bool(f"{key}.cross_rank_grouping", self.cross_rank_grouping)
-        check_bool(f"{key}.fetch_aware_dealing", self.fetch_aware_dealing)
+        if self.fetch_aware_dealing is not None:
+            check_bool(f"{key}.fetch_aware_dealing", self.fetch_aware_dealing)
         if not (is_number(self.pool_below_sync) and 0 < self.pool_below_sync <= 1):
             raise ValueError(
                 f"{key}.pool_below_sync must be a number in (0, 1] (a sync efficiency), got "
                 f"{self.pool_below_sync!r}"
             )
-        if self.fetch_aware_dealing and not self.by_need:
+        if self.fetch_aware_dealing is True and not self.by_need:
             raise ValueError(
                 f"{key}.fetch_aware_dealing=true needs {key}.shard_dealing=by_need (it "
                 "deals one global order by each rank's fetch speed), got "
@@ -151,6 +155,14 @@ class OnlinePolicy(Policy):
     def by_need(self) -> bool:
         """Samples are dealt by need from one global order."""
         return self.shard_dealing is ShardDealing.BY_NEED
+
+    @property
+    def deals_by_fetch_time(self) -> bool:
+        """Dealing sees fetch time: ``fetch_aware_dealing``, where ``None`` means
+        wherever it applies (``by_need``)."""
+        if self.fetch_aware_dealing is None:
+            return self.by_need
+        return self.fetch_aware_dealing
 
     @property
     def groups_across_ranks(self) -> bool:

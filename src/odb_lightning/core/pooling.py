@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from odb_lightning.core.alignment import AlignmentError, RoundPlan
 from odb_lightning.core.config import BatchingConfig
+from odb_lightning.core.dealing import behind_ranks
 from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.core.pool_plan import PoolPlan, plan_pool
 from odb_lightning.core.types import Group, SampleInfo
@@ -139,15 +140,19 @@ class PooledRound:
     ) -> PooledRound | None:
         """The pooled round an emitting round is instead of ``plan`` (the ordinary plan of
         ``reports``), or ``None``. A round that emits nothing has nothing to group; one
-        rank has nothing to group across; and a union over :data:`MAX_POOL_SAMPLES` would
-        cost every rank too long to plan: those rounds stay ordinary, as every round does
-        where rounds do not group across ranks (``groups_across_ranks``: join only)."""
+        rank has nothing to group across; a union over :data:`MAX_POOL_SAMPLES` would
+        cost every rank too long to plan; and while a rank is behind (its window holds more
+        of the waiting samples than its fetch speed warrants, :func:`~.dealing.behind_ranks`)
+        a pooled round could move samples toward it: those rounds stay ordinary, as every
+        round does where rounds do not group across ranks (``groups_across_ranks``: join
+        only)."""
         policy: OnlinePolicy = config.policy  # type: ignore[assignment]
         if (
             not plan.target_steps
             or not policy.groups_across_ranks
             or len(reports) < 2
             or sum(r.buffered for r in reports) > MAX_POOL_SAMPLES
+            or behind_ranks(reports)
         ):
             return None
         width = max(r.buffered for r in reports)

@@ -211,7 +211,7 @@ def _run(
         messages = [encode_report(w.make_report(), max_steps) for w in windows]
         reports = [decode_report(m, max_steps) for m in messages]
         plan = plan_round(
-            reports, join=config.policy.join, fetch_aware=config.policy.fetch_aware_dealing
+            reports, join=config.policy.join, fetch_aware=config.policy.deals_by_fetch_time
         )
         if plan.target_steps and not first:
             first = [(w.num_received, w.received_cost) for w in windows]

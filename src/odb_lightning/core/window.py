@@ -161,7 +161,7 @@ class GroupingWindow(WindowFill):
         full = wanted == 0
         # A window that is not full only asks for samples: the round emits nothing
         # (dealing by fetch time, it may emit if it is at its share: dealing.ready).
-        groups = self._grouped() if full or self.policy.fetch_aware_dealing else []
+        groups = self._grouped() if full or self.policy.deals_by_fetch_time else []
         self._groups = groups
         shown = groups[:max_steps]
         num_peels = max(0, min(len(self._buffer), max_steps) - len(groups)) if full else 0
@@ -328,7 +328,7 @@ def exchange_round(window: GroupingWindow, exchange: Exchange) -> RoundOutcome:
     message = encode_report(window.make_report(), max_steps)
     reports = [decode_report(m, max_steps) for m in exchange(message)]
     plan = plan_round(
-        reports, join=window.policy.join, fetch_aware=window.policy.fetch_aware_dealing
+        reports, join=window.policy.join, fetch_aware=window.policy.deals_by_fetch_time
     )
     pool = PooledRound.of(reports, plan, window.config)
     if pool is None:

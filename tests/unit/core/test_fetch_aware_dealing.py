@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from odb_lightning.core.alignment import plan_round
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.core.dealing import deal_caps, fetch_shares
+from odb_lightning.core.dealing import behind_ranks, deal_caps, fetch_shares
+from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch
 from odb_lightning.core.wire import RankReport
@@ -56,7 +57,7 @@ def test_a_rank_that_waits_is_dealt_less_and_the_fast_one_more() -> None:
 
 
 def test_shares_are_a_function_of_the_reports_alone() -> None:
-    reports = [_report(300 + 40 * r, 1000 * r * r, 5_000_000) for r in range(6)]
+    reports = [_report(300 + 40 * r, 100_000 * r * r, 5_000_000) for r in range(6)]
     assert fetch_shares(reports) == fetch_shares(list(reports))
     shares = fetch_shares(reports)
     assert shares is not None and shares == sorted(shares, reverse=True)
@@ -139,3 +140,37 @@ def _check_once(result, n: int) -> None:
 def test_it_needs_one_dealt_order() -> None:
     with pytest.raises(ValueError, match="fetch_aware_dealing=true needs .*by_need"):
         BatchingConfig.of(fetch_aware_dealing=True, shard_dealing="fixed")
+
+
+def test_no_shares_while_the_speeds_do_not_differ_materially() -> None:
+    # Timing noise: 1.0 s and 1.2 s of waiting in 10 s (ratio under 1.5).
+    noise = [_report(500, 1_000_000, 10_000_000), _report(500, 1_200_000, 10_000_000)]
+    assert fetch_shares(noise) is None and behind_ranks(noise) == []
+    # Fetching does not bound the epoch: rank 1 waited 0.5 % of it, if 50x rank 0.
+    idle = [_report(500, 1_000, 10_000_000), _report(500, 50_000, 10_000_000)]
+    assert fetch_shares(idle) is None
+    assert deal_caps(idle, fetch_aware=True) == deal_caps(idle)
+
+
+def test_on_by_default_where_samples_are_dealt_by_need() -> None:
+    assert BatchingConfig.of().policy.deals_by_fetch_time  # by_need, the default
+    assert not BatchingConfig.of(shard_dealing="fixed").policy.deals_by_fetch_time
+    assert OnlinePolicy().fetch_aware_dealing is None
+    assert not BatchingConfig.of(fetch_aware_dealing=False).policy.deals_by_fetch_time
+
+
+def test_a_rank_that_is_behind_is_sent_no_work() -> None:
+    """Dealt by work, the slow rank's window holds half the waiting samples while its
+    speed warrants a tenth: it is behind, and no round groups across ranks, so it runs
+    what it fetched and no sample moves toward it (the moves sent it 65 of 120 samples)."""
+    reports = [_report(500, 0, 10_000_000), _report(500, 9_000_000, 10_000_000)]
+    assert behind_ranks(reports) == [1]  # 4 buffered of 8 against a share under 0.15
+    light = [reports[0], _report(500, 9_000_000, 10_000_000, buffered=1)]
+    assert behind_ranks(light) == []
+    lengths = lognormal_lengths(120, mean=200, cv=0.8, seed=0, max_len=1024)
+    config = BatchingConfig.of(token_budget=1024, fetch_aware_dealing=False)
+    result = simulate_dealt_epoch(lengths, 2, config, fetch_us=[1_000, 150_000])
+    _check_once(result, len(lengths))
+    assert result.moved_samples[1] == 0
+    level = simulate_dealt_epoch(lengths, 2, config, fetch_us=[1_000, 1_000])
+    assert sum(level.moved_samples) > 0, "at equal speeds rounds still group across ranks"
