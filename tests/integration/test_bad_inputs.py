@@ -160,7 +160,8 @@ def test_million_token_record_is_truncated_to_max_seq_len(
 ) -> None:
     huge = "x" + " x" * (MILLION - 1)
     path = write_jsonl(tmp_path / "chats.jsonl", [chat("small"), chat("huge", answer=huge)])
-    dataset = ChatDataset(load_source("jsonl", path=path).records, tokenizer, MAX_SEQ_LEN)
+    records = load_source("jsonl", path=path).records
+    dataset = ChatDataset(records, tokenizer, MAX_SEQ_LEN, truncation="tail")
     assert len(tokenizer.encode_text(huge)) == MILLION
     with ODBLoader(dataset, token_budget=2 * MAX_SEQ_LEN, outstanding_depth=4, num_workers=1,
                    multiprocessing_context="fork", max_seq_len=MAX_SEQ_LEN) as loader:  # fmt: skip

@@ -162,7 +162,7 @@ def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_pa
     records = [[("user", f"question {i}?"), ("assistant", f"answer {i}")] for i in range(20)]
     records += [[("user", f"no answer {i}")] for i in range(5)]  # unsupervised
     records += [[("system", "a system prompt only")]]  # unsupervised
-    records += [[("user", "tell me"), ("assistant", LONG)] for _ in range(3)]  # truncated
+    records += [[("user", "tell me"), ("assistant", LONG)] for _ in range(3)]  # cut (tail)
     data = tmp_path / "mix.jsonl"
     _write_records(data, records)
     common = [
@@ -175,6 +175,7 @@ def test_summary_counts_unsupervised_and_truncated_records(batching: str, tmp_pa
         tmp_path / "run",
         *common,
         "data.sizes.max_seq_len=64",
+        "data.sizes.truncation=tail",  # the default would drop a one-exchange chat
         f"batching={batching}",
         f"data.caches.length_dir={tmp_path / 'cache'}",
     )

@@ -29,6 +29,7 @@ from odb_lightning.data.synthetic import LENGTH_PROFILES
 from odb_lightning.data.template import ChatTemplate
 from odb_lightning.data.template_choice import build_chat_template
 from odb_lightning.data.tokenizer import ChatTokenizer
+from odb_lightning.sample import BadSampleError
 
 if TYPE_CHECKING:
     from odb_lightning.data.record_table import RecordCache
@@ -131,7 +132,12 @@ def _tokenized_lengths(
     with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
         task = bar.add_task(description, total=len(records))
         for record in records:
-            length = tokenize_record(template, record["messages"]).full_length
+            try:
+                length = tokenize_record(template, record["messages"]).full_length
+            except BadSampleError:  # e.g. a control token spelled in its text
+                report.counts["dropped/bad_sample"] += 1
+                bar.advance(task)
+                continue
             if length <= max_seq_len:
                 report.lengths.append(length)
             elif over_length is OverLength.TRUNCATE:

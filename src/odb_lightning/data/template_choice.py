@@ -220,7 +220,9 @@ def build_chat_template(
         else ""
     )
     if name is TemplateName.HF:
-        logger.info("%s=%s: the tokenizer's own chat template%s", _KEY, template, dropped)
+        why = " (no built-in layout shows its control tokens)" if template == "auto" else ""
+        logger.info("%s=%s: the tokenizer's own chat template renders each chat%s%s",
+                    _KEY, template, why, dropped)  # fmt: skip
         return reference
     chats = [*PROBE_CHATS, *records[:PROBED_RECORDS]]
     if template == TemplateName.AUTO.value:
