@@ -130,3 +130,16 @@ def test_dropped_samples_are_counted_and_named(tokenizer: QwenTokenizer) -> None
 def test_an_unknown_policy_names_the_key() -> None:
     with pytest.raises(ValueError, match=r"data.sizes.truncation must be one of turns, drop, tail"):
         DataSizes(truncation="middle")
+
+
+def test_the_knobs_are_hydra_keys_checked_once(compose_cfg, tmp_path) -> None:
+    from odb_lightning.app.validation import ConfigError, instantiate_checked
+
+    overrides = ["data=jsonl", f"data.source.path={tmp_path / 'chats.jsonl'}"]
+    cfg = compose_cfg([*overrides, "data.sizes.truncation=drop", "data.source.think_block=prompt"])
+    sizes = instantiate_checked(cfg.data.sizes, "data.sizes")
+    source = instantiate_checked(cfg.data.source, "data.source")
+    assert (sizes.truncation, source.think_block) == (Truncation.DROP, "prompt")
+    bad = compose_cfg([*overrides, "data.sizes.truncation=middle"])
+    with pytest.raises(ConfigError, match=r"invalid config 'data.sizes.truncation': data.sizes"):
+        instantiate_checked(bad.data.sizes, "data.sizes")
