@@ -3,13 +3,15 @@
 Two Gloo ranks run one epoch of 120 synthetic samples (the harness's
 ``SyntheticChatDataset``, lengths 2-299, token budget 1,024, two workers per rank), dealt
 by need from one order. Rank 1's ``dataset[i]`` sleeps 0.15 s (a slow file system);
-rank 0's returns at once. Arms: ``by_work`` (the default dealing, which levels the ranks'
-work) and ``fetch_aware`` (``batching.policy.fetch_aware_dealing=true``), both with the
-defaults' grouping across ranks, and the same two with ``cross_rank_grouping=false``
-(``*_per_rank``: each rank runs what it fetched), alternated ``--repeats`` times in one
-run. Per run: the samples each rank fetched and ran, each rank's epoch wall time (first
-batch requested to the last one), the epoch's time (the later rank's), and that every
-sample ran exactly once. Figures are medians over the repeats.
+rank 0's returns at once. Arms: ``defaults`` (dealing that sees fetch time, on by
+default with ``shard_dealing=by_need``, and the defaults' grouping across ranks, which
+sends no work toward a rank that is behind) and ``by_work``
+(``batching.policy.fetch_aware_dealing=false``: the deal levels the ranks' work), and the
+same two with ``cross_rank_grouping=false`` (``*_per_rank``: each rank runs what it
+fetched), alternated ``--repeats`` times in one run. Per run: the samples each rank
+fetched and ran, each rank's epoch wall time (first batch requested to the last one),
+the epoch's time (the later rank's), and that every sample ran exactly once. Figures are
+medians over the repeats.
 
     python -m experiments.slow_rank.run [--repeats 3] [--delay 0.15]
 """
@@ -35,10 +37,10 @@ LOADER = {
     "multiprocessing_context": "fork",
 }
 ARMS = {
-    "by_work": {},
-    "fetch_aware": {"fetch_aware_dealing": True},
-    "by_work_per_rank": {"cross_rank_grouping": False},
-    "fetch_aware_per_rank": {"fetch_aware_dealing": True, "cross_rank_grouping": False},
+    "defaults": {},
+    "by_work": {"fetch_aware_dealing": False},
+    "by_work_per_rank": {"fetch_aware_dealing": False, "cross_rank_grouping": False},
+    "fetch_aware_per_rank": {"cross_rank_grouping": False},
 }
 
 
@@ -95,10 +97,9 @@ def main() -> None:
             ],
             "every_sample_once": all(r["every_sample_once"] for r in mine),
         }
-    for suffix in ("", "_per_rank"):
-        summary[f"epoch_time_ratio{suffix}"] = (
-            summary[f"fetch_aware{suffix}"]["median_epoch_s"]
-            / summary[f"by_work{suffix}"]["median_epoch_s"]
+    for aware, by_work in (("defaults", "by_work"), ("fetch_aware_per_rank", "by_work_per_rank")):
+        summary[f"epoch_time_ratio_{aware}"] = (
+            summary[aware]["median_epoch_s"] / summary[by_work]["median_epoch_s"]
         )
     out = {"meta": results_meta(), "delay_s": args.delay, "runs": runs, "summary": summary}
     (HERE / "results.json").write_text(json.dumps(out, indent=2) + "\n")
