@@ -152,9 +152,12 @@ def implied_system_prompt(own: OwnTemplate) -> tuple[str | None, bool]:
 def first_difference(
     ours: ChatTemplate, theirs: ChatTemplate, chats: Sequence[Sequence[Message]]
 ) -> str | None:
-    """Where ``ours`` and ``theirs`` first differ on ``chats`` (ids, supervised tokens, or
-    one refusing what the other takes), said in words; ``None`` if nowhere."""
+    """Where ``ours`` and ``theirs`` first differ on ``chats`` (:data:`PROBE_CHATS`, then
+    the run's own; ids, supervised tokens, or one refusing what the other takes), said in
+    words; ``None`` if nowhere."""
     for k, chat in enumerate(chats):
+        fixed = len(PROBE_CHATS)
+        where = f"probe chat {k}" if k < fixed else f"the run's conversation {k - fixed}"
         outcome = []
         for template in (ours, theirs):
             try:
@@ -165,7 +168,7 @@ def first_difference(
         if isinstance(a, BadSampleError) or isinstance(b, BadSampleError):
             if type(a) is not type(b):
                 refused = a if isinstance(a, BadSampleError) else b
-                return f"probe chat {k}: only one of them refuses it ({refused.problem})"
+                return f"{where}: only one of them refuses it ({refused.problem})"
             continue
         decode = ours.tokenizer.decode
         if a.input_ids != b.input_ids:
@@ -173,7 +176,7 @@ def first_difference(
             at = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), None)
             at = min(len(x), len(y)) if at is None else at
             return (
-                f"probe chat {k}: the ids differ from token {at}: the layout "
+                f"{where}: the ids differ from token {at}: the layout "
                 f"{decode(x[max(0, at - 3) : at + 6])!r}, its own template "
                 f"{decode(y[max(0, at - 3) : at + 6])!r}"
             )
@@ -181,7 +184,7 @@ def first_difference(
             at = next(i for i, (u, v) in enumerate(zip(a.labels, b.labels, strict=True)) if u != v)
             which = "the layout" if a.labels[at] != IGNORE_INDEX else "its own template"
             return (
-                f"probe chat {k}: token {at} ({decode(a.input_ids[at : at + 1])!r}) is "
+                f"{where}: token {at} ({decode(a.input_ids[at : at + 1])!r}) is "
                 f"supervised by {which} only"
             )
     return None
