@@ -46,6 +46,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from odb_lightning.app.run_config import ResumeConfigError
     from odb_lightning.app.run_dir import RunDirError
     from odb_lightning.core.handshake import SettingsMismatchError
+    from odb_lightning.data.record_table import RecordTableError
+    from odb_lightning.data.stream import StreamError
     from odb_lightning.lit.callbacks.run_report import NoSupervisedTokensError
     from odb_lightning.lit.memory.report import MemoryBudgetError
     from odb_lightning.runtime.errors import MetadataChannelError
@@ -63,6 +65,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
         BadSampleError,
         MemoryBudgetError,
         RunFileLinkError,
+        RecordTableError,
+        StreamError,
         OmegaConfBaseException,
         HydraException,
     )
