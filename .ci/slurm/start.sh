@@ -54,6 +54,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
+# Requeued jobs wait out their begin time (120 s), then start at the next pass: every 5 s.
+SchedulerParameters=sched_interval=5,bf_interval=5
 ReturnToService=2
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool
