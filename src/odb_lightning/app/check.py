@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from odb_lightning.app.run_dir import lightning_rank
@@ -39,6 +39,7 @@ from odb_lightning.app.validation import (
     instantiate_checked,
     validate_config,
 )
+from odb_lightning.data.config import mixture_parts
 from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.data.sources.table import SourceKind, SourceRequest
 
@@ -149,8 +150,19 @@ def check_records(cfg: DictConfig, num_records: int = DEFAULT_RECORDS) -> list[S
     """
     source = instantiate_checked(cfg.data.source, "data.source")
     loader = (cfg.get("batching") or {}).get("loader") or {}
-    on_bad = str(loader.get("on_bad_sample", "raise"))
-    return [_read_first(source, "data.source", num_records, on_bad, int(cfg.get("seed", 0)))]
+    on_bad, seed = str(loader.get("on_bad_sample", "raise")), int(cfg.get("seed", 0))
+    mixture = cfg.data.get("mixture")
+    if not mixture:
+        return [_read_first(source, "data.source", num_records, on_bad, seed)]
+    try:  # each part of data.mixture read as its source alone would be
+        entries = OmegaConf.to_container(mixture, resolve=True)
+        _, sources = mixture_parts(entries, source, (SourceKind.CHAT,))  # type: ignore[arg-type]
+    except ValueError as error:
+        raise ConfigError(f"invalid config 'data.mixture': {error}") from None
+    return [
+        _read_first(part, f"data.mixture[{k}]", num_records, on_bad, seed)
+        for k, part in enumerate(sources)
+    ]
 
 
 def _read_first(source: Any, key: str, num: int, on_bad: str, seed: int) -> SourceCheck:
@@ -170,8 +182,11 @@ def _read_first(source: Any, key: str, num: int, on_bad: str, seed: int) -> Sour
     except (BadRecordError, DataCheckError):
         raise
     except (OSError, ValueError, ImportError) as error:
-        where = f"{key}.path={source.path}" if source.path else f"{key}.name={source.name}"
-        raise DataCheckError(f"{where}: {error}") from error
+        message = str(error).replace("data.source.", f"{key}.")
+        if not message.startswith(key):  # the reader's message names no key: name it
+            where = f"{key}.path={source.path}" if source.path else f"{key}.name={source.name}"
+            message = f"{where}: {message}"
+        raise DataCheckError(message) from error
     records = list(read.records[:num])
     dropped = sum(n for k, n in read.counts.items() if k.startswith("dropped/"))
     return SourceCheck(key, source.name, source.path, records, read.detected, dropped)

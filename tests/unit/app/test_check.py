@@ -135,3 +135,31 @@ def test_the_rank_read_before_lightning_is_lightnings(
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
     assert lightning_rank() == (_get_rank() or 0)
+
+
+def test_odb_check_reads_each_part_of_a_mixture(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    good = write_chats(tmp_path / "good.jsonl")
+    bad = write_chats(tmp_path / "bad.jsonl", bad_line=2)
+    mixture = f"data.mixture=[{{path:'{good}',weight:3}},{{path:'{bad}'}}]"
+    assert main(["debug=smoke", mixture]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"odb-check: BadRecordError: record {bad}:2: field")
+    fixed = f"data.mixture=[{{path:'{good}',weight:3}},{{path:'{tmp_path / 'none.jsonl'}'}}]"
+    assert main(["debug=smoke", fixed]) == 1
+    assert capsys.readouterr().err.startswith(
+        f"odb-check: DataCheckError: data.mixture[1].path={str(tmp_path / 'none.jsonl')!r}: "
+        "no such file or folder"
+    )
+    assert main(["debug=smoke", f"data.mixture=[{{path:'{good}',weight:-1}}]"]) == 1
+    assert "data.mixture[0]: weight must be a number > 0" in capsys.readouterr().err
+    assert main(["debug=smoke", f"data.mixture=[{{path:'{good}'}},{{path:'{good}'}}]"]) == 1
+    assert "data.mixture[1].label='good.jsonl' names another part" in capsys.readouterr().err
+    two = f"data.mixture=[{{path:'{good}',weight:3}},{{path:'{good}',label:again}}]"
+    assert main(["debug=smoke", two]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        f"data.mixture[0] jsonl ({good}): the first 8 records read and valid, layout messages"
+    )
+    assert any(line.startswith("data.mixture[1] jsonl") for line in out)
