@@ -1,7 +1,10 @@
 """Record-table conversion: its time, the main process's PSS after ``setup()``, and the
-time of a cached load, for a JSON Lines file of N conversations.
+time of a cached load, for a file of N conversations: JSON Lines, or the same records as
+one parquet file (``--kind parquet``).
 
     PYTHONPATH=src .venv/bin/python -m experiments.scale_data.convert_bench --records 100000
+    PYTHONPATH=src .venv/bin/python -m experiments.scale_data.convert_bench --records 1000000 \
+        --kind parquet
 
 Each measurement runs in a fresh interpreter (``--probe``), so one does not inherit the
 pages of another: ``convert`` is the first ``setup()`` on a file (an empty record cache),
@@ -41,6 +44,17 @@ def write_jsonl(path: Path, num_records: int, seed: int = 0) -> Path:
                 role = "user" if turn % 2 == 0 else "assistant"
                 messages.append({"role": role, "content": " ".join(words)})
             file.write(json.dumps({"id": f"conv-{k}", "messages": messages}) + "\n")
+    return path
+
+
+def write_parquet(jsonl: Path, path: Path) -> Path:
+    """The records of ``jsonl`` as one parquet file (pyarrow's JSON reader, row groups of
+    its blocks): the same conversations in the file kind a ``datasets`` user keeps."""
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    table = pj.read_json(jsonl, read_options=pj.ReadOptions(block_size=64 << 20))
+    pq.write_table(table, path, row_group_size=10_000)
     return path
 
 
@@ -88,7 +102,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--work-dir", type=Path, default=Path(".cache/scale_data"))
-    parser.add_argument("--label", default="record_table", help="key of this run's results")
+    parser.add_argument("--kind", choices=("jsonl", "parquet"), default="jsonl")
+    parser.add_argument(
+        "--label", help="key of this run's results (default record_table, record_table_parquet)"
+    )
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
@@ -99,6 +116,11 @@ def main() -> None:
     path = args.work_dir / f"chats_{args.records}.jsonl"
     if not path.exists():
         write_jsonl(path, args.records)
+    if args.kind == "parquet":
+        jsonl, path = path, path.with_suffix(".parquet")
+        if not path.exists():
+            write_parquet(jsonl, path)
+    args.label = args.label or ("record_table" + ("" if args.kind == "jsonl" else "_parquet"))
     cache_dir = args.work_dir / f"records_{args.label}"
     if cache_dir.exists():
         import shutil
