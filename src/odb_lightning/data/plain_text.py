@@ -54,7 +54,7 @@ def tokenize_plain(
         return TokenizedChat(input_ids, labels, full_length)
     cut = TokenizedChat(input_ids[:max_seq_len], labels[:max_seq_len], full_length)
     if truncation is not Truncation.TAIL or cut.num_loss_tokens == 0:
-        return TokenizedChat(input_ids[:1], [IGNORE_INDEX], full_length, dropped=True)
+        return TokenizedChat(cut.input_ids, [IGNORE_INDEX] * cut.length, full_length, dropped=True)
     return cut
 
 

@@ -49,8 +49,10 @@ class TokenizedChat:
         labels: Same length; ``-100`` where there is no loss.
         full_length: Length before truncation.
         dropped: Left out by the truncation (too long for ``data.sizes.truncation``, or no
-            supervised token left after the cut): the sample is its first token, without
-            a supervised one, so the loaders count it as unsupervised and cut.
+            supervised token left after the cut): the sample keeps its place in the epoch
+            (every rank's plan and a resume stay as they are) as its first
+            ``max_seq_len`` tokens without a supervised one, so it trains nothing and
+            every mode counts it as unsupervised and cut.
     """
 
     input_ids: list[int]
@@ -166,7 +168,8 @@ class ChatTemplate:
         elif truncation is Truncation.TURNS:
             kept = self._last_turns(checked, max_seq_len)
         if kept is None or count_loss_tokens(kept[1]) == 0:
-            return TokenizedChat(ids[:1], [IGNORE_INDEX], len(ids), dropped=True)
+            kept_ids = ids[:max_seq_len]
+            return TokenizedChat(kept_ids, [IGNORE_INDEX] * len(kept_ids), len(ids), dropped=True)
         return TokenizedChat(*kept, len(ids))
 
     def encode(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:

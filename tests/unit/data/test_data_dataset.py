@@ -48,9 +48,9 @@ def test_chat_dataset_items(chat_dataset: ChatDataset) -> None:
         assert stats.length == sample["input_ids"].numel() <= 20
     assert chat_dataset[0]["input_ids"].numel() < 20
     # Over max_seq_len, one exchange has no whole turn to cut (data.sizes.truncation=turns):
-    # dropped to one unsupervised token, its length before the cut recorded.
+    # dropped: its first 20 tokens, none supervised, its length before the cut recorded.
     dropped = chat_dataset[5]
-    assert dropped["input_ids"].numel() == 1 and (dropped["labels"] == -100).all()
+    assert dropped["input_ids"].numel() == 20 and (dropped["labels"] == -100).all()
     assert dropped[TRUNCATED_FROM] > 20
     tail = ChatDataset(RECORDS, chat_dataset.template.tokenizer, 20, truncation="tail")
     assert tail[5]["input_ids"].numel() == 20 and tail[5][TRUNCATED_FROM] > 20

@@ -115,9 +115,10 @@ def test_tail_truncation_and_shifted_loss_count(template: ChatTemplate) -> None:
     assert cut.labels == full.labels[: first_target + 2]
     assert cut.truncated and cut.full_length == full.length and not cut.dropped
     assert cut.num_loss_tokens == 2
-    # Nothing supervised left after the cut: dropped (one token, none supervised).
+    # Nothing supervised left after the cut: dropped (the cut kept, none supervised).
     none_left = template.tokenize(CONVERSATION, first_target, Truncation.TAIL)
-    assert none_left.dropped and none_left.length == 1 and none_left.num_loss_tokens == 0
+    assert none_left.dropped and none_left.length == first_target
+    assert none_left.num_loss_tokens == 0 and none_left.input_ids == full.input_ids[:first_target]
     assert none_left.truncated and none_left.full_length == full.length
 
 

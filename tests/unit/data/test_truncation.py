@@ -55,14 +55,16 @@ def test_turns_cuts_whole_exchanges_from_the_start_keeping_the_system_turn(templ
         assert cut.truncated and cut.full_length == whole.length and not cut.dropped
     # The last exchange alone does not fit: dropped, never cut inside an answer.
     dropped = template.tokenize(CHAT, last.length - 1, Truncation.TURNS)
-    assert dropped.dropped and dropped.num_loss_tokens == 0 and dropped.length == 1
+    assert dropped.dropped and dropped.num_loss_tokens == 0
+    assert dropped.input_ids == whole.input_ids[: last.length - 1]
 
 
 def test_drop_drops_what_does_not_fit(template) -> None:
     whole = template.tokenize(CHAT)
     assert template.tokenize(CHAT, whole.length, Truncation.DROP).input_ids == whole.input_ids
     cut = template.tokenize(CHAT, whole.length - 1, Truncation.DROP)
-    assert cut.dropped and cut.input_ids == whole.input_ids[:1] and cut.labels == [IGNORE_INDEX]
+    assert cut.dropped and cut.input_ids == whole.input_ids[:-1]
+    assert cut.labels == [IGNORE_INDEX] * (whole.length - 1)
     assert cut.truncated and cut.full_length == whole.length
 
 
