@@ -163,3 +163,21 @@ def test_odb_check_reads_each_part_of_a_mixture(
         f"data.mixture[0] jsonl ({good}): the first 8 records read and valid, layout messages"
     )
     assert any(line.startswith("data.mixture[1] jsonl") for line in out)
+
+
+def test_streamings_refusal_names_the_preset_that_set_max_samples(tmp_path: Path) -> None:
+    """The data module's refusal of a streamed smoke run (raised after the checks) names
+    the preset too: train.py logs every failure through the same explanation."""
+    from odb_lightning.app.preview import compose_train_config
+    from odb_lightning.app.run_log import explained
+
+    chats = write_chats(tmp_path / "chats.jsonl")
+    overrides = ["debug=smoke", "data=jsonl", f"data.source.path={chats}", "data.streaming=true"]
+    compose_train_config(overrides, stream_as_table=False)
+    refusal = ValueError(
+        "data.streaming=true reads the whole file; data.sizes.max_samples=80 must be null"
+    )
+    assert explained(refusal) == (
+        f"{refusal} (data.sizes.max_samples=80 is set by debug=smoke: override it on the "
+        "command line)"
+    )
