@@ -45,7 +45,7 @@ test-all: setup
 # the submitit launcher installed (the slurm extra).
 test-slurm: setup
 	$(PY) -m pip install -q -e ".[dev,slurm]"
-	$(PY) -m pytest -m slurm -q
+	$(PY) -m pytest -m slurm -q --basetemp=outputs/slurm-tier
 
 lint: setup
 	$(PY) -m ruff check src tests experiments testing train.py eval.py

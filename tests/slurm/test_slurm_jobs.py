@@ -64,14 +64,15 @@ def wait_job_end(job: str) -> dict[str, str]:
     )
 
 
-def sbatch(script: str, out: Path, *args: str) -> str:
-    """Submit ``examples/<script>`` from the repository root; the job id."""
+def sbatch(script: str, out: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Submit ``examples/<script>`` from the repository root (the job sees this process's
+    environment and ``env``); the job id."""
     command = ["sbatch", "--parsable", f"--output={out}", "--time=15"]
     options = [a for a in args if a.startswith("--")]
     overrides = [a for a in args if not a.startswith("--")]
     done = subprocess.run(
         [*command, *options, f"examples/{script}", *overrides],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT, capture_output=True, text=True, check=True, env={**os.environ, **(env or {})},
     )  # fmt: skip
     return done.stdout.strip().split(";")[0]
 
@@ -141,6 +142,30 @@ def test_a_job_stopped_by_slurms_signal_requeues_and_resumes_exactly(tmp_path: P
     assert "stopping on SIGUSR1 after optimizer step 3" in log
     assert "Traceback" not in log, log[-4000:]
     assert sorted(p.name for p in run_dir.glob(".hydra_attempt-*")) != []
+    every_record_once(run_dir)
+
+
+def test_torchrun_under_srun_survives_the_signal_and_resumes_exactly(tmp_path: Path) -> None:
+    """examples/slurm_torchrun.sbatch (one torchrun agent, 2 workers): SLURM's SIGUSR1 to
+    the step reaches the agent too, which ignores it (it died of it, and --kill-on-bad-exit
+    then cut the workers' save short); the workers stop, save, rank 0 requeues, and the
+    requeued attempt resumes exactly."""
+    out, run_dir, pause = tmp_path / "slurm.out", tmp_path / "run", tmp_path / "pause"
+    one_agent = ("--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=0")
+    job = sbatch(
+        "slurm_torchrun.sbatch", out, *one_agent, "trainer=ddp_cpu", *SMOKE,
+        f"hydra.run.dir={run_dir}", PAUSE, "+callbacks.pause.step=3",
+        f"+callbacks.pause.directory={pause}", env={"NPROC_PER_NODE": "2"},
+    )  # fmt: skip
+    signal_when_paused(job, pause, 2, out)
+    fields = wait_for(
+        lambda: (f := job_fields(job))["Restarts"] == "1" and f["JobState"] in FINAL and f,
+        "the requeued attempt to end",
+    )
+    log = read_log(out)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log[-4000:]  # type: ignore[index]
+    assert "User defined signal 1" not in log, log[-4000:]
+    assert f"requeued SLURM job {job}" in log
     every_record_once(run_dir)
 
 
