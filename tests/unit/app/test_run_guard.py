@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from odb_lightning.app.job_lifetime import LAUNCHER_GONE_EXIT_CODE, LAUNCHER_PID
@@ -101,3 +102,34 @@ def test_a_launched_rank_whose_launcher_is_gone_exits_at_once() -> None:
         [sys.executable, "-c", code], env={**env, LAUNCHER_PID: str(os.getpid())}, timeout=60
     )
     assert same.returncode == 0  # started by the launcher it names: armed, running on
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_a_launched_rank_dies_with_its_launcher() -> None:
+    """A launcher (its own process) starts a rank as Lightning's launcher does, then is
+    killed by SIGTERM's default action: the rank, which would wait for good, is gone."""
+    rank = (
+        "from odb_lightning.app.job_lifetime import end_with_launcher; "
+        "end_with_launcher(); import time; time.sleep(600)"
+    )
+    launcher = (
+        "import os, subprocess, sys, time\n"
+        "from odb_lightning.app.job_lifetime import mark_launcher\n"
+        "mark_launcher()\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], "
+        "env={**os.environ, 'LOCAL_RANK': '1'})\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", launcher], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == -signal.SIGTERM
+        _, alive = psutil.wait_procs([child], timeout=60)
+    finally:
+        parent.kill()
+    assert alive == [], "the rank outlived its launcher"

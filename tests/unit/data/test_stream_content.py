@@ -94,6 +94,7 @@ def test_a_damaged_cut_or_missing_chunk_is_named(
         )
 
 
+@pytest.mark.slow  # a conversion in a spawned process; the record tables' test is default
 def test_a_damaged_stream_is_converted_again(
     written: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
