@@ -1,19 +1,13 @@
 """The SLURM tier: tests against a running one-node cluster (``.ci/slurm/start.sh``, which
 prints the ``SLURM_CONF`` to export). Every test here is marked ``slurm``; ``make test``
-deselects them, ``make test-slurm`` runs them. Without a cluster they fail, naming the
-script that starts one."""
+deselects them, ``make test-slurm`` runs them. Without a cluster they fail (the
+``slurm_cluster`` fixture), naming the script that starts one."""
 
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/slurm/" in str(item.path):
-            item.add_marker(pytest.mark.slurm)
 
 
 @pytest.fixture(scope="session")

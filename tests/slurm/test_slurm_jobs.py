@@ -33,7 +33,7 @@ SMOKE = ("debug=smoke", "audit_ids=true", "data.sizes.val_samples=0")
 PAUSE = "+callbacks.pause._target_=testing.harness.pause.PauseAtStep"
 ON_CPUS = ("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0")
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 
 def wait_for(check: Callable[[], object], what: str, timeout_s: float = JOB_TIMEOUT_S) -> object:
