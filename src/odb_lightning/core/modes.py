@@ -40,8 +40,8 @@ MODES: dict[str, Mode] = {
         Mode("odb_packed", OnlinePolicy, PackedRows),
     )
 }
-"""Every mode by name, in the order the README's table lists them (the handshake sends
-a mode as its index here)."""
+"""Every mode by name, in the order the table of ``docs/batching.md`` lists them (the
+handshake sends a mode as its index here)."""
 
 
 def mode_named(name: object) -> Mode:
