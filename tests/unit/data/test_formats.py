@@ -297,13 +297,30 @@ def test_a_copy_of_a_hub_repository_is_read_with_datasets(reference, tmp_path: P
 
 
 def test_an_unreachable_hub_name_is_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
-    import datasets
+    import socket
+
     import huggingface_hub.constants
 
-    # As on a machine without the hub (here without the retries of a network that fails).
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    from odb_lightning.data.sources.ultrachat import ultrachat_records
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError("[Errno -2] Name or service not known")
+
+    # As on a machine without the hub: the probe answers at once, before datasets retries.
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(DataPathError) as error:
+        jsonl_records("someone/chats")
+    assert str(error.value) == (
+        "data.source.path='someone/chats' is a hub name, and huggingface.co:443 is not "
+        "reachable from this machine ([Errno -2] Name or service not known): save the set "
+        "with save_to_disk or as parquet where the hub is reachable, and give its folder"
+    )
+    with pytest.raises(OSError, match=r"'HuggingFaceH4/ultrachat_200k' is a hub name, and hug"):
+        ultrachat_records("HuggingFaceH4/ultrachat_200k")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(DataPathError, match=r"'someone/chats' is a hub name, and datasets"):
+    with pytest.raises(DataPathError, match="is a hub name, and HF_HUB_OFFLINE is set: save"):
         jsonl_records("someone/chats")
     with pytest.raises(DataPathError, match=r"no such file or folder \(nor a hub name"):
         jsonl_records("./missing/chats.jsonl")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from odb_lightning.data.sources.hub import hub_unreachable
+
 ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
 """The file kinds read, in a folder and by suffix."""
 
@@ -89,8 +91,7 @@ def data_files(path: str | Path) -> list[DataFile]:
         return [HubSet(text)]
     else:
         raise DataPathError(
-            f"data.source.path={text!r}: no such file or folder (nor a hub name, "
-            "<owner>/<name>)"
+            f"data.source.path={text!r}: no such file or folder (nor a hub name, <owner>/<name>)"
         )
     kept = [f for f in files if f.suffix in ROW_SUFFIXES and not f.name.startswith(".")]
     if not kept:
@@ -153,14 +154,20 @@ def _table(path: Path) -> Iterator[Row]:
 def _hub(hub: HubSet) -> Iterator[Row]:
     import datasets
 
+    local = Path(hub.name).is_dir()
+    where = "a local copy of a hub repository" if local else "a hub name"
+    fix = (
+        "save the set with save_to_disk or as parquet where the hub is reachable, and give "
+        "its folder"
+    )
+    if not local and (reason := hub_unreachable()):
+        raise DataPathError(f"data.source.path={hub.name!r} is {where}, and {reason}: {fix}")
     try:
         table = datasets.load_dataset(hub.name, split=HUB_SPLIT)
     except (ConnectionError, OSError, ValueError) as error:
-        where = "a local copy of a hub repository" if Path(hub.name).is_dir() else "a hub name"
         raise DataPathError(
             f"data.source.path={hub.name!r} is {where}, and datasets.load_dataset could not "
-            f"read its {HUB_SPLIT!r} split ({type(error).__name__}: {error}); where the hub is "
-            "not reachable, save the set with save_to_disk or as parquet and give its folder"
+            f"read its {HUB_SPLIT!r} split ({type(error).__name__}: {error}): {fix}"
         ) from None
     number = 0
     for batch in table.with_format("arrow").iter(batch_size=1024):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from odb_lightning.data.conversation import ChatRecord, normalize_role
 from odb_lightning.data.sources.arrow_records import ArrowRecords
+from odb_lightning.data.sources.hub import hub_unreachable
 from odb_lightning.data.sources.source_records import SourceRecords, checked_max_samples
 from odb_lightning.data.sources.table import SourceRequest
 
@@ -71,6 +72,12 @@ def _load_table(path: str, split: str, cache_dir: str | None) -> datasets.Datase
         )
     if path.startswith(("/", ".", "~")) or path.count("/") != 1:
         raise FileNotFoundError(f"data.source.path={path!r} does not exist (UltraChat parquet)")
+    if reason := hub_unreachable():
+        raise OSError(
+            f"data.source.path={path!r} is a hub name, and {reason}: download the parquet "
+            "files where the hub is reachable and set data.source.path to their file or "
+            "directory"
+        )
     try:
         return datasets.load_dataset(path, split=split, cache_dir=cache_dir)
     except (ConnectionError, OSError) as error:
