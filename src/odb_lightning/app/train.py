@@ -47,8 +47,10 @@ from odb_lightning.lit.callbacks.graceful_stop import (
     EXIT_CODES,
     REQUEUE_SIGNALS,
     GracefulStop,
-    not_requeued_message,
     reap_children,
+)
+from odb_lightning.lit.callbacks.slurm_requeue import (
+    not_requeued_message,
     requeue_slurm_job,
     slurm_job_to_requeue,
 )

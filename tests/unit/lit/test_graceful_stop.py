@@ -31,9 +31,8 @@ from odb_lightning.lit.callbacks.graceful_stop import (
     GracefulStop,
     launched_child,
     reap_children,
-    requeue_slurm_job,
-    slurm_job_to_requeue,
 )
+from odb_lightning.lit.callbacks.slurm_requeue import requeue_slurm_job, slurm_job_to_requeue
 
 
 def test_a_handler_only_records_and_the_strongest_signal_wins() -> None:
