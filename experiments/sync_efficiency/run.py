@@ -211,11 +211,23 @@ def main() -> None:
     )
     parser.add_argument("--sets", default="", help="only these sets (comma-separated)")
     parser.add_argument(
+        "--lengths", default="", help="the real sets' lengths from a JSON file (set: lengths)"
+    )
+    parser.add_argument(
+        "--union-only",
+        action="store_true",
+        help="pooled rounds always group the union (no plan that keeps samples local)",
+    )
+    parser.add_argument(
         "--knobs", default="", help="batching fields to change, e.g. window_budgets=32"
     )
     args = parser.parse_args()
     knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
-    lengths = real_lengths()
+    if args.union_only:
+        import odb_lightning.core.pool_plan as pool_plan
+
+        pool_plan.LEVEL_TOLERANCE = -1.0  # the local plan is never within it
+    lengths = json.loads(Path(args.lengths).read_text()) if args.lengths else real_lengths()
     cases = list(CASES)
     if args.synthetic:
         synthetic = synthetic_lengths(lengths)

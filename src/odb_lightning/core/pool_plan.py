@@ -3,7 +3,10 @@ window and handed out ``W`` groups per step position.
 
 Step position ``t`` takes the ``t``-th ``W`` groups in cost order, so the ranks' costs at
 a position are as close as the groups allow, and each group goes to the rank that holds
-most of its samples, so as few samples move as the grouping allows. Everything here is a
+most of its samples, so as few samples move as the grouping allows. A round whose ranks'
+own groups reach the union's level within
+:data:`~odb_lightning.core.locality.LEVEL_TOLERANCE` keeps them where they were fetched
+instead and pools only the rest (:mod:`~odb_lightning.core.locality`). Everything here is a
 pure function of the offers, so every rank computes the same :class:`PoolPlan`; when a
 round pools and what each window does with the plan is
 :class:`~odb_lightning.core.pooling.PooledRound`.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from odb_lightning.core.alignment import split_groups
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.grouping import group_window
+from odb_lightning.core.locality import LEVEL_TOLERANCE, level_local_rows, rows_utilization
 from odb_lightning.core.patch_budget import PatchBudget
 from odb_lightning.core.sync import group_cost
 from odb_lightning.core.types import Group, SampleInfo
@@ -143,6 +147,35 @@ def _held_over_budget(ranked: list[Group], budget: Budget, world: int) -> list[G
     return [g for g in ranked if id(g) not in held]
 
 
+def union_rows(
+    offers: list[list[SampleInfo]],
+    owners: dict[int, int],
+    budget: Budget,
+    *,
+    patch_budget: PatchBudget | None = None,
+    positions: int | None = None,
+) -> list[list[Group | None]]:
+    """The rows of ``offers`` grouped as one window (see :func:`plan_pool`): per step
+    position, each rank's group (``None``: IDLE); ``positions`` ``0``: none."""
+    world = len(offers)
+    union = [s for offer in offers for s in offer]
+    if not union or positions == 0:
+        return []
+    groups = group_window(union, budget, patch_budget=patch_budget)
+    if positions is not None and len(groups) >= world:
+        ranked = _held_over_budget(_cost_ranked(groups, owners, budget), budget, world)
+        # Whole positions only: the cheapest groups beyond a multiple of W stay too.
+        count = min(positions, len(ranked) // world)
+        groups = ranked[: count * world]
+    else:
+        count = math.ceil(len(groups) / world)
+        wanted = min(count * world, len(union))
+        if wanted > len(groups):
+            groups = split_groups(groups, wanted - len(groups))
+        groups = _cost_ranked(groups, owners, budget)
+    return [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(count)]
+
+
 def plan_pool(
     offers: list[list[SampleInfo]],
     budget: Budget,
@@ -164,29 +197,30 @@ def plan_pool(
     the cheapest samples over the budget beyond a multiple of ``W`` and runs whole
     positions only, at most ``positions``: the costliest ``k x W`` groups; the samples of
     the others stay with the rank that offered them (``PoolPlan.left``).
+
+    The local plan of the same round (:func:`~odb_lightning.core.locality.level_local_rows`:
+    the positions of the ranks' own groups that are level already, the rest pooled as
+    above) is taken instead when its utilization is within
+    :data:`~odb_lightning.core.locality.LEVEL_TOLERANCE` of this one's: samples move only
+    where moving them buys the level.
     """
     world = len(offers)
     owners = {s.position: rank for rank, offer in enumerate(offers) for s in offer}
-    union = [s for offer in offers for s in offer]
-    if len(owners) != len(union):
+    if len(owners) != sum(map(len, offers)):
         raise ValueError("two ranks offered the same position of the epoch's order")
     if positions is not None and positions < 1:
         raise ValueError(f"a pooled round runs at least one step position, got {positions}")
-    groups = group_window(union, budget, patch_budget=patch_budget)
-    if positions is not None and len(groups) >= world:
-        ranked = _held_over_budget(_cost_ranked(groups, owners, budget), budget, world)
-        # Whole positions only: the cheapest groups beyond a multiple of W stay too.
-        count = min(positions, len(ranked) // world)
-        groups = ranked[: count * world]
-    else:
-        count = math.ceil(len(groups) / world)
-        wanted = min(count * world, len(union))
-        if wanted > len(groups):
-            groups = split_groups(groups, wanted - len(groups))
-        groups = _cost_ranked(groups, owners, budget)
-    rows = [_assign(groups[t * world : (t + 1) * world], owners, world) for t in range(count)]
+    rows = union_rows(offers, owners, budget, patch_budget=patch_budget, positions=positions)
+    kept, residue = level_local_rows(offers, budget, patch_budget=patch_budget, positions=positions)
+    if kept:
+        left = None if positions is None else positions - len(kept)
+        rest = union_rows(residue, owners, budget, patch_budget=patch_budget, positions=left)
+        # Costliest positions first, as the union's.
+        local = sorted(kept + rest, key=lambda row: -max(_cost(g, budget) for g in row if g))
+        if rows_utilization(local, budget) >= rows_utilization(rows, budget) - LEVEL_TOLERANCE:
+            rows = local
     columns = [[_cost(g, budget) if g is not None else 0 for g in row] for row in rows]
-    running = {s.position for g in groups for s in g.samples}
+    running = {s.position for row in rows for g in row if g is not None for s in g.samples}
     return PoolPlan(
         rank_groups=tuple(tuple(row[r] for row in rows) for r in range(world)),
         global_samples=tuple(sum(g.size for g in row if g is not None) for row in rows),

@@ -44,7 +44,7 @@ from odb_lightning.runtime.messages import (
     SampleSkipped,
 )
 from odb_lightning.runtime.stats import EpochStats
-from odb_lightning.runtime.transport import load_sample
+from odb_lightning.runtime.transport import MovedBytesError, load_sample, pack_moved, unpack_moved
 from odb_lightning.runtime.worker import MapDataset, fetch_sample
 from odb_lightning.sample import BadSampleError
 
@@ -122,7 +122,7 @@ class _EpochLog:
     image_tokens: int = 0  # emitted samples' tokens that stand for images
     image_patches: int = 0  # emitted samples' ViT patches
     moved_samples: int = 0  # samples run here that another rank fetched (pooled rounds)
-    moved_bytes: int = 0  # their serialized bytes
+    moved_bytes: int = 0  # the bytes they crossed the channel in (compressed)
     fetch_wait_s: float = 0.0  # waited for this rank's own samples (fetch_aware_dealing)
 
     def finish(self, window: GroupingWindow) -> EpochStats:
@@ -285,9 +285,18 @@ class EpochRunner:
         for position, rank in zip(outcome.moved_out, outcome.moved_to, strict=True):
             payload = log.payloads.pop(position)
             outgoing.setdefault(rank, []).extend((_MOVED.pack(position, len(payload)), payload))
-        to = {rank: b"".join(parts) for rank, parts in outgoing.items()}
+        to = {rank: pack_moved(b"".join(parts)) for rank, parts in outgoing.items()}
         wanted = set(outcome.moved_in)
-        for source, blob in enumerate(self._channel.send_bytes(to, context)):
+        for source, wire in enumerate(self._channel.send_bytes(to, context)):
+            if not wire:
+                continue
+            log.moved_bytes += len(wire)
+            try:
+                blob = unpack_moved(wire)
+            except MovedBytesError as error:
+                raise AlignmentError(
+                    f"rank {self._rank} at {context}: from rank {source}, {error}"
+                ) from error
             offset = 0
             while offset < len(blob):
                 position, size = _MOVED.unpack_from(blob, offset)
@@ -298,7 +307,6 @@ class EpochRunner:
                         f"{position} ({size} bytes), which the pooled plan does not move here"
                     )
                 log.payloads[position] = blob[offset : offset + size]
-                log.moved_bytes += size
                 offset += size
         missing = sorted(wanted - log.payloads.keys())
         if missing:

@@ -35,7 +35,8 @@ class EpochStats:
         over_patch_budget: Samples emitted alone because their patches alone exceed
             ``batching.rows.max_patches``.
         moved_samples: Samples this rank ran that another rank fetched
-            (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes.
+            (``cross_rank_grouping``); ``moved_bytes`` the bytes they crossed the channel
+            in (compressed, :func:`~odb_lightning.runtime.transport.pack_moved`).
         fetched_samples: Samples this rank's workers fetched this epoch (skipped ones
             not counted); with moves, not the samples it ran.
     """

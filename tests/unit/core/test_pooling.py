@@ -109,6 +109,27 @@ def test_groups_stay_with_the_rank_that_holds_them() -> None:
     assert plan.steps == 2
 
 
+def test_a_sample_stays_where_it_was_fetched_when_moving_buys_nothing() -> None:
+    # 4 ranks, each 8 samples of 100 tokens, their positions interleaved (as a dealt
+    # order gives them): the union's groups of 8 would each hold 2 samples of every
+    # rank, so 24 of 32 would move. Every rank's own group is as full and level (800 of
+    # 800), so the round keeps every sample where it was fetched.
+    offers = [
+        [SampleInfo(sample_id=4 * i + r, length=100, position=4 * i + r) for i in range(8)]
+        for r in range(4)
+    ]
+    budget = BatchingConfig.of(token_budget=800).budget
+    plan = plan_pool(offers, budget)
+    assert plan.steps == 1 and plan.global_samples == (32,)
+    assert all(plan.moved(rank) == ([], []) for rank in range(4))
+    assert plan.max_costs == (800,) and plan.cost_sums == (3200,)
+    # A rank that holds the one long sample alone still lends its short ones: moving
+    # them levels the position (the local plan would leave three ranks waiting).
+    skewed = _offer([[400, 100, 100, 100, 100], [100, 100], [100, 100], [100]])
+    plan = plan_pool(skewed, budget)
+    assert sum(len(plan.moved(rank)[0]) for rank in range(4)) > 0
+
+
 def test_positions_pair_groups_of_like_cost_costliest_first() -> None:
     rng = make_rng(0, "offers")
     offers = _offer([[rng.randint(10, 400) for _ in range(60)] for _ in range(4)])

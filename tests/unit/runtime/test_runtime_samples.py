@@ -133,6 +133,22 @@ def test_transport_round_trip_keeps_values_and_dtypes() -> None:
         assert torch.equal(loaded[key], sample[key])
 
 
+def test_moved_samples_cross_the_channel_compressed_and_come_back_whole() -> None:
+    from odb_lightning.runtime.transport import MovedBytesError, pack_moved, unpack_moved
+
+    # A text sample's payload: int64 ids below the vocabulary and labels -100 on the
+    # prompt, as the chat datasets make them.
+    ids = torch.randint(0, 151_000, (2048,), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:900] = -100
+    blob = dump_sample({"input_ids": ids, "labels": labels}) * 3
+    wire = pack_moved(blob)
+    assert unpack_moved(wire) == blob
+    assert len(wire) < len(blob) / 3, "token tensors shrink on the wire"
+    with pytest.raises(MovedBytesError, match="do not decompress"):
+        unpack_moved(blob[:100])
+
+
 def test_pad_collate_pads_to_batch_max() -> None:
     batch = pad_collate(
         [{"input_ids": _ids(1, 2, 3), "labels": _ids(-100, 2, 3)}, {"input_ids": _ids(4)}],
