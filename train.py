@@ -5,7 +5,11 @@ from omegaconf import DictConfig
 
 from odb_lightning.app.check import check_run
 from odb_lightning.app.config_store import prepare_composition
+from odb_lightning.app.job_lifetime import end_with_launcher
 
+# First (the imports above are light): a rank that Lightning's launcher started dies with
+# the rank that started it (app/job_lifetime.py).
+end_with_launcher()
 # Before Hydra composes: the generated config nodes and the ${odb.run_name:...} resolver.
 prepare_composition()
 
