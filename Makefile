@@ -6,7 +6,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_TORCH := torch==2.13.0
 # data.streaming's engine; its torchvision requirement would replace the CPU torch with a
-# CUDA build, so on CPU it is installed without it (its streaming never imports it).
+# CUDA build, so on CPU it is installed without it (its streaming never imports it): its
+# other requirements first, then litdata alone, last, so that pip's check of what is
+# installed has no later install to report "litdata requires torchvision" on. (A later
+# `pip install` into .venv may still print that line: it is expected on CPU.)
 LITDATA := litdata==0.2.76
 LITDATA_DEPS := boto3 filelock lightning-utilities numpy obstore requests tifffile urllib3
 
@@ -25,8 +28,8 @@ $(VENV)/.installed: pyproject.toml
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PY) -m pip install -q -e ".[dev,streaming]"; \
 	else \
-		$(PY) -m pip install -q --no-deps "$(LITDATA)"; \
 		$(PY) -m pip install -q $(LITDATA_DEPS); \
+		$(PY) -m pip install -q --no-deps "$(LITDATA)"; \
 	fi
 	touch $@
 

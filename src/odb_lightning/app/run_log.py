@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,68 @@ FAILED_MARKER = "failed.json"
 processes of ranks > 0)."""
 
 
+UNACTIONABLE_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (
+        Warning,
+        r"The `srun` command is available on your system but is not used",
+        "Lightning, on any machine with SLURM's tools: a run outside a SLURM job is meant so "
+        "(docs/multinode.md says how to launch under srun)",
+    ),
+    (
+        Warning,
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "torch's deprecation of a call inside Lightning's own code",
+    ),
+    (
+        FutureWarning,
+        r"`is_gradient_checkpointing` is deprecated",
+        "transformers' deprecation of an attribute peft reads",
+    ),
+    (
+        UserWarning,
+        r"DTensor random operators may not have complete support on cpu device mesh",
+        "torch, for FSDP2 on CPU: the model is built from a seed before it is sharded",
+    ),
+    (
+        Warning,
+        r"Total length of `list` across ranks is zero",
+        "Lightning, for a run without validation (data.sizes.val_samples=0): its empty list",
+    ),
+    (
+        Warning,
+        r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
+        "Lightning, in eval.py: the training callbacks' state is not needed to evaluate",
+    ),
+)
+"""Library warnings a user of ``train.py`` and ``eval.py`` cannot act on: ``(category,
+message pattern, where it comes from and why it is not theirs)``, filtered by
+:func:`quiet_console` (``tests/unit/app/test_quiet_console.py`` emits each)."""
+
+LIGHTNING_TIPS = "💡 Tip:"
+"""How Lightning's advertisements start (litlogger, litmodels): logged as information on
+every run, about products this project does not use."""
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LIGHTNING_TIPS)
+
+
+def quiet_console() -> None:
+    """Filter :data:`UNACTIONABLE_WARNINGS` and Lightning's tips where they are emitted
+    (this process and the processes it starts after this call)."""
+    for category, pattern, _ in UNACTIONABLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropTips) for f in rank_zero.filters):
+        rank_zero.addFilter(_DropTips())
+
+
 def route_library_logs() -> None:
     """Let Lightning's loggers and Python warnings reach the handlers Hydra configured
-    (console and ``train.log``). A no-op when the root logger has no handler."""
+    (console and ``train.log``), less what the user cannot act on
+    (:func:`quiet_console`). Routing is a no-op when the root logger has no handler."""
+    quiet_console()
     if not logging.getLogger().handlers:
         return
     for name in LIBRARY_LOGGERS:
