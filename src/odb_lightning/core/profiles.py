@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from odb_lightning.core.checks import check_positive_int, is_int
@@ -35,6 +36,19 @@ def lognormal_lengths(
     if max_len is not None:
         lengths = [min(length, max_len) for length in lengths]
     return lengths
+
+
+def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
+    """``total`` split in proportion to ``shares``: each part's floor, then one more for
+    the parts with the largest remainders (ties to the earlier part), so the counts sum
+    to ``total`` and each is within one of its share."""
+    whole = math.fsum(shares)
+    exact = [total * share / whole for share in shares]
+    counts = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +88,7 @@ class HistogramProfile:
     def counts(self, n: int) -> list[int]:
         """Samples per bin out of ``n``: ``n * share`` rounded by largest remainder, so the
         counts sum to ``n`` and each is within one sample of its share."""
-        exact = [n * share for _, _, share in self.bins]
-        counts = [math.floor(x) for x in exact]
-        by_remainder = sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))
-        for i in by_remainder[: n - sum(counts)]:
-            counts[i] += 1
-        return counts
+        return largest_remainder([share for _, _, share in self.bins], n)
 
     def lengths(
         self, n: int, seed: int, max_len: int | None = None, scale: float = 1.0

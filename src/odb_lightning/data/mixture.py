@@ -19,19 +19,8 @@ from typing import Any, overload
 import numpy as np
 
 from odb_lightning.core.order import epoch_permutation
+from odb_lightning.core.profiles import largest_remainder
 from odb_lightning.data.sizes import validation_count
-
-
-def _largest_remainder(shares: Sequence[float], total: int) -> list[int]:
-    """``total`` split in proportion to ``shares``: floors, then the largest remainders
-    (ties to the earlier part) get one more."""
-    whole = sum(shares)
-    exact = [total * s / whole for s in shares]
-    counts = [math.floor(x) for x in exact]
-    order = sorted(range(len(shares)), key=lambda k: (counts[k] - exact[k], k))
-    for k in order[: total - sum(counts)]:
-        counts[k] += 1
-    return counts
 
 
 def part_counts(
@@ -60,13 +49,13 @@ def part_counts(
         whole = sum(share)
         pairs = zip(weighted, share, strict=True)
         total = min(math.floor(available[k] * whole / w + 1e-9) for k, w in pairs)
-        for k, n in zip(weighted, _largest_remainder(share, total), strict=True):
+        for k, n in zip(weighted, largest_remainder(share, total), strict=True):
             counts[k] = min(n, available[k])
     if limit is not None:
         whole_mix = sum(counts)
         cap = max(1, math.floor(limit * whole_mix)) if isinstance(limit, float) else int(limit)
         if cap < whole_mix:
-            counts = _largest_remainder(counts, cap)
+            counts = largest_remainder(counts, cap)
     return counts
 
 
@@ -145,7 +134,7 @@ class MixedRecords(Sequence[Any]):
         """
         num_val = validation_count(val_samples, len(self))
         sizes = [len(p.chosen) for p in self.parts]
-        shares = _largest_remainder(sizes, num_val) if num_val else [0] * len(sizes)
+        shares = largest_remainder(sizes, num_val) if num_val else [0] * len(sizes)
         val: list[int] = []
         train: list[int] = []
         for k, (size, take) in enumerate(zip(sizes, shares, strict=True)):

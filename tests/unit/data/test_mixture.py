@@ -119,3 +119,27 @@ def test_a_bad_part_is_named_by_its_key(tmp_path: Path, mixture: list, message: 
 def test_a_mixture_is_not_streamed(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="data.mixture is read through record tables"):
         module(tmp_path, [{"path": "a.jsonl"}], streaming=True, stream_dir="s", val_samples=0)
+
+
+def test_a_length_pass_mode_caches_a_mixture_under_its_parts(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.jsonl", records("a", 30))
+    b = write(tmp_path / "b.jsonl", sharegpt(20))
+    lengths = tmp_path / "lengths"
+
+    def setup(weight: int) -> ODBDataModule:
+        data = ODBDataModule.of(
+            QwenTokenizer(), BatchingConfig.of(mode="sorted", num_workers=0), template="chatml",
+            record_dir=str(tmp_path / "records"), length_dir=str(lengths), val_samples=0,
+            mixture=[{"path": a, "weight": weight}, {"path": b}],
+        )  # fmt: skip
+        data.setup("fit")
+        return data
+
+    data = setup(1)
+    expected = sorted(len(data.dataset[i]["input_ids"]) for i in range(len(data.dataset)))
+    assert sorted(data.train_lengths) == expected and len(expected) == 40
+    assert len(list(lengths.glob("*.arrow"))) == 1
+    setup(1)  # the same mixture: the same cache
+    assert len(list(lengths.glob("*.arrow"))) == 1
+    setup(2)  # other shares: another cache
+    assert len(list(lengths.glob("*.arrow"))) == 2

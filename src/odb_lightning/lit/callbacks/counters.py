@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from odb_lightning.lit.callbacks.rank_gather import Counts
+from odb_lightning.lit.callbacks.rank_gather import Counts, own_rank_entry
 from odb_lightning.lit.callbacks.step_end import StepEndCallback
 
 
@@ -103,15 +102,10 @@ class StepCounters(StepEndCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        trainer = self._trainer
-        per_rank = state_dict["per_rank"]
-        if trainer is None or len(per_rank) != trainer.world_size:
-            rank_zero_warn(
-                f"checkpoint counters are from {len(per_rank)} ranks, this run has "
-                f"{trainer.world_size if trainer else '?'}: the summary counts this run only"
-            )
+        own = own_rank_entry(state_dict["per_rank"], self._trainer, "counters")
+        if own is None:
             return
-        self.totals = RankTotals(**per_rank[trainer.global_rank])
+        self.totals = RankTotals(**own)
         self._train_s = float(state_dict["train_s"])
 
     @override

@@ -8,11 +8,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
-from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from odb_lightning.data.mixture import MixedRecords
-from odb_lightning.lit.callbacks.rank_gather import gather_rows
+from odb_lightning.lit.callbacks.rank_gather import gather_rows, own_rank_entry
 from odb_lightning.lit.callbacks.step_end import StepEndCallback
 
 
@@ -87,15 +86,7 @@ class MixtureCounts(StepEndCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        trainer = self._trainer
-        per_rank = state_dict["per_rank"]
-        if trainer is None or len(per_rank) != trainer.world_size:
-            rank_zero_warn(
-                f"checkpoint mixture counts are from {len(per_rank)} ranks, this run has "
-                f"{trainer.world_size if trainer else '?'}: mixture_trained counts this run only"
-            )
-            return
-        self._loaded = per_rank[trainer.global_rank]
+        self._loaded = own_rank_entry(state_dict["per_rank"], self._trainer, "mixture counts")
 
     def summary_entries(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """``mixture_trained``: each part's samples and tokens over every rank, and its

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Self
+from typing import Any, Self
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 
 def gather_rows(
@@ -41,3 +42,16 @@ class Counts:
     def gather(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Self]:
         """Every rank's counts, by rank (one all-gather; every rank must call it)."""
         return [self.of_row(row) for row in gather_rows(trainer, pl_module, self.row())]
+
+
+def own_rank_entry(per_rank: Sequence[Any], trainer: pl.Trainer | None, what: str) -> Any | None:
+    """This rank's entry of a checkpoint's every-rank state (``per_rank``, by rank), or
+    ``None``, warned once naming ``what`` (``counters``), where the checkpoint was taken
+    with another number of ranks: the counts then cover this run only."""
+    if trainer is None or len(per_rank) != trainer.world_size:
+        rank_zero_warn(
+            f"checkpoint {what} are from {len(per_rank)} ranks, this run has "
+            f"{trainer.world_size if trainer else '?'}: the summary counts this run only"
+        )
+        return None
+    return per_rank[trainer.global_rank]

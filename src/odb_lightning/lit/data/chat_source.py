@@ -37,8 +37,40 @@ def keep_records(
     return kept, counts
 
 
+class CachedLengths:
+    """A source whose exact lengths the length pass caches under its :meth:`arguments`."""
+
+    def arguments(self) -> dict[str, Any]:
+        """What keys the source's length cache."""
+        raise NotImplementedError
+
+    def exact_lengths(
+        self,
+        dataset: Any,
+        cache_dir: str | None,
+        batching: BatchingConfig,
+        world_size: int,
+        rank: int,
+        barrier: Callable[[], None],
+    ) -> ExactLengths:
+        """Every record's exact length and supervised tokens: the length pass, in
+        ``batching``'s worker processes, cached in ``cache_dir`` under :meth:`arguments`
+        (rank 0 builds the cache, the others wait at ``barrier``)."""
+        method = batching.loader.multiprocessing_context
+        return exact_lengths(
+            dataset,
+            self.arguments(),
+            cache_dir,
+            num_workers=batching.loader.num_workers,
+            multiprocessing_context=None if method is None else method.value,
+            rank=rank,
+            world_size=world_size,
+            barrier=barrier,
+        )
+
+
 @dataclass(frozen=True)
-class ChatSource:
+class ChatSource(CachedLengths):
     """The records of ``data.source`` (an entry of the source table) in its regime,
     ``data.sizes.max_samples`` of them, drawn by ``seed``; a written image-text set goes
     under ``set_dir``."""
@@ -116,42 +148,3 @@ class ChatSource:
             "%s: read the first %d%s records of %s; the rest is not checked (%s)",
             origin, limit, of, path, fix,
         )  # fmt: skip
-
-    def exact_lengths(
-        self,
-        dataset: Any,
-        cache_dir: str | None,
-        batching: BatchingConfig,
-        world_size: int,
-        rank: int,
-        barrier: Callable[[], None],
-    ) -> ExactLengths:
-        """Every record's exact length and supervised tokens (:func:`source_lengths`)."""
-        return source_lengths(
-            self.arguments(), dataset, cache_dir, batching, world_size, rank, barrier
-        )
-
-
-def source_lengths(
-    arguments: dict[str, Any],
-    dataset: Any,
-    cache_dir: str | None,
-    batching: BatchingConfig,
-    world_size: int,
-    rank: int,
-    barrier: Callable[[], None],
-) -> ExactLengths:
-    """Every record's exact length and supervised tokens: the length pass, in
-    ``batching``'s worker processes, cached in ``cache_dir`` under the source's
-    ``arguments`` (rank 0 builds the cache, the others wait at ``barrier``)."""
-    method = batching.loader.multiprocessing_context
-    return exact_lengths(
-        dataset,
-        arguments,
-        cache_dir,
-        num_workers=batching.loader.num_workers,
-        multiprocessing_context=None if method is None else method.value,
-        rank=rank,
-        world_size=world_size,
-        barrier=barrier,
-    )

@@ -6,26 +6,24 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.config import DataSource, MixturePart
-from odb_lightning.data.length_pass import ExactLengths
 from odb_lightning.data.mixture import MixedPart, MixedRecords, chosen_records, part_counts
 from odb_lightning.data.record_table import RecordCache
 from odb_lightning.data.sources.source_records import source_version
-from odb_lightning.lit.data.chat_source import ChatSource, source_lengths
+from odb_lightning.lit.data.chat_source import CachedLengths, ChatSource
 from odb_lightning.lit.data.train_records import no_records_error
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class MixedSource:
+class MixedSource(CachedLengths):
     """The parts of ``data.mixture`` (each with its source: ``data.source`` with the
     part's own fields), ``data.sizes.max_samples`` of the whole mixture, drawn by
     ``seed``."""
@@ -119,18 +117,3 @@ class MixedSource:
     def warn_partial_read(self, *args: Any) -> None:
         """Nothing to warn of: a mixture reads its parts whole (``max_samples`` caps the
         mixture, not a file)."""
-
-    def exact_lengths(
-        self,
-        dataset: Any,
-        cache_dir: str | None,
-        batching: BatchingConfig,
-        world_size: int,
-        rank: int,
-        barrier: Callable[[], None],
-    ) -> ExactLengths:
-        """Every record's exact length and supervised tokens, cached under the mixture's
-        :meth:`arguments`."""
-        return source_lengths(
-            self.arguments(), dataset, cache_dir, batching, world_size, rank, barrier
-        )
