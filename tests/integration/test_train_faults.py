@@ -218,7 +218,7 @@ def test_a_stop_that_reaches_no_step_boundary_exits_at_the_deadline(tmp_path: Pa
     checkpoint, and the log says how many steps a resume replays."""
     result = run_train_fault(
         tmp_path, "sigterm_hang", 0, "stop.deadline_s=3",
-        "callbacks.checkpoint.every_n_train_steps=1", "callbacks.checkpoint.save_top_k=-1",
+        "callbacks.checkpoint.every_n_train_steps=1", "callbacks.checkpoint.keep_last=-1",
     )  # fmt: skip
     _check_all_gone(result)
     assert result.returncode == 128 + signal.SIGTERM, result.output[-3000:]

@@ -254,3 +254,24 @@ def _roundtrip(state: dict[str, Any]) -> Any:
     torch.save(state, buffer)
     buffer.seek(0)
     return buffer
+
+
+@pytest.mark.parametrize("keep_last", [1, 2, 3])
+def test_keep_last_keeps_the_newest_checkpoints(tmp_path: Path, keep_last: int) -> None:
+    """``callbacks.checkpoint.keep_last=N`` (HF's ``save_total_limit``): after 5 saves the
+    newest N checkpoints are on disk, ``last.ckpt`` naming the newest."""
+    callback = AtomicLinkModelCheckpoint(
+        dirpath=str(tmp_path), keep_last=keep_last, save_last="link"
+    )
+    trainer = _fake_trainer(sharded=False)
+    for step in range(1, 6):
+        _save(callback, trainer, step)
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name != "last.ckpt")
+    assert kept == [f"epoch0-step{s}.ckpt" for s in range(6 - keep_last, 6)]
+    assert (tmp_path / "last.ckpt").resolve().name == "epoch0-step5.ckpt"
+
+
+@pytest.mark.parametrize("keep_last", [0, -2, 1.5])
+def test_keep_last_refuses_a_count_it_cannot_keep(keep_last: object) -> None:
+    with pytest.raises(ValueError, match=r"callbacks.checkpoint.keep_last must be an integer"):
+        AtomicLinkModelCheckpoint(keep_last=keep_last)  # type: ignore[arg-type]

@@ -131,6 +131,12 @@ class AtomicLinkModelCheckpoint(ModelCheckpoint):
 
     Its checkpoints are named without ``=`` (:data:`CHECKPOINT_FILENAME`) unless
     ``filename`` says otherwise.
+
+    Args:
+        keep_last: Keep the newest this many checkpoints (``callbacks.checkpoint.keep_last``,
+            as Hugging Face's ``save_total_limit``; -1: every one): Lightning's own top-k
+            over the optimizer step, ``save_top_k=keep_last`` with ``monitor="step"``,
+            ``mode="max"``. ``None``: Lightning's ``save_top_k`` and ``monitor`` as given.
     """
 
     def __init__(
@@ -138,9 +144,24 @@ class AtomicLinkModelCheckpoint(ModelCheckpoint):
         dirpath: str | os.PathLike[str] | None = None,
         filename: str | None = CHECKPOINT_FILENAME,
         *,
+        keep_last: int | None = None,
         auto_insert_metric_name: bool = False,
         **kwargs: Any,
     ) -> None:
+        if keep_last is not None:
+            integer = isinstance(keep_last, int) and not isinstance(keep_last, bool)
+            if not integer or not (keep_last >= 1 or keep_last == -1):
+                raise ValueError(
+                    f"callbacks.checkpoint.keep_last must be an integer >= 1 (the newest "
+                    f"checkpoints kept) or -1 (every one), got {keep_last!r}"
+                )
+            if "save_top_k" in kwargs or "monitor" in kwargs:
+                raise ValueError(
+                    "callbacks.checkpoint.keep_last keeps the newest checkpoints: set it, or "
+                    "save_top_k with a monitor, not both"
+                )
+            kwargs.update(save_top_k=keep_last, monitor=None if keep_last == 1 else "step")
+            kwargs.setdefault("mode", "max")
         super().__init__(
             dirpath, filename, auto_insert_metric_name=auto_insert_metric_name, **kwargs
         )
