@@ -78,18 +78,23 @@ def sbatch(script: str, out: Path, *args: str, env: dict[str, str] | None = None
 
 
 def signal_when_paused(
-    job: str, pause: Path, ranks: int, log: Path, alive: Callable[[], bool] = lambda: True
+    job: str,
+    pause: Path,
+    ranks: int,
+    log: Path,
+    alive: Callable[[], bool] = lambda: True,
+    name: str = "USR1",
 ) -> None:
-    """Once every rank waits at the pause: SIGUSR1 to the job's steps, as SLURM's
+    """Once every rank waits at the pause: SIG<name> to the job's steps, as SLURM's
     ``--signal`` sends it, then, once a rank said it received it, let the ranks go."""
     wait_for(
         lambda: alive() and len(list(pause.glob("paused.rank*"))) == ranks,
         f"{ranks} ranks paused",
     )
-    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    subprocess.run(["scancel", f"--signal={name}", job], check=True)
     wait_for(
-        lambda: "received SIGUSR1: stopping after this step" in read_log(log),
-        "a rank to receive SIGUSR1",
+        lambda: f"received SIG{name}: stopping after this step" in read_log(log),
+        f"a rank to receive SIG{name}",
     )
     (pause / "go").write_text("")
 
@@ -169,15 +174,26 @@ def test_torchrun_under_srun_survives_the_signal_and_resumes_exactly(tmp_path: P
     every_record_once(run_dir)
 
 
+LAUNCHERS = {
+    # Our preset: SIGUSR1 before the time limit.
+    "USR1": ("launcher=slurm",),
+    # submitit's own: SIGUSR2 before the limit, whose handler ran in the loader processes
+    # too and killed the run; our stop takes it (ckpt_path=auto given by hand here).
+    "USR2": ("hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=2", "ckpt_path=auto"),
+}
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
 def test_a_submitit_sweep_lands_in_its_printed_directory_and_a_stopped_point_resumes(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
     """``python train.py -m launcher=slurm``: two points (array tasks of 2 CPU ranks each),
     both in the sweep directory the launcher printed, with the sweep table; point 0 gets
-    SIGUSR1 mid-epoch, stops, requeues itself and resumes: every record once."""
+    the time-limit signal mid-epoch (ours, SIGUSR1; or submitit's, SIGUSR2), stops,
+    requeues itself and resumes: every record once."""
     pause_of = "${hydra:runtime.output_dir}/pause"
     command = [
-        sys.executable, str(ROOT / "train.py"), "-m", "launcher=slurm", "trainer=ddp_cpu",
+        sys.executable, str(ROOT / "train.py"), "-m", *LAUNCHERS[name], "trainer=ddp_cpu",
         *SMOKE, "seed=1,2", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=15",
         PAUSE, "+callbacks.pause.step=3", f"+callbacks.pause.directory='{pause_of}'",
     ]  # fmt: skip
@@ -202,7 +218,7 @@ def test_a_submitit_sweep_lands_in_its_printed_directory_and_a_stopped_point_res
         array = wait_for(lambda: next((sweep_dir / ".submitit").glob("*_0"), None), "point 0's job")
         job = array.name  # type: ignore[union-attr]
         point_log = array / f"{job}_0_log.err"  # type: ignore[operator]
-        signal_when_paused(job, sweep_dir / "0" / "pause", 2, point_log, running)
+        signal_when_paused(job, sweep_dir / "0" / "pause", 2, point_log, running, name)
         launcher.wait(timeout=JOB_TIMEOUT_S)
     finally:
         launcher.kill()
@@ -221,3 +237,9 @@ def test_a_submitit_sweep_lands_in_its_printed_directory_and_a_stopped_point_res
     assert len(list((sweep_dir / "1").glob(".hydra_attempt-*"))) == 1
     for point in ("0", "1"):
         every_record_once(sweep_dir / point)
+    point = read_log(point_log)
+    assert "A temporary saved file already exists" not in point
+    assert "Caught signal" not in point, "submitit's handler ran"
+    # The SIGTERM SLURM sends after the requeue meets our handlers, not those of before.
+    assert "Bypassing signal SIGTERM" not in point
+    assert f"stopping on SIG{name} after optimizer step 3" in point

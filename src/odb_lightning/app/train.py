@@ -28,7 +28,7 @@ from odb_lightning.app.run_config import (
     saved_run_config,
     shape_conflict,
 )
-from odb_lightning.app.run_dir import CHECKPOINT_DIR_NAME
+from odb_lightning.app.run_dir import AUTO_RESUME, CHECKPOINT_DIR_NAME
 from odb_lightning.app.run_log import (
     failed_marker,
     full_error_requested,
@@ -134,17 +134,26 @@ def report_stop(stop: GracefulStop, summary: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def exit_stopped(stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any]) -> None:
+def exit_stopped(
+    stop: GracefulStop, trainer: pl.Trainer, loggers: list[Any], resumes: bool = True
+) -> None:
     """Leave as a stopped job: 143 (SIGTERM), 130 (SIGINT); SIGUSR1 and SIGUSR2 requeue the
     SLURM job (rank 0) and exit 0, or outside SLURM say that nothing requeues it and exit
     138 or 140. The checkpoint of the stop is already written on every rank. The other
-    ranks of Lightning's launcher exit 0 (:meth:`GracefulStop.exit_code`)."""
+    ranks of Lightning's launcher exit 0 (:meth:`GracefulStop.exit_code`). Without
+    ``resumes`` (``ckpt_path=auto``) the requeued attempt starts over, and the log says so."""
     signum = stop.stopped_by
     assert signum is not None
     job = slurm_job_to_requeue() if signum in REQUEUE_SIGNALS else None
     if job is not None:
         finish_wandb_runs(loggers, exit_code=0)
         status = requeue_slurm_job(job) if trainer.is_global_zero else 0
+        if status == 0 and not resumes and trainer.is_global_zero:
+            log.warning(
+                "the requeued attempt runs this command again, which starts over without "
+                "ckpt_path=auto (the newest checkpoint of its run directory): pass it, as "
+                "launcher=slurm and the sbatch examples do"
+            )
         raise SystemExit(0 if status == 0 else 1)
     code = stop.exit_code(signum)
     if signum in REQUEUE_SIGNALS and trainer.is_global_zero:
@@ -159,6 +168,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     overrides (:mod:`odb_lightning.app.run_config`); ``ckpt_path=auto`` resumes from the
     newest valid checkpoint of the run directory, or starts anew there."""
     checkpoint_dir = Path(cfg.paths.output_dir) / CHECKPOINT_DIR_NAME
+    auto_resume = cfg.get("ckpt_path") == AUTO_RESUME  # what a requeued attempt does
     ckpt_path = resolve_resume_checkpoint(cfg.get("ckpt_path"), checkpoint_dir)
     if ckpt_path is not None:
         cfg = config_for_resume(cfg, ckpt_path)
@@ -210,7 +220,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         write_summary(summary, Path(cfg.paths.output_dir))
     reap_job(trainer)
     if stop.stopped_by is not None:
-        exit_stopped(stop, trainer, loggers)
+        exit_stopped(stop, trainer, loggers, resumes=auto_resume)
     finish_wandb_runs(loggers)
     return summary
 

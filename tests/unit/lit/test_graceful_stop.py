@@ -48,7 +48,9 @@ def test_a_handler_only_records_and_the_strongest_signal_wins() -> None:
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C interrupts at once
             os.kill(os.getpid(), signal.SIGINT)
         # A stop is under way: the end of the fit keeps the recording handlers (the
-        # SIGTERM SLURM sends after a requeue meets them, not Lightning's) and the deadline.
+        # SIGTERM SLURM sends after a requeue meets them, not Lightning's) and the deadline,
+        # though Lightning's teardown, before this one, put back the handlers of before.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stop._restore()
         assert signal.getsignal(signal.SIGTERM) == stop._record
         assert stop._deadline is not None and not stop._deadline.finished.is_set()

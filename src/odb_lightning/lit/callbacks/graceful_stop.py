@@ -181,8 +181,12 @@ class GracefulStop(StepEndCallback):
 
     def _restore(self) -> None:
         """The handlers of before the fit back, unless a stop signal came: then this
-        process keeps recording until it exits, and the deadline keeps running."""
+        process records until it exits (Lightning's teardown, before this one, put its
+        handlers of before the fit back: ours replace them again), and the deadline keeps
+        running."""
         if self._received:
+            self._installed = False
+            self._install()
             return
         if self._deadline is not None:
             self._deadline.cancel()
