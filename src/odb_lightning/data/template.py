@@ -98,7 +98,8 @@ def checked_text(tokenizer: ChatTokenizer, message: object, position: int) -> Me
             f"messages[{position}].content",
             f"spells {token!r}, a control token of the tokenizer: the chat template's "
             "one-pass encoding (as apply_chat_template's) would read a turn boundary "
-            "the data does not have; remove it or write it otherwise",
+            "the data does not have; remove it or write it otherwise, or skip such "
+            "records with batching.loader.on_bad_sample=skip (counted)",
         )
     return checked
 
