@@ -48,6 +48,7 @@ test-all: setup
 # the submitit launcher installed (the slurm extra).
 test-slurm: setup
 	$(PY) -m pip install -q -e ".[dev,slurm]"
+	mkdir -p outputs  # the tier's temporary files: outputs/slurm-tier, kept apart from other runs
 	$(PY) -m pytest -m slurm -q --basetemp=outputs/slurm-tier
 
 lint: setup
