@@ -4,12 +4,14 @@ Our train and validation loaders are plain iterables without ``__len__`` (an ODB
 step count is known only at its end), so Lightning's bar shows ``0/?``. The planned modes
 (``standard``, ``sorted``, ``bucketed``, ``oracle``) do know it: their loader has the
 epoch's plan, and its ``len()`` is the bar's total, with tqdm's ETA. For the online
-modes the total is an estimate refined each time an alignment round has ended: the steps
-of the ended rounds times this rank's share of the epoch's training samples over the
-samples those rounds emitted. A round's steps run longest samples first (its window is
-sorted before it is cut), so an estimate taken inside a round swings high and then low;
-one taken between rounds counts whole windows. Until the first round has ended the total
-is unknown (``?``; with the window's ramp, a few steps).
+modes the total is an estimate, set once: at the first end of an alignment round after
+which the ended rounds hold at least :data:`ESTIMATE_AFTER_SHARE` of this rank's share of
+the epoch's training samples, the steps of those rounds times the share over the samples
+they emitted. Taken between rounds, it counts whole windows; taken once, the total and
+the ETA hold still instead of moving with every round (the window's ramp makes the first
+rounds' steps the least full). Until then the total is unknown (``?``). It moves again
+only if the steps reach it (re-estimated then from every round ended), and at the
+epoch's end to the real count.
 
 On a resume inside an epoch Lightning does not start the epoch again
 (``on_train_epoch_start`` is skipped), so the bar sets itself up at the first resumed step:
@@ -35,6 +37,10 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from typing_extensions import override
 
 from odb_lightning.lit.run_context import TrainSampleCount
+
+ESTIMATE_AFTER_SHARE = 0.25
+"""The part of this rank's samples the ended rounds must hold before an online epoch's
+step total is estimated (once)."""
 
 BAR_NAMES = {
     "perf/real_tokens_per_s": "tok/s",
@@ -215,13 +221,20 @@ class ODBProgressBar(TQDMProgressBar):
 
     def _refine_estimate(self, trainer: pl.Trainer, n: int) -> None:
         """The total from the rounds ended so far (called before the step's counts are
-        added, when the step opens a new round)."""
+        added, when the step opens a new round): set once the ended rounds hold
+        :data:`ESTIMATE_AFTER_SHARE` of the rank's samples, and again only if the steps
+        have reached it."""
         share = self._rank_share(trainer)
+        bar = self.train_progress_bar
         if not (share and self._epoch_samples):
+            return
+        if bar.total is None and self._epoch_samples < ESTIMATE_AFTER_SHARE * share:
+            return
+        if bar.total is not None and n <= bar.total:
             return
         estimate = math.ceil(self._epoch_steps * share / self._epoch_samples)
         # n - 1 - epoch_steps: steps before what the bar counted (a resume without its counts)
-        self.train_progress_bar.total = max(n, n - 1 - self._epoch_steps + estimate)
+        bar.total = max(n, n - 1 - self._epoch_steps + estimate)
 
     @override
     def on_train_batch_end(
@@ -243,7 +256,7 @@ class ODBProgressBar(TQDMProgressBar):
         if meta is not None and not meta.is_idle:
             self._epoch_samples += meta.local_samples
         if bar.total is not None and n > bar.total:
-            bar.total = n  # an estimate or a resumed plan that counted short
+            bar.total = n  # a resumed plan, or an estimate until its next round, short
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self._epoch_steps == 1 and isinstance(bar, SteadyRateTqdm):
             bar.start_rate_clock(n)
