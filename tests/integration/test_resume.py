@@ -142,6 +142,9 @@ def test_ddp_resume_emits_the_epoch_exactly_once(mode: str, tmp_path: Path) -> N
     if mode.endswith("_cross_rank"):
         # The summary counts finished epochs: the resumed run's pooled round moved samples.
         assert resumed["moved_samples"] > 0 and resumed["moved_bytes"] > 0
+        rank_steps = 2 * resumed["steps_per_rank"]
+        assert resumed["moved_bytes_per_rank_step"] == resumed["moved_bytes"] / rank_steps
+        assert resumed["moved_samples_per_rank_step"] == resumed["moved_samples"] / rank_steps
 
 
 @pytest.mark.slow

@@ -38,8 +38,9 @@ from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
 from odb_lightning.core.plans import summarize_plan
 from odb_lightning.core.policy import BucketedPolicy, SortedPolicy, StandardPolicy
-from odb_lightning.core.simulate import simulate_dealt_epoch, simulate_epoch
+from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
 from odb_lightning.data.formats import FORMATS
+from odb_lightning.runtime.transport import TEXT_WIRE_BYTES_PER_TOKEN
 
 DEFAULT_BUDGET = 16384
 
@@ -284,7 +285,8 @@ def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) ->
     ordered = [lengths[i] for i in epoch_permutation(len(lengths), args.seed, 0)]
     world = args.ranks
     if policy.by_need:
-        result = simulate_dealt_epoch(ordered, world, config)
+        # A byte a token: the moved "bytes" count the moved samples' tokens.
+        result = simulate_dealt_epoch(ordered, world, config, sample_bytes=ordered)
     else:
         result = simulate_epoch([ordered[r::world] for r in range(world)], config)
     oracle = len(plan_epoch(lengths, mode="oracle", token_budget=budget)) / world
@@ -303,6 +305,21 @@ def evaluate_ranks(lengths: list[int], budget: int, args: argparse.Namespace) ->
         "cross_rank_grouping": policy.groups_across_ranks,
         "pool_below_sync": policy.pool_below_sync,
         "moved_samples": sum(result.moved_samples),
+        **_moved_per_rank_step(result, steps),
+    }
+
+
+def _moved_per_rank_step(result: SimulationResult, steps: int) -> dict[str, float]:
+    """The samples that run on a rank that did not fetch them, per rank step: count,
+    tokens (the simulation counted a byte a token), and the bytes a text sample takes on
+    the wire at :data:`~odb_lightning.runtime.transport.TEXT_WIRE_BYTES_PER_TOKEN` (an
+    estimate: a run's ``summary.json`` counts the real bytes)."""
+    rank_steps = max(1, steps * len(result.steps))
+    tokens = sum(result.moved_bytes)
+    return {
+        "moved_samples_per_rank_step": sum(result.moved_samples) / rank_steps,
+        "moved_tokens_per_rank_step": tokens / rank_steps,
+        "moved_wire_bytes_per_rank_step": TEXT_WIRE_BYTES_PER_TOKEN * tokens / rank_steps,
     }
 
 

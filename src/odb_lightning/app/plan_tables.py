@@ -65,7 +65,11 @@ def render(result: dict[str, Any], console: Console) -> None:
                 f"sync efficiency {r['sync_efficiency']:.1%}, utilization "
                 f"{r['utilization']:.1%}, IDLE {r['idle_fraction']:.1%}"
                 + (
-                    f", grouped across ranks: {r['moved_samples']} samples moved"
+                    f", grouped across ranks: {r['moved_samples']} samples moved "
+                    f"({r['moved_samples_per_rank_step']:.2f} samples, "
+                    f"{r['moved_tokens_per_rank_step']:,.0f} tokens, about "
+                    f"{r['moved_wire_bytes_per_rank_step'] / 1024:,.1f} KiB on the wire "
+                    "per rank step)"
                     if r["cross_rank_grouping"]
                     else ""
                 )

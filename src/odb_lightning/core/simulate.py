@@ -45,7 +45,8 @@ class SimulationResult:
             first round emitted steps: what the first step waits for (the ramp's work).
         first_step_cost: Per rank, the row costs of those samples (each rounded up).
         moved_samples: Per rank, samples it ran that another rank's window held
-            (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes.
+            (``cross_rank_grouping``); ``moved_bytes`` their serialized bytes;
+            ``moved_positions`` their positions (sample ids in a dealt epoch).
         fetch_us: With ``fetch_us`` per rank: the epoch's simulated time, each round as
             long as its slowest rank takes to fetch the samples it was dealt (one at a
             time; steps take no time).
@@ -67,6 +68,7 @@ class SimulationResult:
     moved_bytes: tuple[int, ...] = ()
     fetch_us: int = 0
     pool_plan_s: tuple[float, ...] = ()
+    moved_positions: tuple[tuple[int, ...], ...] = ()
 
 
 def _fill(
@@ -192,6 +194,7 @@ def _run(
     # deals >= 1 sample; one more round ends the epoch.
     bound = 2 * num_samples + 2
     first: list[tuple[int, int]] = []  # (samples, cost) received before the first step
+    moved: list[list[int]] = [[] for _ in windows]
     for rounds in range(1, bound + 1):
         longest = 0
         for rank, (window, lengths, loss) in enumerate(
@@ -223,8 +226,9 @@ def _run(
             outcomes = [w.apply_pool(pool, pool_plan) for w in windows]
         else:
             outcomes = [w.apply(plan) for w in windows]
-        for outcome, rank_steps in zip(outcomes, steps, strict=True):
+        for outcome, rank_steps, rank_moved in zip(outcomes, steps, moved, strict=True):
             rank_steps.extend(outcome.steps)
+            rank_moved.extend(outcome.moved_in)
         if plan.epoch_over:
             return SimulationResult(
                 steps=steps,
@@ -239,6 +243,7 @@ def _run(
                 moved_bytes=tuple(w.moved_in_bytes for w in windows),
                 fetch_us=clock,
                 pool_plan_s=tuple(pool_plan_s),
+                moved_positions=tuple(map(tuple, moved)),
                 sync=sync_figures([[s.group for s in rank] for rank in steps], config.budget),
             )
     raise SimulationStalled(f"no end of epoch after {bound} rounds")

@@ -64,6 +64,11 @@ def load_sample(payload: bytes) -> Any:
     return pickle.loads(payload)
 
 
+TEXT_WIRE_BYTES_PER_TOKEN = 2.2
+"""Bytes a token of a text sample takes on the wire once moved (:func:`pack_moved` of
+ShareGPT conversations' payloads, ``experiments/sync_efficiency/README.md``): what
+``odb-plan --ranks`` estimates moved bytes at."""
+
 MOVED_LEVEL = 1
 """zlib's level for moved samples: its fastest, which already takes token tensors to
 about a seventh."""

@@ -240,6 +240,12 @@ def test_ranks_with_cross_rank_grouping_take_its_threshold(tmp_path, capsys) -> 
         assert ranks["pool_below_sync"] == below and ranks["cross_rank_grouping"]
         assert ranks["steps_per_rank"] == len(expected.steps[0])
         assert ranks["moved_samples"] == sum(expected.moved_samples) > 0
+        rank_steps = 4 * ranks["steps_per_rank"]
+        assert ranks["moved_samples_per_rank_step"] == ranks["moved_samples"] / rank_steps
+        # A byte a token: the simulator's moved bytes are the moved samples' tokens.
+        tokens = sum(simulate_dealt_epoch(ordered, 4, config, sample_bytes=ordered).moved_bytes)
+        assert ranks["moved_tokens_per_rank_step"] * rank_steps == pytest.approx(tokens)
+        assert ranks["moved_samples"] <= tokens < sum(ordered)
     # Without the flag the defaults group across ranks; --no-cross-rank turns it off.
     assert _run_json(capsys, *base)["budgets"][0]["ranks"]["cross_rank_grouping"]
     alone = _run_json(capsys, *base, "--no-cross-rank")["budgets"][0]["ranks"]

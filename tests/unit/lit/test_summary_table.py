@@ -52,3 +52,14 @@ def test_a_mixture_shows_what_each_part_trained_below_the_total() -> None:
     assert rows["emitted samples"] == "80"
     assert rows["of them from a.jsonl"] == "60 (75.0%), 1,230 tokens"
     assert rows["of them from b.json"] == "20 (25.0%), 410 tokens"
+
+
+def test_a_run_that_moved_samples_shows_them_per_rank_step() -> None:
+    moved = {"moved_samples": 300, "moved_samples_per_rank_step": 1.5}
+    rows = table_rows({"mode": "odb", **moved, "moved_bytes_per_rank_step": 20_480.0})
+    assert rows["moved samples (cross-rank grouping)"] == "300"
+    assert rows["moved samples per rank step"] == "1.50"
+    assert rows["moved KiB per rank step (on the wire)"] == "20.0"
+    # A run that moved nothing (one rank, or grouping per rank) shows none of them.
+    rows = table_rows({"mode": "odb", "moved_samples": 0, "moved_bytes_per_rank_step": 0.0})
+    assert not any(label.startswith("moved") for label in rows)

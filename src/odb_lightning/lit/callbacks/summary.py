@@ -152,6 +152,9 @@ def loader_figures(
     figures["patch_fill"] = (
         ratio(figures["image_patches"], max_patches * rank_steps) if max_patches else None
     )
+    # What grouping across ranks sent over the channel, per rank step (bytes compressed).
+    figures["moved_samples_per_rank_step"] = ratio(figures["moved_samples"], rank_steps)
+    figures["moved_bytes_per_rank_step"] = ratio(figures["moved_bytes"], rank_steps)
     rows = gather_objects(list(report.skipped_sample_ids), trainer.world_size)
     figures["skipped_sample_ids"] = sorted(i for row in rows for i in row)
     figures.update(_gather_first_epoch_records(trainer, pl_module, report))

@@ -18,6 +18,10 @@ def format_trainable(model: dict[str, Any]) -> str:
     return f"{trainable:,} of {total:,} ({share:.2%}, {model['finetuning']})"
 
 
+def _kib(value: float) -> str:
+    return f"{value / 1024:,.1f}"
+
+
 SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("mode", "mode", "{}"),
     ("world_size", "ranks", "{}"),
@@ -49,6 +53,8 @@ SUMMARY_ROWS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("over_budget_samples", "over-budget samples", "{}"),
     ("dropped_samples", "dropped samples", "{}"),
     ("moved_samples", "moved samples (cross-rank grouping)", "{:,}"),
+    ("moved_samples_per_rank_step", "moved samples per rank step", "{:.2f}"),
+    ("moved_bytes_per_rank_step", "moved KiB per rank step (on the wire)", _kib),
     ("skipped_bad_records", "skipped bad records (source lines)", "{:,}"),
     ("skipped_bad_samples", "skipped bad samples (loader)", "{}"),
     ("not_trained_samples", "not-trained samples", "{:,}"),
@@ -87,8 +93,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         value = summary.get(key)
         if key in IMAGE_ROWS and summary.get("patch_fill") is None:
             continue
-        if key == "moved_samples" and not value:  # only runs that group across ranks
-            continue
+        if key.startswith("moved_") and not summary.get("moved_samples"):
+            continue  # only runs that group across ranks
         if fixed_size:
             label = FIXED_SIZE_LABELS.get(key, label)
         if value is not None:
