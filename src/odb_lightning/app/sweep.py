@@ -174,8 +174,25 @@ def table_rows(points: Sequence[SweepPoint]) -> tuple[list[str], list[list[Any]]
     return header, rows
 
 
+SMOKE_NOTE = (
+    "debug=smoke's body (one layer of width 32) is too small for real_tokens_per_s to "
+    "show what the batching buys: its per-step overhead dominates, so padding_efficiency "
+    "is the figure to compare here. The speed-up on a body that dominates the cost (odb "
+    "1.8-3.2x fixed batches on CPU): python -m experiments.throughput.run "
+    "(docs/measured.md)."
+)
+"""Said under a sweep of batching modes on ``debug=smoke``, whose tokens/s mislead."""
+
+
+def smoke_note(points: Sequence[SweepPoint]) -> str | None:
+    """:data:`SMOKE_NOTE` when the points compare batching modes on ``debug=smoke``."""
+    smoke = any(p.overrides.get("debug") == "smoke" for p in points)
+    return SMOKE_NOTE if smoke and "batching" in varying_keys(points) else None
+
+
 def write_tables(sweep_dir: Path, points: Sequence[SweepPoint]) -> tuple[Path, Path]:
-    """``summary_table.md`` (formatted) and ``summary_table.csv`` (exact values)."""
+    """``summary_table.md`` (formatted, with :func:`smoke_note` where it applies) and
+    ``summary_table.csv`` (exact values)."""
     header, rows = table_rows(points)
     markdown = [
         "| " + " | ".join(header) + " |",
@@ -185,8 +202,14 @@ def write_tables(sweep_dir: Path, points: Sequence[SweepPoint]) -> tuple[Path, P
     failed = [p for p in points if p.failure is not None]
     notes = [f"- job {p.job}: {p.failure.get('message', '')}" for p in failed if p.failure]
     md_path, csv_path = sweep_dir / TABLE_NAME, sweep_dir / CSV_NAME
+    note = smoke_note(points)
     md_path.write_text(
-        "\n".join(markdown + (["", "Failed points:", *notes] if notes else [])) + "\n"
+        "\n".join(
+            markdown
+            + (["", "Failed points:", *notes] if notes else [])
+            + (["", note] if note else [])
+        )
+        + "\n"
     )
     with csv_path.open("w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
@@ -300,3 +323,6 @@ class SweepSummary(Callback):
             log.error(no_point_message(sweep_dir))
             raise SystemExit(1)  # Hydra turns a callback's Exception into a warning
         log.info("sweep summary: %s", ", ".join(str(p) for p in written))
+        note = smoke_note(read_points(sweep_dir))
+        if note:
+            log.info(note)
