@@ -177,9 +177,8 @@ def table_rows(points: Sequence[SweepPoint]) -> tuple[list[str], list[list[Any]]
 SMOKE_NOTE = (
     "debug=smoke's body (one layer of width 32) is too small for real_tokens_per_s to "
     "show what the batching buys: its per-step overhead dominates, so padding_efficiency "
-    "is the figure to compare here. The speed-up on a body that dominates the cost (odb "
-    "1.8-3.2x fixed batches on CPU): python -m experiments.throughput.run "
-    "(docs/measured.md)."
+    "is the figure to compare here. The speed-up on a body that dominates the cost: "
+    "python -m experiments.throughput.run (its figures: docs/measured.md)."
 )
 """Said under a sweep of batching modes on ``debug=smoke``, whose tokens/s mislead."""
 
