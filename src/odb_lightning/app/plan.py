@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -251,6 +252,32 @@ def _bucket_report(lengths: list[int], budget: int, args: argparse.Namespace) ->
     }
 
 
+FEW_BUDGETS = 16
+"""An epoch of fewer budgets than this is small for its budget: each step spans much of
+the length range, so no grouping under the budget pads little."""
+
+
+def budget_advice(lengths: list[int], budget: int) -> str | None:
+    """A sentence when the lengths hold fewer than :data:`FEW_BUDGETS` budgets of
+    ``budget``: what that does to the budget-packed modes, and a budget to plan with that
+    gives the file about 32 steps (a power of two, at least its longest sample)."""
+    total = sum(lengths)
+    if not lengths or total >= FEW_BUDGETS * budget:
+        return None
+    per_step = len(lengths) * budget / total
+    longest = 2 ** math.ceil(math.log2(max(lengths)))  # a sample must fit one step
+    suggested = max(2 ** round(math.log2(max(total / 32, 1))), longest)
+    if suggested >= budget:
+        return None
+    return (
+        f"the budget is large for these lengths: {total:,} tokens are {total / budget:.1f} "
+        f"budgets of {budget:,}, about {per_step:.0f} samples a step, so each step spans "
+        f"much of the length range and the modes that fill the budget (odb, oracle, "
+        f"bucketed) pad more than fixed batches of sorted lengths; --budget {suggested} "
+        f"plans about 32 steps, as a larger file would fill this budget"
+    )
+
+
 def evaluate_budget(lengths: list[int], budget: int, args: argparse.Namespace) -> dict[str, Any]:
     """Plan epoch 0 in every requested mode under one budget; stats as plain dicts."""
     report: dict[str, Any] = {"token_budget": budget, "modes": {}}
@@ -271,6 +298,7 @@ def evaluate_budget(lengths: list[int], budget: int, args: argparse.Namespace) -
         for name in ("sorted", "standard", "bucketed")
         if name in report["modes"]
     }
+    report["advice"] = budget_advice(lengths, budget)
     return report
 
 

@@ -79,3 +79,5 @@ def render(result: dict[str, Any], console: Console) -> None:
             "comparison: "
             + " / ".join(f"{names.get(k, k)} {v:.1%}" for k, v in report["comparison"].items())
         )
+        if report.get("advice"):
+            console.print(f"[yellow]note[/]: {escape(report['advice'])}")
