@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
-from odb_lightning.app import check, export, plan, preview
+from odb_lightning.app import chat, check, export, plan, preview
 from odb_lightning.app.config_store import prepare_composition
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +84,7 @@ def test_each_tool_command_parses() -> None:
         "odb-preview": preview.build_parser(),
         "odb-export": export.build_parser(),
         "odb-check": check.build_parser(),
+        "odb-chat": chat.build_parser(),
     }
     seen = set()
     for words in COMMANDS:
