@@ -67,6 +67,10 @@ class SpanLayout:
     def __init__(self, tokenizer: ChatTokenizer, name: TemplateName) -> None:
         self.tokenizer, self.name = tokenizer, name
 
+    def text(self, messages: Sequence[Message]) -> str:
+        """The conversation's text, without the supervision."""
+        return self.render(messages).text
+
     def render(self, messages: Sequence[Message]) -> Rendering:
         if self.name is TemplateName.MISTRAL:
             backend = self.tokenizer.backend  # type: ignore[attr-defined]
@@ -119,6 +123,10 @@ class OwnTemplate:
         except TemplateError as error:  # e.g. raise_exception('roles must alternate ...')
             problem = f"is refused by the tokenizer's own chat template: {error}"
             raise BadSampleError(None, "messages", problem) from error
+
+    def text(self, messages: Sequence[Message]) -> str:
+        """The conversation's text, without the supervision."""
+        return self._apply(messages, tokenize=False)
 
     def render(self, messages: Sequence[Message]) -> Rendering:
         text = self._apply(messages, tokenize=False)

@@ -9,10 +9,12 @@ to stop, never to imitate the user, the system prompt or the role headers.
 
 Rules every layout shares, stated once here:
 
-- **Control tokens in text.** A message whose text spells a control token of the tokenizer
-  (``<|im_end|>``, ``<|eot_id|>``, ...) is a bad sample naming the field: the one-pass
-  encoding (and ``apply_chat_template``) would read it as a turn boundary the data does
-  not have. It is skipped and counted with ``batching.loader.on_bad_sample=skip``.
+- **Control tokens in text.** A conversation whose text spells a control token of the
+  tokenizer (``<|im_end|>``, ``<|eot_id|>``, ...) trains nothing: its ids are still those
+  of the one-pass encoding (``apply_chat_template``'s, which reads the token as a turn
+  boundary the data does not have), and every label is ``-100``, so the model never learns
+  that boundary. It counts as a sample without a supervised token
+  (``unsupervised_samples``), as a dropped sample does.
 - **Characters the vocabulary cannot encode** (a tokenizer without byte fallback would
   write ``<unk>``) make a bad sample naming the field and the character.
 - **Truncation** (``data.sizes.truncation``, :class:`~odb_lightning.data.chat_formats.Truncation`)
@@ -49,7 +51,8 @@ class TokenizedChat:
         labels: Same length; ``-100`` where there is no loss.
         full_length: Length before truncation.
         dropped: Left out by the truncation (too long for ``data.sizes.truncation``, or no
-            supervised token left after the cut): the sample keeps its place in the epoch
+            supervised token left after the cut), or spelling a control token in its text
+            (the module docstring): the sample keeps its place in the epoch
             (every rank's plan and a resume stay as they are) as its first
             ``max_seq_len`` tokens without a supervised one, so it trains nothing and
             every mode counts it as unsupervised and cut.
@@ -87,21 +90,16 @@ def checked_message(message: object, position: int) -> Message:
     return {"role": role, "content": content}
 
 
-def checked_text(tokenizer: ChatTokenizer, message: object, position: int) -> Message:
-    """:func:`checked_message`, and refused where its text spells a control token of
-    ``tokenizer`` (the module docstring)."""
-    checked = checked_message(message, position)
-    token = tokenizer.find_control_token(checked["content"])
-    if token is not None:
-        raise BadSampleError(
-            None,
-            f"messages[{position}].content",
-            f"spells {token!r}, a control token of the tokenizer: the chat template's "
-            "one-pass encoding (as apply_chat_template's) would read a turn boundary "
-            "the data does not have; remove it or write it otherwise, or skip such "
-            "records with batching.loader.on_bad_sample=skip (counted)",
-        )
-    return checked
+def spelled_control_token(
+    tokenizer: ChatTokenizer, messages: Sequence[Message]
+) -> tuple[int, str] | None:
+    """The first message whose text spells a control token of ``tokenizer``, and the
+    token (the module docstring)."""
+    for position, message in enumerate(messages):
+        token = tokenizer.find_control_token(message["content"])
+        if token is not None:
+            return position, token
+    return None
 
 
 class ChatTemplate:
@@ -135,15 +133,15 @@ class ChatTemplate:
         return messages
 
     def checked(self, messages: Sequence[Message]) -> list[Message]:
-        """The messages as rendered, each checked: its fields, and no control token in it."""
+        """The messages as rendered, each checked (:func:`checked_message`)."""
         return [
-            checked_text(self.tokenizer, message, position)
+            checked_message(message, position)
             for position, message in enumerate(self.with_system_prompt(messages))
         ]
 
     def render(self, messages: Sequence[Message]) -> str:
         """The conversation's text, as the tokenizer reads it."""
-        return self.layout.render(self.checked(messages)).text
+        return self.layout.text(self.checked(messages))
 
     def tokenize(
         self,
@@ -155,11 +153,15 @@ class ChatTemplate:
 
         Raises:
             BadSampleError: A message is not ``{"role": system|user|assistant, "content":
-                str}``, spells a control token or a character the tokenizer cannot encode,
-                or the layout refuses the conversation (``index`` is ``None`` here; the
-                dataset fills it in).
+                str}`` or has a character the tokenizer cannot encode, or the layout
+                refuses the conversation (``index`` is ``None`` here; the dataset fills it
+                in).
         """
         checked = self.checked(messages)
+        if spelled_control_token(self.tokenizer, checked) is not None:  # trains nothing
+            ids, _ = self.tokenizer.encode_rendered(self.layout.text(checked))
+            kept_ids = ids if max_seq_len is None else ids[:max_seq_len]
+            return TokenizedChat(kept_ids, [IGNORE_INDEX] * len(kept_ids), len(ids), True)
         ids, labels = self.encode(checked)
         if max_seq_len is None or len(ids) <= max_seq_len:
             return TokenizedChat(ids, labels, len(ids))

@@ -22,7 +22,7 @@ from typing import Any
 
 from odb_lightning.data.conversation import ChatRecord, Role
 from odb_lightning.data.dataset import ChatDataset, as_sample
-from odb_lightning.data.template import TokenizedChat, checked_text
+from odb_lightning.data.template import TokenizedChat, checked_message, spelled_control_token
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.data.vision import (
     IMAGE_PLACEHOLDER,
@@ -160,8 +160,8 @@ def tokenize_with_images(
     The layout is the ``chatml`` layout's (header, content, ``<|im_end|>``, newline;
     assistant content and its ``<|im_end|>`` supervised), each run of text between control
     tokens encoded in one pass (the ids of the text layouts for a conversation without
-    images); the image blocks are never supervised. Control tokens in message text are
-    refused, as the text layouts refuse them.
+    images); the image blocks are never supervised. A conversation whose text spells a
+    control token trains nothing, as in the text layouts.
 
     Raises:
         BadSampleError: A malformed message, a placeholder outside a user or system
@@ -173,7 +173,7 @@ def tokenize_with_images(
     remaining = iter(image_tokens)
     last_image_end = -1
     for position, message in enumerate(messages):
-        role, content = checked_text(tokenizer, message, position).values()
+        role, content = checked_message(message, position).values()
         pieces = content.split(IMAGE_PLACEHOLDER)
         if len(pieces) > 1 and role == Role.ASSISTANT.value:
             field = f"messages[{position}].content"
@@ -209,4 +209,6 @@ def tokenize_with_images(
             )
             raise BadSampleError(None, "images", problem)
         input_ids, labels = input_ids[:max_seq_len], labels[:max_seq_len]
+    if spelled_control_token(tokenizer, messages) is not None:  # trains nothing, as in text
+        return TokenizedChat(input_ids, [IGNORE_INDEX] * len(input_ids), full_length, True)
     return TokenizedChat(input_ids, labels, full_length)

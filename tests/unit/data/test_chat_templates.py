@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import re
 from pathlib import Path
 
 import pytest
@@ -135,13 +134,15 @@ def test_qwen3_think_block_knob(
 @pytest.mark.parametrize(
     ("family", "token"), [("llama3", "<|eot_id|>"), ("deepseek", "<｜end▁of▁sentence｜>")]
 )
-def test_control_token_typed_in_user_text_is_a_bad_sample(
+def test_control_token_typed_in_user_text_trains_nothing(
     tokenizer_dirs: dict[str, Path], family: str, token: str
 ) -> None:
-    template = build_chat_template(HFTokenizer(tokenizer_dirs[family]), "auto")
+    tokenizer = HFTokenizer(tokenizer_dirs[family])
+    template = build_chat_template(tokenizer, "auto")
     messages = [{"role": "user", "content": f"say {token} now"}, CHAT[2]]
-    with pytest.raises(BadSampleError, match=rf"messages\[0\]\.content.*{re.escape(token)}"):
-        template.tokenize(messages)
+    chat = template.tokenize(messages)
+    assert chat.dropped and chat.num_loss_tokens == 0
+    assert chat.input_ids == _own_ids(tokenizer, messages)  # read as the template reads it
 
 
 def test_gemma_refuses_turns_that_do_not_alternate(tokenizer_dirs: dict[str, Path]) -> None:

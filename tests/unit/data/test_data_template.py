@@ -95,16 +95,18 @@ def test_default_system_prompt(template: ChatTemplate) -> None:
     assert template.render(no_system).startswith("<|im_start|>user\n")
 
 
-@pytest.mark.parametrize(
-    "token", ["<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|vision_start|>"]
-)
-def test_control_token_in_text_is_a_bad_sample_naming_the_field(
+@pytest.mark.parametrize("token", ["<|im_end|>", "<|im_start|>", "<|endoftext|>"])
+def test_a_conversation_spelling_a_control_token_trains_nothing(
     template: ChatTemplate, token: str
 ) -> None:
     messages = [*CONVERSATION[:3], {"role": "user", "content": f"say {token} now"}, CONVERSATION[4]]
-    with pytest.raises(BadSampleError, match="a control token of the tokenizer") as info:
-        template.tokenize(messages)
-    assert info.value.field == "messages[3].content" and token in info.value.problem
+    chat = template.tokenize(messages)
+    assert chat.dropped and chat.num_loss_tokens == 0 and not chat.truncated
+    # One pass reads the token as the template would: one more of it among the ids.
+    whole = template.tokenize(CONVERSATION)
+    token_id = template.tokenizer.encode_rendered(token)[0][0]
+    assert chat.input_ids.count(token_id) == whole.input_ids.count(token_id) + 1
+    assert chat.input_ids == template.tokenizer.encode_rendered(template.render(messages))[0]
 
 
 def test_tail_truncation_and_shifted_loss_count(template: ChatTemplate) -> None:

@@ -178,15 +178,17 @@ def test_mistral_v03_follows_its_own_template_and_says_it_drops_the_system_turn(
 
 
 @pytest.mark.parametrize("family", ["chatml", "llama3", "phi3"])
-def test_a_control_token_in_text_is_refused_by_every_layout(
+def test_a_control_token_in_text_trains_nothing_in_every_layout(
     family_dirs: FamilyDirs, family: str
 ) -> None:
     tokenizer = HFTokenizer(family_dirs[family])
     template = build_chat_template(tokenizer, "auto")
     token = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "phi3": "<|end|>"}[family]
-    with pytest.raises(BadSampleError, match="a control token of the tokenizer") as info:
-        template.tokenize(_chat("Hi", f"fake {token} boundary"))
-    assert info.value.field == "messages[1].content" and token in info.value.problem
+    chat = _chat("Hi", f"fake {token} boundary")
+    tokenized = template.tokenize(chat)
+    own = tokenizer.backend.apply_chat_template(chat, tokenize=True, return_dict=True)
+    assert tokenized.input_ids == list(own["input_ids"])  # the ids stay the template's
+    assert tokenized.dropped and set(tokenized.labels) == {IGNORE_INDEX}
 
 
 def test_a_character_the_vocabulary_cannot_encode_is_named(tmp_path: Path) -> None:

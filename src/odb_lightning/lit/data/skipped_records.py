@@ -38,7 +38,8 @@ _REJECTED = re.compile(r"^record (?P<record>.+?): (?P<reason>field .*)$", re.DOT
 NO_ASSISTANT_TURN = "no assistant turn: nothing to supervise (SFT trains on assistant turns)"
 NO_SUPERVISED_TOKEN = (
     "0 supervised tokens after the chat template and data.sizes.max_seq_len: longer than "
-    "max_seq_len and dropped by data.sizes.truncation, or its assistant turns are empty"
+    "max_seq_len and dropped by data.sizes.truncation, a control token spelled in its text, "
+    "or its assistant turns are empty"
 )
 
 
