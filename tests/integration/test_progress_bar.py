@@ -127,7 +127,7 @@ def test_planned_total_is_capped_by_max_steps(tmp_path: Path) -> None:
 
 
 def test_odb_total_is_estimated_once_and_ends_on_the_real_count(tmp_path: Path) -> None:
-    """The estimate is set once, when a round ends with a quarter of the rank's 32 samples
+    """The estimate is set once, when a round ends with a tenth of the rank's 32 samples
     emitted (the ended rounds' steps for their samples, scaled to 32), and moves again only
     if the steps reach it; the epoch ends on the real count."""
     bar, _ = fit(tmp_path, "odb", max_epochs=1)
@@ -144,7 +144,7 @@ def test_odb_total_is_estimated_once_and_ends_on_the_real_count(tmp_path: Path) 
         if expected is not None and n > expected:
             expected = n
         assert total == expected, f"step {k}"
-    assert bar.seen[0][1] is None, "unknown until a quarter of the samples is in"
+    assert bar.seen[0][1] is None, "unknown until a tenth of the samples is in"
     totals = [total for _, total, _ in bar.seen[:-1] if total is not None]
     assert totals and len(set(totals)) <= 2, f"the total moved with the rounds: {bar.seen}"
     assert bar.train_progress_bar.total == steps == bar.train_progress_bar.n

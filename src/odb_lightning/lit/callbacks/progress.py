@@ -38,7 +38,7 @@ from typing_extensions import override
 
 from odb_lightning.lit.run_context import TrainSampleCount
 
-ESTIMATE_AFTER_SHARE = 0.25
+ESTIMATE_AFTER_SHARE = 0.1
 """The part of this rank's samples the ended rounds must hold before an online epoch's
 step total is estimated (once)."""
 
