@@ -10,7 +10,7 @@ the epoch's training samples, the steps of those rounds times the share over the
 they emitted. Taken between rounds, it counts whole windows; taken once, the total and
 the ETA hold still instead of moving with every round (the window's ramp makes the first
 rounds' steps the least full). Until then the total is unknown (``?``). It moves again
-only if the steps reach it (re-estimated then from every round ended), and at the
+only if the steps pass it (re-estimated then from every step so far), and at the
 epoch's end to the real count.
 
 On a resume inside an epoch Lightning does not start the epoch again
@@ -256,7 +256,12 @@ class ODBProgressBar(TQDMProgressBar):
         if meta is not None and not meta.is_idle:
             self._epoch_samples += meta.local_samples
         if bar.total is not None and n > bar.total:
-            bar.total = n  # a resumed plan, or an estimate until its next round, short
+            # A resumed plan that counted short; an estimate that did: once more, from
+            # every step so far (the round under way included).
+            share = self._rank_share(trainer) if self._estimated else None
+            known = share and self._epoch_samples
+            again = math.ceil(self._epoch_steps * share / self._epoch_samples) if known else 0
+            bar.total = max(n, n - self._epoch_steps + again)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self._epoch_steps == 1 and isinstance(bar, SteadyRateTqdm):
             bar.start_rate_clock(n)
