@@ -47,6 +47,19 @@ class TemplateName(StrEnum):
     HF = "hf"
 
 
+class Supervision(StrEnum):
+    """Which tokens of a conversation carry the loss (``data.source.supervise``)."""
+
+    ASSISTANT = "assistant"
+    """Every assistant turn: its content and end-of-turn token (TRL's
+    ``assistant_only_loss``, axolotl's default); the rest is context."""
+    LAST_ASSISTANT = "last_assistant"
+    """The last assistant turn only; earlier answers are context too."""
+    ALL = "all"
+    """Every token: system, user and assistant turns and their headers (TRL's
+    ``completion_only_loss=False`` on a conversation, axolotl's ``train_on_inputs``)."""
+
+
 class ThinkBlock(StrEnum):
     """What of an empty think block (``<think>\n\n</think>\n\n``, which Qwen3's template
     puts before the last answer when the data has no reasoning) is supervised

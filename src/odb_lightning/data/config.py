@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from odb_lightning.core.checks import enum_member, is_int
-from odb_lightning.data.chat_formats import ThinkBlock, Truncation
+from odb_lightning.data.chat_formats import Supervision, ThinkBlock, Truncation
 from odb_lightning.data.formats import FieldMapping, format_named
 from odb_lightning.data.sizes import check_size
 from odb_lightning.data.sources.table import SOURCES, Source, SourceKind, source_named
@@ -65,6 +65,12 @@ class DataSource:
     ``<think>\n\n</think>\n\n``): ``generation`` supervises it, as the template's
     generation and TRL do; ``prompt`` leaves it unsupervised
     (:class:`~odb_lightning.data.chat_formats.ThinkBlock`)."""
+    supervise: str = "assistant"
+    """Which tokens carry the loss: ``assistant`` (every assistant turn, its content and
+    end-of-turn token), ``last_assistant`` (the last assistant turn of each chat only) or
+    ``all`` (every token, system and user turns included)
+    (:class:`~odb_lightning.data.chat_formats.Supervision`). Plain layouts
+    (``prompt_completion`` strings, ``text``) keep their own rule."""
     augmentation: Augmentation | None = None
     """Seeded per-epoch augmentation (:class:`~odb_lightning.data.Augmentation`; changes
     lengths between epochs, so length-pass modes and image-text sources refuse it)."""
@@ -76,6 +82,8 @@ class DataSource:
         format_named(self.format)  # an unknown layout fails here, listing the layouts
         think = enum_member(ThinkBlock, "data.source.think_block", self.think_block)
         object.__setattr__(self, "think_block", think)
+        supervise = enum_member(Supervision, "data.source.supervise", self.supervise)
+        object.__setattr__(self, "supervise", supervise)
         if self.mapping is not None and not isinstance(self.mapping, FieldMapping):
             object.__setattr__(self, "mapping", FieldMapping(**dict(self.mapping)))
         if self.mapping is not None and self.format != "auto":

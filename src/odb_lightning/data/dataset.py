@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from odb_lightning.data.augment import Augmentation, augment_messages
-from odb_lightning.data.chat_formats import ThinkBlock, Truncation
+from odb_lightning.data.chat_formats import Supervision, ThinkBlock, Truncation
 from odb_lightning.data.conversation import ChatRecord, has_assistant
 from odb_lightning.data.plain_text import is_plain, tokenize_record
 from odb_lightning.data.sources.arrow_records import ArrowRecords
@@ -60,6 +60,7 @@ class ChatDataset(Dataset[Sample]):
         augmentation: Seeded per-epoch augmentation, applied before the template; it
             depends on :meth:`set_epoch`, so workers must see the current epoch.
         think_block: ``data.source.think_block``.
+        supervise: ``data.source.supervise``: which turns carry the loss.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class ChatDataset(Dataset[Sample]):
         template: str = "auto",
         truncation: Truncation | str = Truncation.TURNS,
         think_block: ThinkBlock | str = ThinkBlock.GENERATION,
+        supervise: Supervision | str = Supervision.ASSISTANT,
     ) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
@@ -79,8 +81,9 @@ class ChatDataset(Dataset[Sample]):
         self.max_seq_len = max_seq_len
         self.truncation = Truncation(truncation)
         self.template = build_chat_template(
-            tokenizer, template, system_prompt, think_block, self._first_chats(records)
-        )
+            tokenizer, template, system_prompt, think_block, self._first_chats(records),
+            supervise,
+        )  # fmt: skip
         self.augmentation = augmentation
         self.epoch = 0
 

@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from odb_lightning.data.chat_formats import TemplateName, ThinkBlock, Truncation
+from odb_lightning.data.chat_formats import Supervision, TemplateName, ThinkBlock, Truncation
 from odb_lightning.data.chat_layouts import OwnTemplate, SpanLayout, overlapping
 from odb_lightning.data.conversation import Message, Role
 from odb_lightning.data.tokenizer import ChatTokenizer
@@ -102,6 +102,17 @@ def spelled_control_token(
     return None
 
 
+def last_run(supervised: Sequence[bool]) -> list[bool]:
+    """Only the last run of supervised positions (the last assistant turn's tokens)."""
+    end = len(supervised)
+    while end and not supervised[end - 1]:
+        end -= 1
+    start = end
+    while start and supervised[start - 1]:
+        start -= 1
+    return [start <= k < end for k in range(len(supervised))]
+
+
 class ChatTemplate:
     """A layout behind the rules of the module docstring.
 
@@ -111,6 +122,8 @@ class ChatTemplate:
         system_prompt: Prepended as a system turn to conversations without one; ``None``
             adds nothing.
         think_block: Whether an empty think block is supervised (``data.source.think_block``).
+        supervise: Which turns carry the loss (``data.source.supervise``): every assistant
+            turn, the last one, or every token.
     """
 
     def __init__(
@@ -118,9 +131,11 @@ class ChatTemplate:
         layout: SpanLayout | OwnTemplate,
         system_prompt: str | None = None,
         think_block: ThinkBlock = ThinkBlock.GENERATION,
+        supervise: Supervision = Supervision.ASSISTANT,
     ) -> None:
         self.layout, self.system_prompt = layout, system_prompt
         self.think_block = ThinkBlock(think_block)
+        self.supervise = Supervision(supervise)
         self.name: TemplateName = layout.name
         self.tokenizer: ChatTokenizer = layout.tokenizer
 
@@ -186,6 +201,10 @@ class ChatTemplate:
                 context = overlapping(offsets, empty)
                 supervised = [s and not c for s, c in zip(supervised, context, strict=True)]
         self._refuse_unknown(ids, offsets, rendering.text, messages)
+        if self.supervise is Supervision.ALL:
+            return ids, list(ids)
+        if self.supervise is Supervision.LAST_ASSISTANT:
+            supervised = last_run(supervised)
         return ids, [t if s else IGNORE_INDEX for t, s in zip(ids, supervised, strict=True)]
 
     def _last_turns(

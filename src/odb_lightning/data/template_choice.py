@@ -21,7 +21,7 @@ import hashlib
 import logging
 from collections.abc import Sequence
 
-from odb_lightning.data.chat_formats import REQUIRED_TOKENS, TemplateName, ThinkBlock
+from odb_lightning.data.chat_formats import REQUIRED_TOKENS, Supervision, TemplateName, ThinkBlock
 from odb_lightning.data.chat_layouts import OwnTemplate, SpanLayout
 from odb_lightning.data.conversation import Message
 from odb_lightning.data.hf_tokenizer import HFTokenizer
@@ -196,6 +196,7 @@ def build_chat_template(
     system_prompt: str | None = None,
     think_block: ThinkBlock | str = ThinkBlock.GENERATION,
     records: Sequence[Sequence[Message]] = (),
+    supervise: Supervision | str = Supervision.ASSISTANT,
 ) -> ChatTemplate:
     """The chat template for ``tokenizer`` (``data.source.template``), decided now (the
     module docstring) and said in one log line.
@@ -206,7 +207,31 @@ def build_chat_template(
         system_prompt: Default system prompt for conversations without one.
         think_block: ``data.source.think_block``.
         records: The run's first conversations, probed beside :data:`PROBE_CHATS`.
+        supervise: ``data.source.supervise``: the turns that carry the loss (the layouts
+            are probed on the assistant turns' spans either way).
     """
+    chosen = _chosen_template(tokenizer, template, system_prompt, think_block, records)
+    supervise = Supervision(supervise)
+    if supervise is Supervision.ASSISTANT:
+        return chosen
+    logger.info("data.source.supervise=%s: %s", supervise.value, SUPERVISED[supervise])
+    return ChatTemplate(chosen.layout, chosen.system_prompt, chosen.think_block, supervise)
+
+
+SUPERVISED = {
+    Supervision.LAST_ASSISTANT: "the loss is on the last assistant turn of each chat only",
+    Supervision.ALL: "the loss is on every token, system and user turns included",
+}
+"""What the log says of a supervision other than every assistant turn."""
+
+
+def _chosen_template(
+    tokenizer: ChatTokenizer,
+    template: str,
+    system_prompt: str | None,
+    think_block: ThinkBlock | str,
+    records: Sequence[Sequence[Message]],
+) -> ChatTemplate:
     name = resolve_template_name(tokenizer, template)
     think_block = ThinkBlock(think_block)
     own = _own(tokenizer)
@@ -265,9 +290,12 @@ def build_chat_template(
 
 
 def template_fingerprint(template: ChatTemplate) -> str:
-    """What of the template decides token ids, for length-cache keys: its name and think
-    block rule, and for ``hf`` a digest of the tokenizer's own Jinja template."""
+    """What of the template decides token ids and labels, for length-cache keys: its name,
+    think block rule and supervision, and for ``hf`` a digest of the tokenizer's own Jinja
+    template."""
     named = f"{template.name.value}/think={template.think_block.value}"
+    if template.supervise is not Supervision.ASSISTANT:  # the supervised-token counts change
+        named += f"/supervise={template.supervise.value}"
     if template.name is not TemplateName.HF:
         return named
     own = template.tokenizer.chat_template or ""  # type: ignore[attr-defined]

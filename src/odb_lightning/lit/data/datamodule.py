@@ -168,6 +168,7 @@ class ODBDataModule(BatchedDataModule):
             template=self.source.template,
             truncation=self.sizes.truncation,
             think_block=self.source.think_block,
+            supervise=self.source.supervise,
         )
 
     def _open_stream(self) -> None:

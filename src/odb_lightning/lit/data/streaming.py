@@ -91,5 +91,6 @@ def open_stream(
         template=source.template,
         truncation=sizes.truncation,
         think_block=source.think_block,
+        supervise=source.supervise,
     )
     return stream, dataset
