@@ -10,6 +10,7 @@ No component finds another through the trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,7 @@ def build_data(
     # The vocabulary comes from the model's architecture (its random-init config or the
     # checkpoint's), so the run context exists before the module that receives it.
     architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
+    batching = with_model_cost(batching, architecture)
     run = RunContext(
         vocab_size=architecture.checked_vocab_size(),
         world_size=world_size,
@@ -133,6 +135,25 @@ def build_data(
         objects["max_samples_from"] = origin
     datamodule = instantiate_checked(cfg.data, "data", objects=objects)
     return DataParts(tokenizer, batching, run, datamodule, architecture)
+
+
+def with_model_cost(batching: BatchingConfig, architecture: Any) -> BatchingConfig:
+    """``batching`` with its rows' attention weight from the model's shape where
+    ``batching.rows.attention_weight`` is ``None`` (the default; a number overrides it),
+    said in one log line: a row then costs its training FLOPs in token units."""
+    if batching.rows.attention_weight is not None:
+        return batching
+    weight = architecture.attention_weight()
+    rows = batching.rows.with_model_cost(weight, architecture.attn_implementation)
+    log.info(
+        "batching.rows.attention_weight=%.3g from the model's shape (layers x width / "
+        "matmul parameters): attention adds %.1f%% to a row of %s tokens "
+        "(batching.rows.attention_weight=0 counts tokens only)",
+        weight,
+        100 * weight * batching.token_budget,
+        f"{batching.token_budget:,}",
+    )
+    return dataclasses.replace(batching, rows=rows)
 
 
 def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:

@@ -35,3 +35,23 @@ def attention_weight_of(num_layers: int, hidden_size: int, matmul_parameters: in
 def attention_share(weight: float, length: int) -> float:
     """A row's attention FLOPs over its linear FLOPs at ``length`` tokens: ``w L``."""
     return weight * length
+
+
+def decoder_matmul_parameters(
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    vocab_size: int,
+) -> int:
+    """The weights a token multiplies in a Llama-style decoder (Qwen2, Qwen3, Llama): per
+    layer the query and output projections (``d x heads x head_dim`` each), the key and
+    value projections (``d x kv_heads x head_dim`` each) and the gated MLP
+    (``3 x d x intermediate``), and the output head (``d x vocab``); biases and norms are
+    left out (a ten-thousandth)."""
+    attention = hidden_size * head_dim * (2 * num_heads + 2 * num_kv_heads)
+    mlp = 3 * hidden_size * intermediate_size
+    return num_layers * (attention + mlp) + hidden_size * vocab_size

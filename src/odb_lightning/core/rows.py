@@ -13,7 +13,7 @@ asks the layout instead of testing which one it is.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -95,8 +95,12 @@ class RowLayout:
     pad_to_multiple_of: int = 1
     """Pad every row to a multiple of this many tokens; the budget charges the rounded
     length (8 or 64 suit tensor cores; 1: no rounding)."""
-    attention_weight: float = 0.0
-    """Weight ``w`` of the quadratic attention term of the budget (0: tokens only)."""
+    attention_weight: float | None = None
+    """Weight ``w`` of the quadratic attention term of the budget. ``None`` (the default):
+    the model's own, ``layers x width / matmul parameters``, with which a row costs its
+    training FLOPs in token units (:mod:`~odb_lightning.core.flops`); a run resolves it
+    from the model it builds (:meth:`with_model_cost`), and where no model is known
+    (``odb-plan``, the simulator) it counts as 0. A number overrides it (0: tokens only)."""
     max_patches: int | None = None
     """Most ViT patch cost of one group of image-text samples (the vision tower's work,
     :mod:`~odb_lightning.core.patch_budget`); ``None``: no bound."""
@@ -106,15 +110,24 @@ class RowLayout:
 
     def __post_init__(self) -> None:
         check_positive_int(f"{ROWS_KEY}.pad_to_multiple_of", self.pad_to_multiple_of)
-        check_weight(f"{ROWS_KEY}.attention_weight", self.attention_weight)
+        if self.attention_weight is not None:
+            check_weight(f"{ROWS_KEY}.attention_weight", self.attention_weight)
         check_positive_int(f"{ROWS_KEY}.max_patches", self.max_patches, optional=True)
         check_weight(f"{ROWS_KEY}.patch_attention_weight", self.patch_attention_weight)
 
     def budget(self, token_budget: int) -> Budget:
         """The row cost of this layout under ``token_budget``."""
         return Budget(
-            token_budget, self.attention_weight, pad_to_multiple_of=self.pad_to_multiple_of
+            token_budget, self.attention_weight or 0.0, pad_to_multiple_of=self.pad_to_multiple_of
         )
+
+    def with_model_cost(self, weight: float, attn_implementation: str) -> RowLayout:
+        """This layout with the model's attention ``weight`` where it sets none of its own
+        (``attention_weight`` ``None``); padded rows attend within each row whatever the
+        backend ``attn_implementation``."""
+        if self.attention_weight is not None:
+            return self
+        return replace(self, attention_weight=weight)
 
     def padded_tokens(self, lengths: Sequence[int]) -> int:
         """Tokens the collate makes of a group of these lengths: every row padded to the
@@ -273,7 +286,7 @@ class PackedRows(RowLayout):
     def budget(self, token_budget: int) -> Budget:
         return PackedBudget(
             token_budget,
-            self.attention_weight,
+            self.attention_weight or 0.0,
             pad_to_multiple_of=self.pad_to_multiple_of,
             dense_packed_attention=self.packed_attention is PackedAttention.DENSE,
         )
@@ -293,6 +306,14 @@ class PackedRows(RowLayout):
         _, high, _ = _extremes(max_seq_len, lengths)
         row = max(budget.padded_length(high), budget.padded_length(budget.token_budget))
         return [StepShape("one full packed row", 1, row, one_row=True)]
+
+    def with_model_cost(self, weight: float, attn_implementation: str) -> RowLayout:
+        """As :meth:`RowLayout.with_model_cost`, and the packed rows' attention is the
+        backend's (:func:`packed_attention_of`): sdpa and eager a dense square."""
+        if self.attention_weight is not None:
+            return self
+        kind = packed_attention_of(attn_implementation)
+        return replace(self, attention_weight=weight, packed_attention=kind)
 
     def attention_mismatch(self, attn_implementation: str) -> str | None:
         """With ``attention_weight > 0`` a packed row's cost depends on the kernel:

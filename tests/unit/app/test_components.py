@@ -81,3 +81,28 @@ def test_callbacks_get_their_objects_from_the_app(compose_cfg: ComposeConfig) ->
     # The budget the warm-up resolves reaches the data module's loaders.
     warmup.apply_token_budget(1536)
     assert parts.datamodule.batching.token_budget == 1536
+
+
+def test_a_rows_cost_is_the_models_flops_unless_the_config_sets_a_weight(
+    compose_cfg: ComposeConfig,
+) -> None:
+    from odb_lightning.app.components import build_data
+    from odb_lightning.core.rows import PackedAttention
+
+    cfg = compose_cfg(["debug=smoke"])
+    data = build_data(cfg, world_size=1, device="cpu")
+    weight = data.architecture.attention_weight()
+    # The smoke model: 1 layer of 32 (2 heads of 16, 1 key/value head, an MLP of 64) and
+    # a 4,096-row folded head.
+    layers, width = 1, 32
+    matmul = layers * (width * 16 * (2 * 2 + 2 * 1) + 3 * width * 64) + width * 4096
+    assert weight == pytest.approx(layers * width / matmul) and weight > 0
+    assert data.batching.rows.attention_weight == weight
+    assert data.datamodule.batching is data.batching, "the loaders get the resolved cost"
+    # A number overrides it; 0 counts tokens only.
+    tokens = build_data(compose_cfg(["debug=smoke", "batching.rows.attention_weight=0"]), 1, "cpu")
+    assert tokens.batching.rows.attention_weight == 0.0
+    # Packed rows take the backend's attention: sdpa computes the dense square.
+    packed = build_data(compose_cfg(["debug=smoke", "batching=odb_packed"]), 1, "cpu")
+    assert packed.batching.rows.attention_weight == weight
+    assert packed.batching.rows.packed_attention is PackedAttention.DENSE

@@ -145,6 +145,31 @@ class Architecture:
             return int(config.get_text_config().vocab_size)
         return self.token_id_fold or self.vocab_size
 
+    def attention_weight(self) -> float:
+        """The model's ``w = layers x width / matmul parameters``
+        (:mod:`~odb_lightning.core.flops`): its language model's, from the random init's
+        sizes or the checkpoint's config (an image-text model's vision tower is bounded by
+        the patch budget instead)."""
+        from transformers import AutoConfig
+
+        from odb_lightning.core.flops import attention_weight_of, decoder_matmul_parameters
+
+        if self.pretrained_path is not None:
+            text = AutoConfig.from_pretrained(self.pretrained_path).get_text_config()
+        else:
+            text = self.random_init()
+        heads = text.num_attention_heads
+        matmul = decoder_matmul_parameters(
+            hidden_size=text.hidden_size,
+            num_layers=text.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            intermediate_size=text.intermediate_size,
+            vocab_size=text.vocab_size,
+        )
+        return attention_weight_of(text.num_hidden_layers, text.hidden_size, matmul)
+
     def checked_vocab_size(self) -> int | None:
         """The vocabulary the loaders check token ids against: ``None`` with a fold (any
         id is folded into range), else :meth:`embedding_rows`."""
