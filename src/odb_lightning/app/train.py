@@ -173,13 +173,27 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if ckpt_path is not None:
         cfg = config_for_resume(cfg, ckpt_path)
     validate_config(cfg)
+    # Always on: stop signals are agreed on at step boundaries (lit/callbacks/graceful_stop.py),
+    # and recorded from here on, so that one during the setup stops the run too.
+    stop = GracefulStop(instantiate_checked(cfg.stop, "stop"))
+    stop.record_from_now()
+    try:
+        return _fit(cfg, stop, ckpt_path, auto_resume)
+    except Exception:
+        stop.finish()  # a failed run: the handlers of before it back (a stop exits instead)
+        raise
+
+
+def _fit(
+    cfg: DictConfig, stop: GracefulStop, ckpt_path: str | None, auto_resume: bool
+) -> dict[str, Any]:
+    """:func:`run`'s work once the stop signals are recorded: build the parts, fit, and
+    write the summary."""
     check_launch_environment()
     # Before the first CUDA allocation: ODB's changing shapes fragment fixed segments.
     enable_expandable_segments()
     parts = build_parts(cfg, *launched_world(cfg.trainer))
     wired = build_callbacks(cfg.get("callbacks"), parts)
-    # Always on: stop signals are agreed on at step boundaries (lit/callbacks/graceful_stop.py).
-    stop = GracefulStop(instantiate_checked(cfg.stop, "stop"))
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     saves_config = RunConfigCheckpoint(cfg, overrides)
     callbacks = [*wired.callbacks, stop, saves_config]

@@ -80,6 +80,31 @@ def test_without_a_signal_the_handlers_of_before_the_fit_come_back() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_signal_during_the_setup_is_recorded_for_the_fit() -> None:
+    """From ``record_from_now`` (the start of a run) a stop signal is recorded, not the end
+    of the process; the fit's own handlers are replaced again at its start, and the
+    handlers of before the run come back without a stop."""
+
+    def before(signum: int, _: object) -> None:
+        raise AssertionError("not called")
+
+    previous = signal.signal(signal.SIGUSR1, before)
+    stop = GracefulStop()
+    try:
+        stop.record_from_now()
+        os.kill(os.getpid(), signal.SIGUSR1)  # SLURM's signal while the records convert
+        assert stop._received == signal.SIGUSR1 and stop._deadline is not None
+        stop._keep_before_fit()  # the setup hook keeps what was there before the run
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # a handler the fit registers
+        stop._take_over()
+        assert signal.getsignal(signal.SIGUSR1) == stop._record
+        stop.finish()  # the process goes on (a test): the handler of before the run
+        assert signal.getsignal(signal.SIGUSR1) is before
+    finally:
+        stop.finish()
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_requeue_names_the_slurm_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert slurm_job_to_requeue({}) is None  # not a SLURM job: nothing to requeue
     assert slurm_job_to_requeue({"SLURM_JOB_ID": "12"}) == "12"

@@ -27,6 +27,10 @@ inside SLURM), kills the job's processes it started (the other ranks under Light
 launcher, its loader processes), reaps them and exits with the stop's status. The
 deadline runs in a timer thread the first signal starts; it talks to no rank.
 
+The recording handlers are in place from the start of a run (:meth:`GracefulStop.record_from_now`,
+which the app calls before it builds the parts), so a signal during the setup stops the
+run at its first step boundary (or at the deadline) as one during the fit does.
+
 Once a stop signal came, this process keeps its recording handlers until it exits: the
 SIGTERM SLURM sends every process of a job that rank 0 requeued, or of a job ending, meets
 them (the handlers Lightning had before the fit would end a clean stop as a failure).
@@ -174,6 +178,21 @@ class GracefulStop(StepEndCallback):
             signal.signal(signum, self._record)
         self._installed = True
 
+    def record_from_now(self) -> None:
+        """Record stop signals from now on, before the fit: a job's setup (a record
+        table's conversion, the model's build) can take minutes, and a signal then stops
+        the run at its first step boundary, bounded by the deadline, as one during the fit
+        does (SLURM's requeue signal requeues it) instead of ending the process at once.
+        The handlers in place now come back after a fit without a stop."""
+        self._keep_before_fit()
+        self._install()
+
+    def _take_over(self) -> None:
+        """Install the recording handlers again over whatever the fit registered (Lightning
+        composes its own with the ones it finds)."""
+        self._installed = False
+        self._install()
+
     def _keep_before_fit(self) -> None:
         """Note the handlers in place before the fit (before Lightning registers its own)."""
         if threading.current_thread() is threading.main_thread() and not self._installed:
@@ -211,7 +230,7 @@ class GracefulStop(StepEndCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After Lightning has registered its own handlers (in fit, before the loops run):
         # these replace them for the whole fit.
-        self._install()
+        self._take_over()
         self._launched_child = launched_child(trainer)
         self._global_zero = trainer.is_global_zero
         self._checkpoint_dir = _checkpoint_dir(trainer)
