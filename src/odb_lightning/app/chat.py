@@ -27,6 +27,8 @@ from odb_lightning.sample import IGNORE_INDEX
 
 PROMPT, REPLY = "you> ", "model> "
 """What the terminal shows before each turn."""
+EMPTY_ANSWER = "(an empty answer: the model ended its turn at once)"
+"""Shown for a reply of no text (a model trained little predicts the end-of-turn first)."""
 
 
 def generation_prompt(template: Any, messages: Sequence[dict[str, str]]) -> tuple[list[int], int]:
@@ -145,7 +147,7 @@ def converse(
             session.reset()
             write("(a new conversation)")
             continue
-        write(REPLY + session.reply(line))
+        write(REPLY + (session.reply(line) or EMPTY_ANSWER))
         replies += 1
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from odb_lightning.app.chat import ChatSession, converse, generation_prompt, main
+from odb_lightning.app.chat import EMPTY_ANSWER, ChatSession, converse, generation_prompt, main
 from odb_lightning.data.qwen_bpe import QwenTokenizer
 from odb_lightning.data.template_choice import build_chat_template
 
@@ -54,12 +54,12 @@ def test_replies_end_at_the_end_of_turn_and_the_conversation_carries_them(templa
 
 
 def test_the_terminal_loop_resets_and_ends(template) -> None:
-    model = ScriptedModel(template.tokenizer, ["one", "two"])
+    model = ScriptedModel(template.tokenizer, ["one", "two", ""])
     session = ChatSession(model, template)
-    lines, shown = iter(["hi", "/reset", "again", ""]), []
-    assert converse(session, read=lambda _: next(lines), write=shown.append) == 2
-    assert shown == ["model> one", "(a new conversation)", "model> two"]
-    assert [m["content"] for m in session.messages] == ["again", "two"]
+    lines, shown = iter(["hi", "/reset", "again", "and?", ""]), []
+    assert converse(session, read=lambda _: next(lines), write=shown.append) == 3
+    assert shown == ["model> one", "(a new conversation)", "model> two", f"model> {EMPTY_ANSWER}"]
+    assert [m["content"] for m in session.messages] == ["again", "two", "and?", ""]
 
 
 def test_a_tiny_model_answers_within_its_token_limit(template) -> None:
