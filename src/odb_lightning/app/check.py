@@ -39,7 +39,7 @@ from odb_lightning.app.validation import (
     instantiate_checked,
     validate_config,
 )
-from odb_lightning.data.config import mixture_parts
+from odb_lightning.data.config import check_streaming_settings, mixture_parts
 from odb_lightning.data.conversation import BadRecordError
 from odb_lightning.data.sources.table import SourceKind, SourceRequest
 
@@ -91,6 +91,15 @@ def check_config(cfg: DictConfig) -> dict[str, Any]:
         if node is not None:
             built[key] = instantiate_checked(node, name)
     validate_config(cfg)
+    if (cfg.get("data") or {}).get("streaming") is True and "data.source" in built:
+        caches = built.get("data.caches")
+        stream_dir = None if caches is None else caches.stream_dir
+        try:  # the stream's own rules (its engine is the data module's to check)
+            check_streaming_settings(
+                built["data.source"], built["data.sizes"], built["batching"], stream_dir
+            )
+        except ValueError as error:
+            raise ConfigError(f"invalid config 'data.streaming': {error}") from error
     return built
 
 

@@ -25,6 +25,7 @@ from odb_lightning.data.sizes import check_size
 from odb_lightning.data.sources.table import SOURCES, Source, SourceKind, source_named
 
 if TYPE_CHECKING:
+    from odb_lightning.core.config import BatchingConfig
     from odb_lightning.data.augment import Augmentation
 
 
@@ -280,3 +281,44 @@ def split_concerns(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
         mine = {name: rest.pop(name) for name in list(rest) if name in names}
         concerns[key] = kind(**mine)
     return concerns, rest
+
+
+def check_streaming_settings(
+    source: DataSource, sizes: DataSizes, batching: BatchingConfig, stream_dir: str | None
+) -> None:
+    """Raise ``ValueError`` naming the key and the fix for a setting a stream cannot serve
+    (``data.streaming=true``; the data module checks its engine after these, and
+    ``odb-check`` runs these before torch loads)."""
+    if source.name != "jsonl":
+        raise ValueError(
+            f"data.streaming=true streams your own files (data=jsonl), got "
+            f"data.source.name={source.name!r}: write the records to a file (JSON Lines, "
+            "JSON, parquet), or set data.streaming=false"
+        )
+    val_samples, max_samples = sizes.val_samples, sizes.max_samples
+    policy = batching.policy
+    if not policy.online:
+        raise ValueError(
+            f"data.streaming=true: batching={batching.mode} plans each epoch from the lengths "
+            "of the whole set, which a stream never holds; use batching=odb or odb_packed "
+            "(or data.streaming=false for a planned mode)"
+        )
+    if policy.by_need:
+        raise ValueError(
+            "data.streaming=true reads each rank's own part of the stream, in order; "
+            "batching.policy.shard_dealing=by_need deals one global order (random access): "
+            "set batching.policy.shard_dealing=fixed"
+        )
+    if val_samples:
+        raise ValueError(
+            f"data.streaming=true: data.sizes.val_samples={val_samples} holds out a seeded choice "
+            "of records, which needs random access; set data.sizes.val_samples=0 (validate on "
+            "another file with data.streaming=false)"
+        )
+    if max_samples is not None:
+        raise ValueError(
+            f"data.streaming=true reads the whole file; data.sizes.max_samples={max_samples} "
+            "must be null (cut the file instead)"
+        )
+    if stream_dir is None:
+        raise ValueError("data.streaming=true needs data.caches.stream_dir (where chunks go)")

@@ -181,3 +181,13 @@ def test_streamings_refusal_names_the_preset_that_set_max_samples(tmp_path: Path
         f"{refusal} (data.sizes.max_samples=80 is set by debug=smoke: override it on the "
         "command line)"
     )
+
+
+def test_streamings_settings_are_checked_before_torch(capsys: pytest.CaptureFixture) -> None:
+    """A stream's refusals (here the held-out records) come from the checks, in seconds."""
+    overrides = ["data=jsonl", "data.source.path=chats.jsonl", "data.streaming=true"]
+    assert main([*overrides, "batching.policy.shard_dealing=fixed"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "odb-check: ConfigError: invalid config 'data.streaming': data.streaming=true: "
+        "data.sizes.val_samples=0.05 holds out a seeded choice of records"
+    )
