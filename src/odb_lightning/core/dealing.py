@@ -6,9 +6,10 @@ Every rank calls these on the same gathered reports
 levels the ranks' work; with ``fetch_aware_dealing`` (on by default with
 ``shard_dealing=by_need``), once the ranks' fetch speeds differ materially, it levels
 their time instead, counting how long each rank waited for its own samples
-(:func:`fetch_shares`). A rank whose window holds more of the waiting samples than its
+(:func:`fetch_shares`), and a rank whose window holds more of the waiting samples than its
 speed warrants is behind (:func:`behind_ranks`): rounds then group per rank, so no sample
-moves toward it (``core.pooling``).
+moves toward it (``core.pooling``). With ``fetch_aware_dealing=false`` neither reads a
+time, and the rounds are a function of the samples alone.
 """
 
 from __future__ import annotations
@@ -63,9 +64,8 @@ def behind_ranks(reports: list[RankReport]) -> list[int]:
     than their fetch speed warrants (each holds more than its :func:`fetch_shares` share
     of all buffered samples, by more than one sample). A round that moved samples toward
     such a rank would leave its own waiting longer. None while the speeds do not differ
-    materially. Read whatever the dealing (every rank reports its waits): dealt by work,
-    the slow rank holds half the samples all epoch; dealt by fetch time, until the deal
-    has brought its share down."""
+    materially. Read where dealing sees fetch time (``deals_by_fetch_time``): until the
+    deal has brought the slow rank's share down, its window holds more than its share."""
     shares = fetch_shares(reports)
     if shares is None:
         return []

@@ -141,18 +141,20 @@ class PooledRound:
         """The pooled round an emitting round is instead of ``plan`` (the ordinary plan of
         ``reports``), or ``None``. A round that emits nothing has nothing to group; one
         rank has nothing to group across; a union over :data:`MAX_POOL_SAMPLES` would
-        cost every rank too long to plan; and while a rank is behind (its window holds more
-        of the waiting samples than its fetch speed warrants, :func:`~.dealing.behind_ranks`)
-        a pooled round could move samples toward it: those rounds stay ordinary, as every
+        cost every rank too long to plan; and, where dealing sees fetch time
+        (``deals_by_fetch_time``), while a rank is behind (its window holds more of the
+        waiting samples than its fetch speed warrants, :func:`~.dealing.behind_ranks`) a
+        pooled round could move samples toward it: those rounds stay ordinary, as every
         round does where rounds do not group across ranks (``groups_across_ranks``: join
-        only)."""
+        only). With ``fetch_aware_dealing=false`` nothing here reads a time: the rounds are
+        a function of the samples alone, as the simulator plans them."""
         policy: OnlinePolicy = config.policy  # type: ignore[assignment]
         if (
             not plan.target_steps
             or not policy.groups_across_ranks
             or len(reports) < 2
             or sum(r.buffered for r in reports) > MAX_POOL_SAMPLES
-            or behind_ranks(reports)
+            or (policy.deals_by_fetch_time and behind_ranks(reports))
         ):
             return None
         width = max(r.buffered for r in reports)

@@ -160,17 +160,29 @@ def test_on_by_default_where_samples_are_dealt_by_need() -> None:
 
 
 def test_a_rank_that_is_behind_is_sent_no_work() -> None:
-    """Dealt by work, the slow rank's window holds half the waiting samples while its
-    speed warrants a tenth: it is behind, and no round groups across ranks, so it runs
-    what it fetched and no sample moves toward it (the moves sent it 65 of 120 samples)."""
+    """The slow rank's window holds more of the waiting samples than its speed warrants:
+    it is behind, and no round groups across ranks while it is, so no sample moves toward
+    it (dealt by work with the moves, it ran 65 of 120 samples)."""
     reports = [_report(500, 0, 10_000_000), _report(500, 9_000_000, 10_000_000)]
     assert behind_ranks(reports) == [1]  # 4 buffered of 8 against a share under 0.15
     light = [reports[0], _report(500, 9_000_000, 10_000_000, buffered=1)]
     assert behind_ranks(light) == []
     lengths = lognormal_lengths(120, mean=200, cv=0.8, seed=0, max_len=1024)
-    config = BatchingConfig.of(token_budget=1024, fetch_aware_dealing=False)
+    config = BatchingConfig.of(token_budget=1024)  # fetch-aware: the default dealt by need
     result = simulate_dealt_epoch(lengths, 2, config, fetch_us=[1_000, 150_000])
     _check_once(result, len(lengths))
     assert result.moved_samples[1] == 0
     level = simulate_dealt_epoch(lengths, 2, config, fetch_us=[1_000, 1_000])
     assert sum(level.moved_samples) > 0, "at equal speeds rounds still group across ranks"
+
+
+def test_without_fetch_aware_dealing_no_round_reads_a_time() -> None:
+    """``fetch_aware_dealing=false``: the deal and the pooled rounds are a function of the
+    samples alone, whatever each rank's fetch time (what the runtime tests compare with
+    the simulator, on a machine of any load)."""
+    lengths = lognormal_lengths(120, mean=200, cv=0.8, seed=0, max_len=1024)
+    config = BatchingConfig.of(token_budget=1024, fetch_aware_dealing=False)
+    slow = simulate_dealt_epoch(lengths, 2, config, fetch_us=[1_000, 150_000])
+    level = simulate_dealt_epoch(lengths, 2, config, fetch_us=[1_000, 1_000])
+    _check_once(slow, len(lengths))
+    assert slow.steps == level.steps and sum(slow.moved_samples) > 0
