@@ -109,8 +109,8 @@ def test_the_packed_rows_row_lists_exactly_the_files_that_name_the_layout() -> N
 
 def test_a_text_source_is_three_files() -> None:
     """Its reader module, its ``SOURCES`` line, its preset; nothing outside
-    ``data/sources/`` imports a reader module but the stream converter, which parses JSON
-    Lines as the ``jsonl`` reader does."""
+    ``data/sources/`` imports a reader module but the stream converter, which reads the
+    user's files as the ``jsonl`` reader does."""
     assert "touches **3 files**" in section("Adding a data source")
     readers = set()
     for source in SOURCES.values():
@@ -130,7 +130,7 @@ def test_a_text_source_is_three_files() -> None:
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
         if isinstance(node, ast.ImportFrom) and node.module in readers
     }
-    assert importers <= {"data/stream.py"}
+    assert importers <= {"data/stream_convert.py"}
 
 
 def test_an_image_text_family_is_three_files() -> None:

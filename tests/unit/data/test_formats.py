@@ -257,7 +257,8 @@ def test_a_layout_of_ones_own_is_read_through_the_mapping(reference, tmp_path: P
 def test_a_streamed_layout_gives_the_messages_samples(
     layout: str, kind: str, reference, tmp_path: Path
 ) -> None:
-    from odb_lightning.data.stream import ChatStream, write_chat_stream
+    from odb_lightning.data.stream import ChatStream
+    from odb_lightning.data.stream_convert import write_chat_stream
 
     path = FILES[kind](tmp_path, [LAYOUTS[layout](c) for c in conversations()])
     counts = write_chat_stream(path, tmp_path / "chunks", "raise", chunk_bytes="1MB")

@@ -13,9 +13,8 @@ import pytest
 
 from odb_lightning.data import BadRecordError
 from odb_lightning.data.sources.jsonl import jsonl_records
-from odb_lightning.data.stream import (
-    ChatStream,
-    StreamedChatDataset,
+from odb_lightning.data.stream import ChatStream, StreamedChatDataset
+from odb_lightning.data.stream_convert import (
     convert_jsonl_stream,
     stream_fingerprint,
     write_chat_stream,

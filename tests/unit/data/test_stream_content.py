@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 import odb_lightning.data.content_digest as content_digest
-from odb_lightning.data.stream import (
-    ChatStream,
-    StreamError,
+from odb_lightning.data.stream import ChatStream, StreamError
+from odb_lightning.data.stream_convert import (
     convert_jsonl_stream,
     stream_fingerprint,
     stream_problem,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from odb_lightning.core.config import BatchingConfig
-from odb_lightning.data.stream import stream_fingerprint, write_chat_stream
+from odb_lightning.data.stream_convert import stream_fingerprint, write_chat_stream
 from odb_lightning.lit.data.datamodule import ODBDataModule
 
 FIXED = {"shard_dealing": "fixed", "token_budget": 4096}

@@ -16,7 +16,8 @@ from helpers.streams import (
     seeded_lengths,
     write_records,
 )
-from odb_lightning.data.stream import ChatStream, StreamPart, write_chat_stream
+from odb_lightning.data.stream import ChatStream, StreamPart
+from odb_lightning.data.stream_convert import write_chat_stream
 from odb_lightning.runtime import ODBLoader
 
 NUM_RECORDS = 301  # odd: the two ranks' parts differ by a record

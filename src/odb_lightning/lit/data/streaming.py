@@ -15,12 +15,8 @@ from odb_lightning.data.config import (
     check_streaming_settings,
 )
 from odb_lightning.data.formats import layout_read
-from odb_lightning.data.stream import (
-    ChatStream,
-    StreamedChatDataset,
-    convert_jsonl_stream,
-    require_litdata,
-)
+from odb_lightning.data.stream import ChatStream, StreamedChatDataset, require_litdata
+from odb_lightning.data.stream_convert import convert_jsonl_stream
 from odb_lightning.data.tokenizer import ChatTokenizer
 from odb_lightning.lit.data.train_records import no_records_error
 
