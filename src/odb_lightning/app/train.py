@@ -47,8 +47,8 @@ from odb_lightning.lit.callbacks.graceful_stop import (
     EXIT_CODES,
     REQUEUE_SIGNALS,
     GracefulStop,
-    reap_children,
 )
+from odb_lightning.lit.callbacks.job_processes import reap_children
 from odb_lightning.lit.callbacks.slurm_requeue import (
     not_requeued_message,
     requeue_slurm_job,

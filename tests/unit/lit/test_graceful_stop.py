@@ -30,8 +30,8 @@ from odb_lightning.lit.callbacks.checkpointing import (
 from odb_lightning.lit.callbacks.graceful_stop import (
     GracefulStop,
     launched_child,
-    reap_children,
 )
+from odb_lightning.lit.callbacks.job_processes import reap_children
 from odb_lightning.lit.callbacks.slurm_requeue import requeue_slurm_job, slurm_job_to_requeue
 
 
