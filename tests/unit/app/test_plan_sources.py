@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers.own_data import write_own_jsonl
-from odb_lightning.app.plan import SOURCES, build_parser, main
+from odb_lightning.app.plan import build_parser, main
+from odb_lightning.app.plan_inputs import SOURCES
 from odb_lightning.data import HFTokenizer, QwenTokenizer
 from odb_lightning.data.sources.jsonl import jsonl_records
 from odb_lightning.data.sources.table import SOURCES as TABLE
