@@ -8,7 +8,9 @@ started by SLURM, :func:`bind_job_store` hosts it first, listening on the numeri
 address of ``MASTER_ADDR`` only (:func:`~odb_lightning.runtime.rendezvous.host_job_store`);
 torch's store then reuses that server. Under torchrun the agent hosts the store
 (``TORCHELASTIC_USE_AGENT_STORE``) and binds it itself; with a spawning launcher
-(``start_method="spawn"``/``"fork"``) rank 0 is another process. Both are left as they are.
+(``start_method="spawn"``/``"fork"``) rank 0 is another process. Both are left as they are,
+as is a default group that already exists when the fit starts (the later jobs of a Hydra
+multirun, whose processes keep the first job's group and its store).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def bind_job_store(trainer: pl.Trainer) -> dist.TCPStore | None:
         return None
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return None  # torchrun's agent hosts it
+    if dist.is_available() and dist.is_initialized():
+        # A later job of a multirun in this process: the default group of the first job,
+        # which Lightning reuses, still holds the server this function bound then.
+        return None
     if isinstance(strategy.launcher, _MultiProcessingLauncher):
         return None  # rank 0 is a spawned process, which builds its own
     environment = strategy.cluster_environment
