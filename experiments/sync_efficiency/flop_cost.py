@@ -5,11 +5,11 @@ token's linear FLOPs (``core/flops.py``); for the 7B shape (32 layers, 4,096 wid
 matmul parameters) ``w`` is 1.98e-5. Per cell, one epoch of long-context lengths
 (lognormal, mean a quarter of the budget, CV 1.0, at most the budget; 2,000 samples a
 rank) is dealt by need over ``W`` ranks with the defaults, twice: grouped and levelled by
-the token cost (``attention_weight`` 0, the default) and by the FLOP cost; both epochs are
+the token cost (``attention_weight`` 0) and by the FLOP cost; both epochs are
 then scored under the FLOP cost (``core.sync``), the ranks' real compute. The padded
 tokens' utilization of each is given too.
 
-    python -m experiments.sync_efficiency.flop_cost [--worlds 8,64] [--per-rank 2000]
+    python -m experiments.sync_efficiency.flop_cost [--worlds 1,8,64] [--per-rank 2000]
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", default="8,64")
+    parser.add_argument("--worlds", default="1,8,64")
     parser.add_argument("--per-rank", type=int, default=2000)
     args = parser.parse_args()
     rows = []
