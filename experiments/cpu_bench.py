@@ -8,6 +8,7 @@ it imports torch, transformers and Lightning, which the simulator studies never 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,31 +21,34 @@ PRESET = "cpu_bench"
 """``conf/model/cpu_bench.yaml``."""
 
 
-def model_preset(name: str) -> Any:
+def model_preset(name: str, overrides: Sequence[str] = ()) -> Any:
     """The ``model`` node of ``conf/model/<name>.yaml``, composed by Hydra (the presets
-    keep only what differs from the generated defaults)."""
+    keep only what differs from the generated defaults), with Hydra ``overrides`` such
+    as ``model.architecture.hidden_size=64``."""
     from hydra import compose, initialize_config_dir
 
     from odb_lightning.app.config_store import prepare_composition
 
     prepare_composition()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return compose("train", overrides=[f"model={name}"]).model
+        return compose("train", overrides=[f"model={name}", *overrides]).model
 
 
-def build_preset(name: str, seed: int = 0) -> CausalLMModule:
-    """The module of ``conf/model/<name>.yaml``, its model initialised from ``seed``."""
+def build_preset(name: str, seed: int = 0, overrides: Sequence[str] = ()) -> CausalLMModule:
+    """The module of ``conf/model/<name>.yaml`` (with Hydra ``overrides``), its model
+    initialised from ``seed``."""
     import hydra
 
     torch.manual_seed(seed)
-    module = hydra.utils.instantiate(model_preset(name), _convert_="all")
+    module = hydra.utils.instantiate(model_preset(name, overrides), _convert_="all")
     module.configure_model()
     return module
 
 
-def build_cpu_bench(seed: int = 0) -> CausalLMModule:
-    """``cpu_bench.yaml``'s module, initialised from ``seed``."""
-    return build_preset(PRESET, seed)
+def build_cpu_bench(seed: int = 0, overrides: Sequence[str] = ()) -> CausalLMModule:
+    """``cpu_bench.yaml``'s module (with Hydra ``overrides``, e.g. a smaller body),
+    initialised from ``seed``."""
+    return build_preset(PRESET, seed, overrides)
 
 
 def cpu_bench_config() -> PretrainedConfig:

@@ -126,6 +126,10 @@ class ArmSettings:
     max_seq_len: int
     pad_id: int
     seed: int
+    attention_weight: float | None = None
+    """Our online loader's ``batching.rows.attention_weight``: ``None`` counts tokens, as
+    a loader built without a model does; ``end_to_end.py`` passes the model's own weight,
+    as ``train.py`` resolves it."""
 
 
 def p99_batch_size(data: BenchData, token_budget: int) -> int:
@@ -214,7 +218,10 @@ def make_arm(
     if arm in ("odb", "odb_packed", "odb_no_ramp"):
         ramp = {"ramp_budgets": None} if arm == "odb_no_ramp" else {}
         config = batching(
-            arm.removesuffix("_no_ramp"), outstanding_depth=settings.outstanding_depth, **ramp
+            arm.removesuffix("_no_ramp"),
+            outstanding_depth=settings.outstanding_depth,
+            attention_weight=settings.attention_weight,
+            **ramp,
         )
 
         def online() -> Iterator[dict[str, Any]]:

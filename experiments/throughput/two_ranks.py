@@ -84,6 +84,10 @@ class Settings:
     seed: int = 0
     lr: float = 3e-4
     pad_id: int = 0
+    attention_weight: float | None = None
+    """Our loader's ``batching.rows.attention_weight`` (``None``: tokens only)."""
+    architecture: tuple[str, ...] = ()
+    """Hydra overrides of the ``cpu_bench`` model (``end_to_end.py``'s smaller body)."""
 
 
 @dataclass
@@ -159,6 +163,7 @@ def _odb_config(settings: Settings, arm: str, **knobs: Any) -> BatchingConfig:
         token_budget=settings.token_budget,
         seed=settings.seed,
         outstanding_depth=settings.outstanding_depth,
+        attention_weight=settings.attention_weight,
         **knobs,
     )
 
@@ -179,7 +184,7 @@ def _all_reduce_gradients(model: torch.nn.Module) -> None:
 
 
 def train_rank(arm: str, data: BenchData, settings: Settings, rank: int) -> RankRecord:
-    model = build_cpu_bench(settings.seed)
+    model = build_cpu_bench(settings.seed, settings.architecture)
     model.configure_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95))
     record = RankRecord()
