@@ -1,23 +1,48 @@
 """Measured forward time per rank under the token cost and the FLOP cost (2 ranks, CPU).
 
-One epoch of long samples (lognormal lengths, mean 1,500, CV 0.8, 1,024 to 6,144 tokens;
-``--samples``) is dealt by need over 2 ranks and grouped by the simulator twice: under the
-token cost (``attention_weight`` 0) and under the model's FLOP cost
-(``attention_weight_of`` the body below). Every step's two groups are then run through the
-same small decoder whose attention matters (Qwen2 shape: 4 layers of 256, MLP 512, a
-4,096-token head; ``w L`` is 1.1 at 4,096 tokens): each group as its padded batch of random
-ids, forward only, sdpa, one intra-op thread, timed one rank after the other on this
-machine (the median of ``--repeats`` timings of each batch). Per step the slowest rank's
-forward time over the mean of the two; the figure is the mean over steps (1.0: level).
+One epoch of samples (lognormal lengths, clipped to the preset's range; ``--samples``) is
+dealt by need over 2 ranks and grouped by the simulator twice: under the token cost
+(``attention_weight`` 0) and under the FLOP cost of the preset's body
+(``attention_weight_of`` its shape, what a run resolves by default). Every step's two
+groups then run through that small Qwen2 decoder, each group as its padded batch of
+random ids, forward only, sdpa, one intra-op thread per rank. Per step the slowest
+rank's forward time over the mean of the two; the figure is the mean over steps (1.0:
+level).
 
-    python -m experiments.sync_efficiency.forward_balance [--samples 96] [--repeats 3]
+Presets:
+
+* ``long`` (the default): 4,096-16,384 tokens (mean 8,000, CV 0.5) under a 32,768-token
+  budget; the body is 1 layer of 128 (2 heads of 64), MLP 3,840, a 2,048-token head
+  (``w`` 7.1e-5: attention is 29 % of the linear work at 4,096 tokens, 116 % at 16,384).
+* ``short``: 1,024-6,144 tokens (mean 1,500, CV 0.8) under 16,384; 4 layers of 256, MLP
+  512, a 4,096-token head (``w L`` is 1.1 at 4,096).
+
+Timing:
+
+* concurrent (the default): the two ranks are two processes running at the same time,
+  each pinned to its own core with one thread, joined by a Gloo group. Both cost models'
+  steps are interleaved (step ``t`` by tokens, then step ``t`` by FLOPs, ...); before
+  every timed forward the ranks meet at a barrier, then each times its own batch. A
+  step's wall time is from the first rank's start to the last rank's end (one monotonic
+  clock). Each step runs ``--repeats`` times; the medians are kept.
+* ``--sequential``: one process times each step's two batches one after the other (the
+  median of ``--repeats`` timings of each batch).
+
+    python -m experiments.sync_efficiency.forward_balance [--preset long] [--samples 96]
+        [--repeats 3] [--sequential]
+
+Each run is stored under ``<preset>_<concurrent|sequential>`` in
+``forward_balance_results.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,84 +55,200 @@ from odb_lightning.core.profiles import lognormal_lengths
 from odb_lightning.core.simulate import simulate_dealt_epoch
 
 HERE = Path(__file__).resolve().parent
-BUDGET = 16384
-SHAPE = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}
-SHAPE |= {"num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 4096}
-MATMUL = decoder_matmul_parameters(
-    hidden_size=256,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=4,
-    head_dim=64,
-    intermediate_size=512,
-    vocab_size=4096,
-)
-WEIGHT = attention_weight_of(4, 256, MATMUL)
+PRESETS = {
+    "long": {
+        "lengths": {"mean": 8000, "cv": 0.5, "shortest": 4096, "longest": 16384},
+        "budget": 32768,
+        "shape": {"hidden_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2}
+        | {"num_key_value_heads": 2, "intermediate_size": 3840, "vocab_size": 2048},
+    },
+    "short": {
+        "lengths": {"mean": 1500, "cv": 0.8, "shortest": 1024, "longest": 6144},
+        "budget": 16384,
+        "shape": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}
+        | {"num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 4096},
+    },
+}
+BARRIER_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-def build_model() -> torch.nn.Module:
+def weight_of(shape: dict) -> float:
+    """The FLOP cost's ``attention_weight`` of a body (``core/flops.py``)."""
+    width, layers = shape["hidden_size"], shape["num_hidden_layers"]
+    heads = shape["num_attention_heads"]
+    matmul = decoder_matmul_parameters(
+        hidden_size=width,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=shape["num_key_value_heads"],
+        head_dim=width // heads,
+        intermediate_size=shape["intermediate_size"],
+        vocab_size=shape["vocab_size"],
+    )
+    return attention_weight_of(layers, width, matmul)
+
+
+def build_model(shape: dict) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model("qwen2", tie_word_embeddings=True, **SHAPE)
+    config = AutoConfig.for_model("qwen2", tie_word_embeddings=True, **shape)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def timed(model: torch.nn.Module, rows: int, length: int, repeats: int) -> float:
-    ids = torch.randint(0, SHAPE["vocab_size"], (rows, length))
-    times = []
+def forward_s(model: torch.nn.Module, vocab: int, rows: int, length: int) -> float:
+    """One forward of a ``rows x length`` batch of random ids (0 for an IDLE step)."""
+    if rows == 0:
+        return 0.0
+    ids = torch.randint(0, vocab, (rows, length))
     with torch.inference_mode():
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(input_ids=ids)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        started = time.perf_counter()
+        model(input_ids=ids)
+        return time.perf_counter() - started
 
 
-def measure(model: torch.nn.Module, lengths: list[int], weight: float, repeats: int) -> dict:
-    config = BatchingConfig.of(token_budget=BUDGET, attention_weight=weight)
+def plan(lengths: list[int], budget: int, weight: float) -> list[list[tuple[int, int]]]:
+    """Per step, each rank's batch as ``(rows, padded length)`` (``(0, 0)``: IDLE)."""
+    config = BatchingConfig.of(token_budget=budget, attention_weight=weight)
     result = simulate_dealt_epoch(lengths, 2, config)
-    ratios, seconds, paced = [], [0.0, 0.0], 0.0
-    for first, second in zip(*result.steps, strict=True):
-        step = []
-        for rank, s in enumerate((first, second)):
-            took = 0.0 if s.group is None else timed(model, s.group.size, s.group.longest, repeats)
-            seconds[rank] += took
-            step.append(took)
-        paced += max(step)  # the step takes as long as its slowest rank
-        if max(step) > 0:
-            ratios.append(max(step) / statistics.fmean(step))
-    return {
-        "attention_weight": weight,
-        "steps_per_rank": len(result.steps[0]),
+    return [
+        [(0, 0) if s.group is None else (s.group.size, s.group.longest) for s in column]
+        for column in zip(*result.steps, strict=True)
+    ]
+
+
+def figures(steps: list[list[float]], walls: list[float] | None) -> dict:
+    """Per-step forward times of the two ranks -> the imbalance figures."""
+    ratios = [max(step) / statistics.fmean(step) for step in steps if max(step) > 0]
+    row = {
+        "steps_per_rank": len(steps),
         "slowest_over_mean": statistics.fmean(ratios),
-        "paced_forward_s": paced,
-        "rank_forward_s": seconds,
+        "slowest_over_mean_median": statistics.median(ratios),
+        "paced_forward_s": sum(max(step) for step in steps),  # each step waits for its slowest
+        "rank_forward_s": [sum(step[r] for step in steps) for r in range(2)],
+        "step_forward_s": steps,
     }
+    if walls is not None:
+        row["step_wall_s"] = sum(walls)
+        row["step_walls_s"] = walls
+    return row
+
+
+def sequential(plans: dict, shape: dict, repeats: int) -> dict:
+    model = build_model(shape)
+    out = {}
+    for name, steps in plans.items():
+        timed = [
+            [
+                statistics.median(
+                    forward_s(model, shape["vocab_size"], *batch) for _ in range(repeats)
+                )
+                for batch in column
+            ]
+            for column in steps
+        ]
+        out[name] = figures(timed, None)
+    return out
+
+
+def interleaved(plans: dict) -> list[tuple[str, int]]:
+    """``(cost model, step)`` in the order the concurrent ranks run them."""
+    longest = max(len(steps) for steps in plans.values())
+    return [(name, t) for t in range(longest) for name in plans if t < len(plans[name])]
+
+
+def _rank(rank: int, plans: dict, shape: dict, repeats: int, store_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one core a rank
+    store = dist.FileStore(os.path.join(store_dir, "store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=BARRIER_TIMEOUT)
+    model = build_model(shape)
+    forward_s(model, shape["vocab_size"], 1, 512)  # first-call setup, untimed
+    spans = []
+    for name, t in interleaved(plans):
+        rows, length = plans[name][t][rank]
+        runs = []
+        for _ in range(repeats):
+            dist.barrier()
+            started = time.perf_counter()
+            forward_s(model, shape["vocab_size"], rows, length)
+            runs.append((started, time.perf_counter()))
+        spans.append(runs)
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(store_dir, f"rank{rank}.json").write_text(json.dumps(spans))
+
+
+def concurrent(plans: dict, shape: dict, repeats: int) -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as store_dir:
+        # spawn joins both ranks and ends the other when one fails
+        mp.spawn(_rank, args=(plans, shape, repeats, store_dir), nprocs=2, join=True)
+        spans = [json.loads(Path(store_dir, f"rank{r}.json").read_text()) for r in range(2)]
+    steps = {name: [] for name in plans}
+    walls = {name: [] for name in plans}
+    for k, (name, _) in enumerate(interleaved(plans)):
+        runs = list(zip(spans[0][k], spans[1][k], strict=True))
+        steps[name].append(
+            [statistics.median(end - s for s, end in (r[i] for r in runs)) for i in range(2)]
+        )
+        walls[name].append(statistics.median(max(a[1], b[1]) - min(a[0], b[0]) for a, b in runs))
+    return {name: figures(steps[name], walls[name]) for name in plans}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="long")
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sequential", action="store_true", help="time the ranks in turn")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    drawn = lognormal_lengths(args.samples, 1500, 0.8, seed=0, max_len=6144)
-    lengths = [max(1024, n) for n in drawn]
-    model = build_model()
-    rows = {
-        "token": measure(model, lengths, 0.0, args.repeats),
-        "flop": measure(model, lengths, WEIGHT, args.repeats),
-    }
+    preset = PRESETS[args.preset]
+    spread = preset["lengths"]
+    drawn = lognormal_lengths(
+        args.samples, spread["mean"], spread["cv"], seed=0, max_len=spread["longest"]
+    )
+    lengths = [max(spread["shortest"], n) for n in drawn]
+    weight = weight_of(preset["shape"])
+    plans = {"token": plan(lengths, preset["budget"], 0.0)}
+    plans["flop"] = plan(lengths, preset["budget"], weight)
+    load = os.getloadavg()
+    started = time.perf_counter()
+    if args.sequential:
+        torch.set_num_threads(1)
+        rows = sequential(plans, preset["shape"], args.repeats)
+    else:
+        rows = concurrent(plans, preset["shape"], args.repeats)
+    timing = "sequential" if args.sequential else "concurrent"
     for name, row in rows.items():
+        wall = f", step walls {row['step_wall_s']:.1f} s" if "step_wall_s" in row else ""
         print(
             f"{name} cost: {row['steps_per_rank']} steps, slowest rank's forward over the "
-            f"mean {row['slowest_over_mean']:.3f}",
+            f"mean {row['slowest_over_mean']:.3f} (median {row['slowest_over_mean_median']:.3f}), "
+            f"paced by the slower rank {row['paced_forward_s']:.1f} s{wall}",
             flush=True,
         )
-    out = {"meta": results_meta(), "weight": WEIGHT, "rows": rows}
-    (HERE / "forward_balance_results.json").write_text(json.dumps(out, indent=2) + "\n")
+    path = HERE / "forward_balance_results.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    runs = stored.get("runs", {})
+    runs[f"{args.preset}_{timing}"] = {
+        "meta": results_meta(
+            load_before=load,
+            load_after=os.getloadavg(),
+            elapsed_s=time.perf_counter() - started,
+        ),
+        "preset": preset,
+        "samples": args.samples,
+        "lengths": lengths,
+        "weight": weight,
+        "rows": rows,
+    }
+    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
