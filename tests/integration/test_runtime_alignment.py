@@ -234,7 +234,9 @@ def test_cross_rank_grouping_moves_samples_and_matches_simulation(
 @pytest.mark.parametrize("dealing", ["fixed", "by_need"])
 def test_ramped_windows_match_simulation(dealing: str) -> None:
     # The ramp on (1 then 4 budgets, then 16), workers fetching: the steps equal the
-    # simulator's, and the first round emits fewer steps than the full windows do.
+    # simulator's, and the first round emits fewer steps than the full windows do. Dealt
+    # by need the rounds pool, and the ramp's last round emits the steps that train while
+    # the full window refills and its first pooled round is planned: ceil((16 - 4) / 3).
     loader = {"window_budgets": 16, "ramp_budgets": 1, "shard_dealing": dealing}
     weights = (1, 3) if dealing == "fixed" else None
     job = _job(loader={**loader, "max_steps_per_round": 64}, weights=weights, epochs=1)
@@ -249,6 +251,7 @@ def test_ramped_windows_match_simulation(dealing: str) -> None:
     rounds = Counter(s["meta"].round_index for s in outcome.ok[0][0]["steps"])
     per_round = [rounds[r] for r in sorted(rounds)]
     assert per_round[0] <= 2 < 8 <= max(per_round), per_round
+    assert per_round[:2] == ([1, 4] if dealing == "by_need" else [1, 1]), per_round
 
 
 @pytest.mark.slow

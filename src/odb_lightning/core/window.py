@@ -10,15 +10,17 @@ so the same seed gives the same steps, in production and in
 The ramp (``ramp_budgets``): a window is full at ``ramp_budgets`` budgets of work in the
 epoch's first emitting round, :data:`RAMP_GROWTH` times that in the next, and so on up to
 the full window, and each ramp round emits only a few steps (:data:`RAMP_STEP_SHARE`),
-keeping the rest of its samples for the next round. Every rank counts the same emitting
-rounds (every rank acts on the same plans), so every rank ramps in step, and what a round
-sees stays a function of the data.
+keeping the rest of its samples for the next round; where rounds group across ranks the
+ramp's last round emits the steps that cover the full window's refill and its first
+pooled round (:func:`ramp_step_cap`). Every rank counts the same emitting rounds (every
+rank acts on the same plans), so every rank ramps in step, and what a round sees stays a
+function of the data.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from odb_lightning.core.alignment import (
@@ -47,25 +49,56 @@ cost fewer steps (experiments/ramp measures 2, 4 and 8)."""
 
 RAMP_STEP_SHARE: float | None = 0.125
 """The steps a ramp round may emit, per budget of its target (at least one): 1, 1 and 4
-steps at 2, 8 and 32 budgets. A small window groups its samples poorly and, across ranks,
-a round's ``T`` is its largest group count; emitting a few steps and keeping the rest in
-the window to be grouped with the next arrivals costs the ramp far fewer of the epoch's
-steps than emitting every group (experiments/ramp). ``None``: a ramp round emits every
-group."""
+steps at 2, 8 and 32 budgets (where rounds group across ranks the last ramp round covers
+the full window's refill instead: :func:`ramp_step_cap`). A small window groups its
+samples poorly and, across ranks, a round's ``T`` is its largest group count; emitting a
+few steps and keeping the rest in the window to be grouped with the next arrivals costs
+the ramp far fewer of the epoch's steps than emitting every group (experiments/ramp).
+``None``: a ramp round emits every group."""
+
+
+def full_window_budgets(policy: OnlinePolicy) -> int:
+    """The full window in budgets of work: ``window_budgets``, or for a window of ``D``
+    samples ``D`` budgets (taking a sample to cost at most a budget)."""
+    return policy.window_budgets or policy.outstanding_depth
 
 
 def ramp_targets(policy: OnlinePolicy) -> tuple[int, ...]:
     """The budgets of work the window fills to in the epoch's first emitting rounds, one
     per round, before it fills to the full window (empty: no ramp). The ramp ends where it
-    would reach the full window: ``window_budgets``, or for a window of ``D`` samples ``D``
-    budgets (taking a sample to cost at most a budget)."""
-    full = policy.window_budgets or policy.outstanding_depth
+    would reach the full window (:func:`full_window_budgets`)."""
+    full = full_window_budgets(policy)
     targets: list[int] = []
     budgets = policy.ramp_budgets
     while budgets is not None and budgets < full:
         targets.append(budgets)
         budgets *= RAMP_GROWTH
     return tuple(targets)
+
+
+def ramp_step_cap(policy: OnlinePolicy, targets: Sequence[int], *, pooled: bool) -> int:
+    """The steps a ramp round may emit (``targets``: the ramp's targets still to come, this
+    round's first; see :attr:`GroupingWindow.round_step_cap`).
+
+    A ramp round emits :data:`RAMP_STEP_SHARE` of its target (at least one). Where rounds
+    group across ranks (``pooled``: a round of the epoch has pooled, as the ramp's first
+    rounds do wherever they can), the ramp's last round emits
+    ``ceil((F - t) / (RAMP_GROWTH - 1))`` steps instead (``F``: the full window, ``t``:
+    its target; 32 steps at 32 of 128 budgets, at most ``t``): the next round waits for
+    the window's refill of ``F - t`` budgets and more, and then plans the first full
+    pooled round over the union of every window, the costliest of the epoch's rounds to
+    plan. Those steps train meanwhile, so that round is planned off the critical path
+    where the ramp's pipeline rule holds (fetching a budget takes under
+    ``1 / RAMP_GROWTH`` of a step), at the price of at most a step per rank and 0.005 of
+    utilization (experiments/ramp). Each rank's window, counting the same emitting
+    rounds, gives the same cap: a function of the data, as every round's plan."""
+    target = targets[0]
+    if RAMP_STEP_SHARE is None:
+        return policy.max_steps_per_round
+    if pooled and len(targets) == 1:
+        full = full_window_budgets(policy)
+        return max(1, min(target, math.ceil((full - target) / (RAMP_GROWTH - 1))))
+    return max(1, math.floor(target * RAMP_STEP_SHARE))
 
 
 Exchange = Callable[[list[int]], list[list[int]]]
@@ -138,6 +171,8 @@ class GroupingWindow(WindowFill):
         super().__init__(config, shard_size, rank=rank)
         self._ramp.extend(ramp_targets(self.policy))
         self.epoch = epoch
+        # Rounds of this epoch that grouped across ranks (every rank's count is the same).
+        self.num_pooled_rounds = 0
         self._groups: list[Group] | None = None  # this round's, from make_report
         self.round_index = 0
         self.num_dropped = 0
@@ -191,10 +226,13 @@ class GroupingWindow(WindowFill):
 
     def round_step_cap(self) -> int:
         """The most steps this round may emit: ``max_steps_per_round``, and while the
-        ramp lasts a share of its target (:data:`RAMP_STEP_SHARE`)."""
+        ramp lasts :func:`ramp_step_cap` (a share of its target; where rounds group
+        across ranks, the last ramp round's steps cover the full window's refill: once
+        a round of the epoch has pooled, as the ramp's first rounds do)."""
         cap = self.policy.max_steps_per_round
-        if self._ramp and RAMP_STEP_SHARE is not None:
-            cap = min(cap, max(1, math.floor(self._ramp[0] * RAMP_STEP_SHARE)))
+        if self._ramp:
+            pooled = self.num_pooled_rounds > 0
+            cap = min(cap, ramp_step_cap(self.policy, self._ramp, pooled=pooled))
         return cap
 
     def make_abort_report(self) -> RankReport:
@@ -277,6 +315,7 @@ class GroupingWindow(WindowFill):
             raise RuntimeError("apply_pool() needs make_report() first in every round")
         self._groups = None
         self.round_index += 1
+        self.num_pooled_rounds += 1
         share = pool.share(plan, self.rank, self._buffer)
         self._move(share.received, share.given)
         self._hold(list(share.left))

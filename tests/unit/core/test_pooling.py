@@ -218,11 +218,12 @@ def test_a_small_epoch_beats_its_per_rank_floor_with_the_ramp_on_or_off() -> Non
 def test_a_tail_over_q_groups_pools_in_capped_rounds_and_beats_the_per_rank_floor() -> None:
     # The mix profile at 16,384 on 8 ranks: once nothing is undealt the windows hold more
     # than Q = 128 groups, so the tail runs the union's costliest 128 x 8 groups and the
-    # next round pools the rest (per rank: 128 steps, then 3 steps at sync 0.86).
+    # next round pools the rest (per rank: the ramp's 1, 1 and 32 steps, then 128 steps,
+    # then 2; each rank on its own would end in 3 steps at sync 0.86).
     from odb_lightning.core.grouping import group_lengths
     from odb_lightning.data.synthetic import LENGTH_PROFILES
 
-    lengths = LENGTH_PROFILES["sharegpt_mix"].lengths(17483, seed=0, max_len=4096)
+    lengths = LENGTH_PROFILES["sharegpt_mix"].lengths(21200, seed=0, max_len=4096)
     config = BatchingConfig.of(token_budget=16384)
     assert config.policy.groups_across_ranks  # the defaults group across ranks
     result = simulate_dealt_epoch(lengths, 8, config)

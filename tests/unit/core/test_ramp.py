@@ -4,6 +4,8 @@ the ramp is that of the full window."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from odb_lightning.core import window as window_module
@@ -136,3 +138,41 @@ def test_grouping_after_the_ramp_is_unchanged(world: int, dealing: str) -> None:
     # Not worse than the full window's (to 0.3 points; the samples a ramp round keeps
     # are grouped with the next arrivals, which can pad less: +0.36 points at 8 ranks).
     assert efficiency(ramped, ramp_rounds) > efficiency(full, 0) - 0.003
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_where_rounds_pool_the_ramps_last_round_covers_the_full_windows_refill(
+    world: int,
+) -> None:
+    """After the ramp's last round (8 of 32 budgets here) the next round waits for the
+    window's refill of 24 budgets and more, then plans the first full pooled round over
+    every window's union. Where rounds pool, the ramp's last round emits the steps that
+    train meanwhile: ceil((32 - 8) / (RAMP_GROWTH - 1)) = 8, a step per budget fetched at
+    the ramp's pipeline rule (a budget fetched in under 1 / RAMP_GROWTH of a step), instead
+    of the share's 1. One rank, or each rank on its own, keeps the share."""
+    pooled = _simulated(world, "by_need", 2)
+    alone = simulate_dealt_epoch(
+        LENGTHS,
+        world,
+        BatchingConfig.of(
+            token_budget=BUDGET, window_budgets=FULL, ramp_budgets=2, cross_rank_grouping=False
+        ),
+    )
+    policy = BatchingConfig.of(window_budgets=FULL).policy
+    last = ramp_targets(policy)[-1]
+    cover = math.ceil((FULL - last) / (window_module.RAMP_GROWTH - 1))
+    assert (last, cover) == (8, 8)
+    ramp_rounds = len(ramp_targets(policy))
+    assert _steps_per_round(alone)[:ramp_rounds] == [1, 1]
+    if world == 1:
+        assert _steps_per_round(pooled)[:ramp_rounds] == [1, 1] and not pooled.pool_plan_s
+        return
+    # Every rank emits the same steps (a function of the data), and the first full round
+    # after them is pooled: it is planned while those steps train.
+    for rank in range(world):
+        assert _steps_per_round(pooled, rank)[:ramp_rounds] == [1, cover]
+    queued = [s for s in pooled.steps[0] if s.round_index == pooled.steps[0][1].round_index]
+    assert len(queued) == cover
+    # Each of them a full step: the costliest group of every position near a budget.
+    assert all(s.max_cost >= 0.9 * BUDGET for s in queued)
+    assert len(pooled.pool_plan_s) > ramp_rounds, "the full rounds pool too"
