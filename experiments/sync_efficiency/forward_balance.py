@@ -29,7 +29,7 @@ Timing:
   median of ``--repeats`` timings of each batch).
 
     python -m experiments.sync_efficiency.forward_balance [--preset long] [--samples 96]
-        [--repeats 3] [--sequential]
+        [--repeats 3] [--sequential] [--lock /tmp/odb_bench.lock]
 
 Each run is stored under ``<preset>_<concurrent|sequential>`` in
 ``forward_balance_results.json``.
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.common import results_meta
+from experiments.common import bench_lock, results_meta
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.flops import attention_weight_of, decoder_matmul_parameters
 from odb_lightning.core.profiles import lognormal_lengths
@@ -161,7 +161,9 @@ def interleaved(plans: dict) -> list[tuple[str, int]]:
 def _rank(rank: int, plans: dict, shape: dict, repeats: int, store_dir: str) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    from odb_lightning.runtime.lifecycle import prepare_child
+
+    prepare_child()  # one thread; exits when the main process dies
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one core a rank
     store = dist.FileStore(os.path.join(store_dir, "store"), 2)
@@ -207,6 +209,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sequential", action="store_true", help="time the ranks in turn")
+    parser.add_argument(
+        "--lock", type=Path, help="hold this flock while timing (common.bench_lock)"
+    )
     args = parser.parse_args()
     preset = PRESETS[args.preset]
     spread = preset["lengths"]
@@ -217,13 +222,15 @@ def main() -> None:
     weight = weight_of(preset["shape"])
     plans = {"token": plan(lengths, preset["budget"], 0.0)}
     plans["flop"] = plan(lengths, preset["budget"], weight)
-    load = os.getloadavg()
-    started = time.perf_counter()
-    if args.sequential:
-        torch.set_num_threads(1)
-        rows = sequential(plans, preset["shape"], args.repeats)
-    else:
-        rows = concurrent(plans, preset["shape"], args.repeats)
+    with bench_lock(args.lock):
+        load = os.getloadavg()
+        started = time.perf_counter()
+        if args.sequential:
+            torch.set_num_threads(1)
+            rows = sequential(plans, preset["shape"], args.repeats)
+        else:
+            rows = concurrent(plans, preset["shape"], args.repeats)
+        elapsed, load_after = time.perf_counter() - started, os.getloadavg()
     timing = "sequential" if args.sequential else "concurrent"
     for name, row in rows.items():
         wall = f", step walls {row['step_wall_s']:.1f} s" if "step_wall_s" in row else ""
@@ -237,11 +244,7 @@ def main() -> None:
     stored = json.loads(path.read_text()) if path.exists() else {}
     runs = stored.get("runs", {})
     runs[f"{args.preset}_{timing}"] = {
-        "meta": results_meta(
-            load_before=load,
-            load_after=os.getloadavg(),
-            elapsed_s=time.perf_counter() - started,
-        ),
+        "meta": results_meta(load_before=load, load_after=load_after, elapsed_s=elapsed),
         "preset": preset,
         "samples": args.samples,
         "lengths": lengths,
