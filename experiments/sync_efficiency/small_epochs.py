@@ -16,6 +16,7 @@ are then grouped by that cost too, as a run groups by default).
 
     python -m experiments.sync_efficiency.small_epochs [--label current] [--worlds 8,64]
         [--lengths LENGTHS.json] [--union-only] [--knobs field=value,...]
+    python -m experiments.sync_efficiency.small_epochs --from-results   # README tables
 
 ``--union-only`` makes every pooled round group the union (the plan before locality-aware
 pooled rounds, ``run.py --union-only``). Each run is stored under its label in
@@ -116,6 +117,45 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def grid(rows: list[dict]) -> str:
+    """One line a set, budget, ranks and cost; per budgets of work per rank the
+    utilization over the oracle dealt round robin (bold where below it)."""
+    lines = [
+        "| set | budget | ranks | cost | " + " | ".join(f"{k} / rank" for k in WORK) + " |",
+        "|---|---|---|---|" + "---|" * len(WORK),
+    ]
+    keyed = {(r["set"], r["token_budget"], r["world_size"], r["cost"]): [] for r in rows}
+    for r in rows:
+        text = f"{r['utilization']:.3f} / {r['oracle_utilization']:.3f}"
+        keyed[(r["set"], r["token_budget"], r["world_size"], r["cost"])].append(
+            f"**{text}**" if r["over_oracle"] < 0 else text
+        )
+    for (name, budget, world, cost), cells in keyed.items():
+        lines.append(f"| {name} | {budget:,} | {world} | {cost} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(runs: dict) -> str:
+    """Per stored run: the cells below the oracle dealt, the worst, and the cells that
+    equal the ``defaults`` run's."""
+    lines = [
+        "| run | cells | below the oracle dealt | worst difference | below the oracle by cost "
+        "| worst difference | equal to `defaults` |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ours = [(r["steps_per_rank"], r["utilization"]) for r in runs["defaults"]["rows"]]
+    for label, run in runs.items():
+        rows = run["rows"]
+        same = sum(ours[i] == (r["steps_per_rank"], r["utilization"]) for i, r in enumerate(rows))
+        dealt = [r["over_oracle"] for r in rows]
+        by_cost = [r["over_oracle_by_cost"] for r in rows]
+        lines.append(
+            f"| {label} | {len(rows)} | {sum(d < 0 for d in dealt)} | {min(dealt):+.3f} | "
+            f"{sum(d < -0.0005 for d in by_cost)} | {min(by_cost):+.3f} | {same} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="current", help="key of this run in the results")
@@ -125,7 +165,14 @@ def main() -> None:
     parser.add_argument(
         "--knobs", default="", help="batching fields to change, e.g. ramp_budgets=null"
     )
+    parser.add_argument(
+        "--from-results", action="store_true", help="print the README's tables of the stored runs"
+    )
     args = parser.parse_args()
+    if args.from_results:
+        runs = json.loads((HERE / "small_epochs_results.json").read_text())["runs"]
+        print(summary(runs), grid(runs["defaults"]["rows"]), sep="\n\n")
+        return
     knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
     if args.union_only:
         import odb_lightning.core.pool_plan as pool_plan
