@@ -3,9 +3,12 @@ grouping across ranks (pooled, the default) against each rank on its own (per ra
 
 Each rank is a process with one intra-op thread, a gloo group and an ``ODBLoader`` (one
 worker, forked) over ShareGPT V3 whole conversations (the Qwen2.5 ChatML template,
-``max_seq_len`` 4,096), default batching settings except the budget; each step it trains
-``model=cpu_bench`` (forward, backward, the gradients all-reduced as DDP does, AdamW), so
-the ranks move in step as a job's do. The clock starts after a barrier, before
+``max_seq_len`` 4,096), default batching settings except the budget. Each step it stands
+for an accelerator's step: it sleeps ``--step-s`` seconds (the host's cores stay free for
+the loader, as while a GPU computes; a CPU model trained on the same 2 cores takes seconds
+a step and hides every fill) and all-reduces a small tensor, so the ranks move in step as
+a job's do; ``--step-s 0`` trains ``model=cpu_bench`` instead (forward, backward, the
+gradients all-reduced as DDP does, AdamW). The clock starts after a barrier, before
 ``iter(loader)``; per step it times how long the rank waited for its batch. The job stops
 ``--steps-after`` steps after the step after the ramp (the first step of the first
 round past the ramp's rounds, ``core.window.ramp_targets``), the same step on every rank.
@@ -13,8 +16,10 @@ round past the ramp's rounds, ``core.window.ramp_targets``), the same step on ev
 Per job, over the ranks: ``first_step_s`` (the longest wait for the first batch: the
 loader's processes, the ramp's first window, its round), ``after_ramp_wait_s`` (the
 longest wait for the step after the ramp: what the ramp's steps did not hide of the first
-full window's fill and round), ``after_ramp_at_s`` (when that step arrived) and
-``ramp_train_s`` (the ramp's steps' training, the slowest rank's).
+full window's fill and round), ``after_ramp_at_s`` (when that step arrived),
+``ramp_train_s`` (the ramp's steps' training, the slowest rank's), and to step
+``--steps`` (40, past every ramp) ``idle_s`` (the waits summed, each step's longest: the
+time the accelerator stood idle) and ``at_step_s`` (when that step arrived).
 
     python -m experiments.ramp.first_pooled --worlds 2,4 --repeats 3 [--before PATH/src]
 
@@ -93,7 +98,7 @@ def _rank(rank: int, world: int, port: int, arm: str, args: argparse.Namespace, 
     try:
         if args.trace:
             _trace(args.trace, rank)
-        model = build_cpu_bench(0)
+        model = build_cpu_bench(0) if not args.step_s else torch.nn.Linear(8, 8)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
         params = [p for p in model.parameters() if p.requires_grad]
         config = BatchingConfig.of(mode="odb", token_budget=args.budget, **ARMS[arm])
@@ -111,7 +116,11 @@ def _rank(rank: int, world: int, port: int, arm: str, args: argparse.Namespace, 
             dist.barrier()
             started = time.perf_counter()
             batches = iter(loader)
-            while after_ramp is None or len(waits) <= after_ramp + args.steps_after:
+            while (
+                after_ramp is None
+                or len(waits) <= after_ramp + args.steps_after
+                or len(waits) < args.steps
+            ):
                 waited = time.perf_counter()
                 batch = next(batches)
                 waits.append(time.perf_counter() - waited)
@@ -121,7 +130,9 @@ def _rank(rank: int, world: int, port: int, arm: str, args: argparse.Namespace, 
                     if len(rounds) == ramp_rounds + 1:
                         after_ramp = len(waits) - 1
                 computing = time.perf_counter()
-                if not batch.meta.is_idle:
+                if args.step_s:
+                    time.sleep(args.step_s)
+                elif not batch.meta.is_idle:
                     loss_sum, _ = model(batch.inputs)
                     scale = rank_loss_scale(world, batch.meta.global_loss_tokens)
                     (loss_sum * scale).backward()
@@ -197,13 +208,16 @@ def run_job(world: int, arm: str, args: argparse.Namespace) -> dict[str, Any]:
     after = records[0]["after_ramp"]
     if any(r["after_ramp"] != after for r in records):
         raise RuntimeError(f"ranks disagree on the step after the ramp: {records}")
+    waits = [max(w) for w in zip(*(r["waits"] for r in records), strict=True)]
     return {
         "first_step_s": max(r["waits"][0] for r in records),
+        "idle_s": sum(waits[: args.steps]),
+        "at_step_s": max(r["arrived"][args.steps - 1] for r in records),
         "after_ramp_step": after,
         "after_ramp_wait_s": max(r["waits"][after] for r in records),
         "after_ramp_at_s": max(r["arrived"][after] for r in records),
         "ramp_train_s": max(sum(r["compute"][:after]) for r in records),
-        "waits_max_s": [max(w) for w in zip(*(r["waits"] for r in records), strict=True)],
+        "waits_max_s": waits,
     }
 
 
@@ -214,6 +228,7 @@ def _job_in_subprocess(tree: str | None, world: int, arm: str, args: argparse.Na
     command = [
         sys.executable, "-m", "experiments.ramp.first_pooled", "--job", f"{world}:{arm}",
         "--budget", str(args.budget), "--steps-after", str(args.steps_after),
+        "--step-s", str(args.step_s), "--steps", str(args.steps),
         "--timeout-s", str(args.timeout_s),
     ]  # fmt: skip
     if args.trace:
@@ -232,6 +247,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget", type=int, default=16384)
     parser.add_argument("--steps-after", type=int, default=2)
+    parser.add_argument(
+        "--steps", type=int, default=40, help="run to this step at least: idle_s, at_step_s"
+    )
+    parser.add_argument(
+        "--step-s", type=float, default=1.0, help="an accelerator's step; 0: train cpu_bench"
+    )
     parser.add_argument("--before", help="another checkout's src/, run side by side")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument("--trace", help="a directory for the collate processes' phases")
@@ -260,16 +281,27 @@ def main() -> None:
                     f"repeat {repeat} ranks {world} {tree} {arm}: first step "
                     f"{figures['first_step_s']:.2f} s, step after the ramp "
                     f"(#{figures['after_ramp_step']}) waited {figures['after_ramp_wait_s']:.2f} s,"
-                    f" arrived at {figures['after_ramp_at_s']:.2f} s; load {loads[-1]}",
+                    f" arrived at {figures['after_ramp_at_s']:.2f} s; idle to step "
+                    f"{args.steps} {figures['idle_s']:.2f} s; load {loads[-1]}",
                     flush=True,
                 )
-    keys = ("first_step_s", "after_ramp_wait_s", "after_ramp_at_s", "ramp_train_s")
+    keys = (
+        "first_step_s",
+        "after_ramp_step",
+        "after_ramp_wait_s",
+        "after_ramp_at_s",
+        "ramp_train_s",
+        "idle_s",
+        "at_step_s",
+    )
     medians = {
         cell: {key: statistics.median(j[key] for j in runs) for key in keys}
         for cell, runs in jobs.items()
     }
     result = {
-        "meta": results_meta(budget=args.budget, trees=trees, repeats=args.repeats),
+        "meta": results_meta(
+            budget=args.budget, step_s=args.step_s, trees=trees, repeats=args.repeats
+        ),
         "load_averages": loads,
         "median": medians,
         "jobs": jobs,
