@@ -10,6 +10,7 @@ what describes how the arms differ at equal tokens.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,15 +82,18 @@ def token_target_steps(batches: EpochBatches, tokens_per_step: int) -> list[list
     return merged
 
 
-def choose_tokens_per_step(batches: EpochBatches) -> int:
-    """The smallest ``N`` whose token-target steps come closest to standard's step count."""
+def choose_tokens_per_step(batches: EpochBatches, candidates: Iterable[int] | None = None) -> int:
+    """The smallest ``N`` (of ``candidates``; default: 64 up to four times the mean tokens of
+    standard's steps, by 16) whose token-target steps come closest to standard's step
+    count."""
     target = sum(len(epoch) for epoch in batches.standard)
     tokens = sum(batches.loss_tokens.values()) * len(batches.standard)
 
     def steps_for(n: int) -> int:
         return sum(len(epoch) for epoch in token_target_steps(batches, n))
 
-    candidates = range(64, 4 * tokens // target, 16)
+    if candidates is None:
+        candidates = range(64, 4 * tokens // target, 16)
     return min(candidates, key=lambda n: (abs(steps_for(n) - target), n))
 
 

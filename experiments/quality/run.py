@@ -18,12 +18,24 @@ the same ones, so the deltas to ``standard`` are paired.
 * ``odb_token_target_paired``: the same with ``batching.policy.emission_order=paired``
   (the costliest step of a round next to its cheapest);
 * ``odb_token_target_small``: paired, under half the token budget: more, smaller groups
-  per optimizer step.
+  per optimizer step;
+* ``odb_token_target_default``: ``experiment=sharegpt_odb`` and ``tokens_per_step=N``
+  only, so the run's own resolution (``lit.model.token_target.batching_for_steps``)
+  picks the token budget and the emission order.
+
+The three arms before it name their budget and emission order on the command line, which
+the run keeps, so they measure the batching they are named for.
 
 ``N`` is chosen per arm and seed before training, from the data alone: the simulator
 predicts the odb micro-batches of every epoch (it replays the loader exactly) and ``N`` is
 the value whose token-target steps come closest to standard's step count, i.e. whose
-steps carry on average the supervised tokens of standard's steps.
+steps carry on average the supervised tokens of standard's steps. For
+``odb_token_target_default`` the budget depends on ``N``, so ``N`` is chosen again on the
+batches of the budget the last ``N`` resolves to, until the budget stays the same.
+
+A rerun of some arms keeps the other arms of the earlier ``results.json`` under
+``earlier``, with the earlier ``standard`` their deltas were taken against and the
+earlier pass's ``meta``.
 
 Validation loss (token-weighted, ``val/loss``) after every epoch on the seed's held-out
 records, read from each run's CSV log; ``results.json`` holds the curves, each arm's final
@@ -56,6 +68,7 @@ ARMS = (
     "odb_token_target",
     "odb_token_target_paired",
     "odb_token_target_small",
+    "odb_token_target_default",
 )
 ODB_BUDGET = 4096
 """``experiment=sharegpt_odb``'s token budget (the small arm runs at half of it)."""
@@ -81,11 +94,22 @@ def batching_overrides(arm: str, matched_batch_size: int = 8) -> list[str]:
     if arm == "sorted":
         return ["experiment=sharegpt_sorted", "batching.policy.batch_size=8"]
     overrides = ["experiment=sharegpt_odb"]
+    if arm == "odb_token_target":  # named, so token-target steps keep them
+        overrides += [
+            f"batching.token_budget={ODB_BUDGET}",
+            "batching.policy.emission_order=shuffled",
+        ]
+    if arm == "odb_token_target_paired":
+        overrides.append(f"batching.token_budget={ODB_BUDGET}")
     if arm in ("odb_token_target_paired", "odb_token_target_small"):
         overrides.append("batching.policy.emission_order=paired")
     if arm == "odb_token_target_small":
         overrides.append(f"batching.token_budget={ODB_BUDGET // 2}")
     return overrides
+
+
+MAX_BUDGET_ROUNDS = 8
+"""Most times ``odb_token_target_default`` chooses ``N`` again on the budget it resolves."""
 
 
 def compose(overrides: list[str]) -> Any:
@@ -105,18 +129,27 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
     import hydra
 
     from experiments.quality.optimizer_steps import (
+        EpochBatches,
         choose_tokens_per_step,
         predict_batches,
         step_statistics,
         token_target_steps,
     )
+    from odb_lightning.app.components import with_model_cost
+    from odb_lightning.lit.memory.report import BUDGET_QUANTUM
+    from odb_lightning.lit.model.token_target import STEP_BATCHING_KEYS, batching_for_steps
 
-    def predicted(arm: str, batch_size: int = 8):
+    def predicted(arm: str, batch_size: int = 8, tokens_per_step: int | None = None):
         # The caches' default paths are Hydra-runtime paths, unset outside train.py.
         caches = [f"data.caches.{c}_dir=null" for c in ("record", "stream")]
         caches.append(f"data.caches.length_dir={args.out / 'length_cache'}")
         cfg = compose([*common_overrides(args, seed), *batching_overrides(arm), *caches])
-        batching = hydra.utils.instantiate(cfg.batching)
+        # As the run builds it: rows cost the model's FLOPs, and token-target steps resolve
+        # what the arm's command line does not name.
+        architecture = hydra.utils.instantiate(cfg.model.architecture)
+        batching = with_model_cost(hydra.utils.instantiate(cfg.batching), architecture)
+        named = {o.split("=", 1)[0] for o in batching_overrides(arm)} & set(STEP_BATCHING_KEYS)
+        batching = batching_for_steps(batching, tokens_per_step, named).batching
         datamodule = hydra.utils.instantiate(cfg.data, _partial_=True)(
             tokenizer=hydra.utils.instantiate(cfg.tokenizer), batching=batching
         )
@@ -125,9 +158,40 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
         batches = predict_batches(
             cfg, datamodule, batching, args.epochs, fixed_mode=fixed, batch_size=batch_size
         )
-        return cfg, batches
+        return cfg, batches, batching
 
-    cfg, odb = predicted("odb")
+    def chosen_tokens_per_step(arm: str) -> tuple[int, EpochBatches]:
+        """``N`` for the arm and the batches it runs on. For the default arm the budget
+        follows ``N`` (``group_budget_cap``): ``N`` is chosen again on the batches of the
+        budget the last ``N`` resolves to, until a budget repeats; then, among the budgets
+        visited, the ``N`` that resolves to its budget and comes closest to standard's step
+        count on that budget's batches is taken (the choice can cycle between two)."""
+        _, batches, batching = predicted(arm)
+        n = choose_tokens_per_step(batches)
+        if arm != "odb_token_target_default":
+            return n, batches
+        visited: dict[int, EpochBatches] = {}
+        for _ in range(MAX_BUDGET_ROUNDS):
+            _, batches, batching = predicted(arm, tokens_per_step=n)
+            if batching.token_budget in visited:
+                break
+            visited[batching.token_budget] = batches
+            n = choose_tokens_per_step(batches)
+        else:
+            raise RuntimeError(f"seed {seed}: the default arm's budget did not settle: {visited}")
+        options = [
+            (choose_tokens_per_step(b, range(budget, budget + BUDGET_QUANTUM, 16)), b)
+            for budget, b in visited.items()
+        ]
+        target = sum(len(epoch) for epoch in batches.standard)
+
+        def gap(option: tuple[int, EpochBatches]) -> tuple[int, int]:
+            n, b = option
+            return abs(sum(map(len, token_target_steps(b, n))) - target), n
+
+        return min(options, key=gap)
+
+    cfg, odb, _ = predicted("odb")
     odb_steps = sum(map(len, odb.odb))
     per_epoch = odb_steps / args.epochs
     train = len(odb.lengths)
@@ -141,11 +205,11 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
             batches = odb if arm == "standard" else predicted(arm, size)[1]
             steps, by_samples, n = batches.standard, False, None
         else:
-            _, batches = predicted(arm)
             if arm == "odb":
+                batches = predicted(arm)[1]
                 steps, by_samples, n = batches.odb, True, None
             else:
-                n = choose_tokens_per_step(batches)
+                n, batches = chosen_tokens_per_step(arm)
                 steps, by_samples = token_target_steps(batches, n), True
                 overrides = [*overrides, f"model.step.tokens_per_step={n}"]
         plan[arm] = {
@@ -278,7 +342,12 @@ def main() -> None:
         "arms": summarize(runs, plans, arms),
         "meta": results_meta(load_average_after=list(os.getloadavg())),
     }
-    (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    results = HERE / "results.json"
+    if results.exists():
+        earlier = earlier_pass(json.loads(results.read_text()), arms)
+        if earlier is not None:
+            report["earlier"] = earlier
+    results.write_text(json.dumps(report, indent=2) + "\n")
     plot(report)
     print(
         json.dumps(
@@ -295,6 +364,25 @@ def main() -> None:
     )
 
 
+def earlier_pass(previous: dict[str, Any], arms: list[str]) -> dict[str, Any] | None:
+    """The arms of the ``previous`` results that this pass did not rerun, with the
+    ``standard`` their deltas were taken against and that pass's seeds, plans and meta
+    (``None`` if this pass reran them all). An ``earlier`` pass inside ``previous`` is
+    kept the same way."""
+    kept = {arm: data for arm, data in previous["arms"].items() if arm not in arms}
+    earlier = previous.get("earlier")
+    if not kept:
+        return None if earlier is None else earlier_pass(earlier, arms)
+    kept = {"standard": previous["arms"]["standard"], **kept}
+    result = {k: previous[k] for k in ("seeds", "plans", "meta")}
+    result["arms"] = kept
+    if earlier is not None:
+        older = earlier_pass(earlier, [*arms, *kept])
+        if older is not None:
+            result["earlier"] = older
+    return result
+
+
 def plot(report: dict[str, Any]) -> None:
     import matplotlib
 
@@ -302,7 +390,13 @@ def plot(report: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for arm, data in report["arms"].items():
+    passes = [("", report["arms"])]
+    earlier = report.get("earlier")
+    if earlier is not None:  # the arms not rerun, at their pass's commit
+        commit = (earlier["meta"].get("git_commit") or "earlier")[:7]
+        passes.append((f" @{commit}", earlier["arms"]))
+    arms = [(f"{arm}{suffix}", data) for suffix, group in passes for arm, data in group.items()]
+    for arm, data in arms:
         curves = [row["curve"] for row in data["per_seed"]]
         tokens = [p["supervised_tokens_seen"] for p in curves[0]]
         mean = [statistics.fmean(c[k]["val_loss"] for c in curves) for k in range(len(tokens))]

@@ -37,7 +37,7 @@ from odb_lightning.lit.callbacks.run_report import (
 from odb_lightning.lit.callbacks.summary import SummaryBuilder
 from odb_lightning.lit.callbacks.supervision import SupervisionCheck
 from odb_lightning.lit.model.idle_steps import check_weights_idle_steps
-from odb_lightning.lit.model.token_target import few_groups_advice
+from odb_lightning.lit.model.token_target import STEP_BATCHING_KEYS, batching_for_steps
 from odb_lightning.lit.model.vlm_module import VisionLanguageModule
 from odb_lightning.lit.run_context import RunContext
 
@@ -98,6 +98,15 @@ def max_samples_from(cfg: DictConfig) -> str | None:
     return None if "data.sizes.max_samples" in keys else "debug=smoke"
 
 
+def named_on_command_line(keys: tuple[str, ...]) -> frozenset[str]:
+    """Those of ``keys`` the command line sets (empty outside a Hydra run): the values
+    the user chose, which the run keeps where it would otherwise resolve its own."""
+    if not HydraConfig.initialized():
+        return frozenset()
+    named = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    return frozenset(named & set(keys))
+
+
 @dataclass(frozen=True)
 class DataParts:
     """What the training data is built from (:func:`build_data`)."""
@@ -123,6 +132,17 @@ def build_data(
     # checkpoint's), so the run context exists before the module that receives it.
     architecture = instantiate_checked(cfg.model.architecture, "model.architecture")
     batching = with_model_cost(batching, architecture)
+    # Token-target steps resolve the budget and the emission order the data is batched by.
+    step = cfg.model.get("step")
+    tokens_per_step = (
+        None if step is None else instantiate_checked(step, "model.step").tokens_per_step
+    )
+    steps = batching_for_steps(batching, tokens_per_step, named_on_command_line(STEP_BATCHING_KEYS))
+    if steps.resolved is not None:
+        log.info(steps.resolved)
+    if steps.advice is not None:
+        log.warning(steps.advice)
+    batching = steps.batching
     run = RunContext(
         vocab_size=architecture.checked_vocab_size(),
         world_size=world_size,
@@ -172,9 +192,6 @@ def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
     model = instantiate_checked(cfg.model, "model", objects=model_objects, _convert_="all")
     if world_size > 1:  # ranks whose work runs out get IDLE batches: the module weights them 0
         check_weights_idle_steps(model)
-    advice = few_groups_advice(model.tokens_per_step, batching)
-    if advice is not None:
-        log.warning(advice)
     embedding_rows = architecture.embedding_rows()
     return RunParts(tokenizer, batching, model, run, datamodule, embedding_rows, datamodule.sizes)
 

@@ -274,4 +274,5 @@ class StepPolicy:
     """Supervised rows per LM-head chunk (the peak logits memory)."""
 
     def __post_init__(self) -> None:
+        check_positive_int("model.step.tokens_per_step", self.tokens_per_step, optional=True)
         check_int("model.step.loss_chunk_tokens", self.loss_chunk_tokens, least=1)
