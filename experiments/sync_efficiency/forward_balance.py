@@ -28,6 +28,11 @@ Timing:
 * ``--sequential``: one process times each step's two batches one after the other (the
   median of ``--repeats`` timings of each batch).
 
+Every forward is timed twice: wall time, and the rank process's CPU time. On a machine
+shared with other jobs the CPU time is the rank's own work (a rank that waits for its
+core, niced behind other processes, shows the wait in wall time only), so the figures
+are given for both clocks.
+
     python -m experiments.sync_efficiency.forward_balance [--preset long] [--samples 96]
         [--repeats 3] [--sequential] [--lock /tmp/odb_bench.lock]
 
@@ -97,15 +102,15 @@ def build_model(shape: dict) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def forward_s(model: torch.nn.Module, vocab: int, rows: int, length: int) -> float:
-    """One forward of a ``rows x length`` batch of random ids (0 for an IDLE step)."""
-    if rows == 0:
-        return 0.0
-    ids = torch.randint(0, vocab, (rows, length))
+def forward_s(model: torch.nn.Module, vocab: int, rows: int, length: int) -> list[float]:
+    """One forward of a ``rows x length`` batch of random ids: its start and end on the
+    monotonic clock and the CPU time it took (an IDLE step, ``rows`` 0, takes none)."""
+    ids = torch.randint(0, vocab, (max(rows, 1), max(length, 1)))
     with torch.inference_mode():
-        started = time.perf_counter()
-        model(input_ids=ids)
-        return time.perf_counter() - started
+        started, cpu = time.perf_counter(), time.process_time()
+        if rows:
+            model(input_ids=ids)
+        return [started, time.perf_counter(), time.process_time() - cpu]
 
 
 def plan(lengths: list[int], budget: int, weight: float) -> list[list[tuple[int, int]]]:
@@ -139,16 +144,19 @@ def sequential(plans: dict, shape: dict, repeats: int) -> dict:
     model = build_model(shape)
     out = {}
     for name, steps in plans.items():
-        timed = [
+        runs = [
             [
-                statistics.median(
-                    forward_s(model, shape["vocab_size"], *batch) for _ in range(repeats)
-                )
+                [forward_s(model, shape["vocab_size"], *batch) for _ in range(repeats)]
                 for batch in column
             ]
             for column in steps
         ]
-        out[name] = figures(timed, None)
+        out[name] = {
+            "wall": figures(
+                [[statistics.median(e - s for s, e, _ in b) for b in c] for c in runs], None
+            ),
+            "cpu": figures([[statistics.median(u for *_, u in b) for b in c] for c in runs], None),
+        }
     return out
 
 
@@ -175,10 +183,8 @@ def _rank(rank: int, plans: dict, shape: dict, repeats: int, store_dir: str) -> 
         rows, length = plans[name][t][rank]
         runs = []
         for _ in range(repeats):
-            dist.barrier()
-            started = time.perf_counter()
-            forward_s(model, shape["vocab_size"], rows, length)
-            runs.append((started, time.perf_counter()))
+            dist.barrier()  # both ranks start the step together, as in a DDP step
+            runs.append(forward_s(model, shape["vocab_size"], rows, length))
         spans.append(runs)
     dist.barrier()
     dist.destroy_process_group()
@@ -192,15 +198,20 @@ def concurrent(plans: dict, shape: dict, repeats: int) -> dict:
         # spawn joins both ranks and ends the other when one fails
         mp.spawn(_rank, args=(plans, shape, repeats, store_dir), nprocs=2, join=True)
         spans = [json.loads(Path(store_dir, f"rank{r}.json").read_text()) for r in range(2)]
-    steps = {name: [] for name in plans}
-    walls = {name: [] for name in plans}
+    wall = {name: [] for name in plans}
+    cpu = {name: [] for name in plans}
+    step_walls = {name: [] for name in plans}
     for k, (name, _) in enumerate(interleaved(plans)):
-        runs = list(zip(spans[0][k], spans[1][k], strict=True))
-        steps[name].append(
-            [statistics.median(end - s for s, end in (r[i] for r in runs)) for i in range(2)]
+        runs = list(zip(spans[0][k], spans[1][k], strict=True))  # per repeat, both ranks
+        wall[name].append([statistics.median(r[i][1] - r[i][0] for r in runs) for i in range(2)])
+        cpu[name].append([statistics.median(r[i][2] for r in runs) for i in range(2)])
+        step_walls[name].append(
+            statistics.median(max(a[1], b[1]) - min(a[0], b[0]) for a, b in runs)
         )
-        walls[name].append(statistics.median(max(a[1], b[1]) - min(a[0], b[0]) for a, b in runs))
-    return {name: figures(steps[name], walls[name]) for name in plans}
+    return {
+        name: {"wall": figures(wall[name], step_walls[name]), "cpu": figures(cpu[name], None)}
+        for name in plans
+    }
 
 
 def main() -> None:
@@ -232,14 +243,16 @@ def main() -> None:
             rows = concurrent(plans, preset["shape"], args.repeats)
         elapsed, load_after = time.perf_counter() - started, os.getloadavg()
     timing = "sequential" if args.sequential else "concurrent"
-    for name, row in rows.items():
-        wall = f", step walls {row['step_wall_s']:.1f} s" if "step_wall_s" in row else ""
-        print(
-            f"{name} cost: {row['steps_per_rank']} steps, slowest rank's forward over the "
-            f"mean {row['slowest_over_mean']:.3f} (median {row['slowest_over_mean_median']:.3f}), "
-            f"paced by the slower rank {row['paced_forward_s']:.1f} s{wall}",
-            flush=True,
-        )
+    for name, both in rows.items():
+        for clock, row in both.items():
+            wall = f", step walls {row['step_wall_s']:.1f} s" if "step_wall_s" in row else ""
+            print(
+                f"{name} cost ({clock}): {row['steps_per_rank']} steps, slowest rank's forward "
+                f"over the mean {row['slowest_over_mean']:.3f} (median "
+                f"{row['slowest_over_mean_median']:.3f}), paced by the slower rank "
+                f"{row['paced_forward_s']:.1f} s{wall}",
+                flush=True,
+            )
     path = HERE / "forward_balance_results.json"
     stored = json.loads(path.read_text()) if path.exists() else {}
     runs = stored.get("runs", {})
