@@ -89,7 +89,53 @@ def parse_args() -> argparse.Namespace:
         "--predict-only", action="store_true",
         help="print the sizes and the simulator's steps; no training",
     )  # fmt: skip
+    parser.add_argument(
+        "--table", action="store_true", help="print --out's results as Markdown; no training"
+    )
     return parser.parse_args()
+
+
+def _ratios(row: dict[str, Any], base: str) -> str:
+    per_repeat = row.get(f"vs_{base}_per_repeat") or []
+    if not per_repeat:
+        return "-"
+    median = f"{row[f'vs_{base}']:.2f}x"
+    return (
+        median
+        if len(per_repeat) == 1
+        else f"{median} ({', '.join(f'{r:.2f}' for r in per_repeat)})"
+    )
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The study's table: per world and arm the medians, the simulator's steps and the
+    ratios to the reference and to standard (per repeat in brackets)."""
+    lines = [
+        "| ranks | arm | repeats | samples/s | real tok/s | steps (simulator) | padding eff. "
+        "| utilization | vs reference | vs standard | loop samples/CPU s | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for world, ranks in (("one_rank", 1), ("two_ranks", 2)):
+        for arm, row in report[world].items():
+            predicted = report["predicted"][world].get(arm, {}).get("steps", "-")
+            utilization = f"{row['utilization']:.3f}" if "utilization" in row else "-"
+            loads = ", ".join(f"{value:.1f}" for value in row["load_average_1min"])
+            per_cpu = "-"
+            if "cpu_share" in row:  # one rank: the training loop's own CPU time
+                jobs = report["jobs"][world][arm].values()
+                samples = report["meta"]["samples"][world]
+                per_cpu = statistics.median(
+                    samples / (job["wall_s"] * job["cpu_share"]) for job in jobs
+                )
+                per_cpu = f"{per_cpu:.2f}"
+            lines.append(
+                f"| {ranks} | {arm} | {row['repeats']} | {row['samples_per_s']:.2f} | "
+                f"{row['real_tokens_per_s']:,.0f} | {row['steps']} ({predicted}) | "
+                f"{row['padding_efficiency']:.3f} | {utilization} | "
+                f"{_ratios(row, 'reference')} | {_ratios(row, 'standard')} | {per_cpu} | "
+                f"{loads} |"
+            )
+    return "\n".join(lines)
 
 
 def model_attention_weight(body: tuple[str, ...]) -> float:
@@ -179,6 +225,9 @@ def summarize(jobs: dict[str, dict[int, dict]], keys: tuple[str, ...]) -> dict[s
 
 def main() -> None:
     args = parse_args()
+    if args.table:
+        print(markdown_table(json.loads(args.out.read_text())))
+        return
     torch.set_num_threads(1)
     body = tuple(filter(None, args.body.split(",")))
     one_arms, two_arms = args.one_rank.split(","), args.two_ranks.split(",")
