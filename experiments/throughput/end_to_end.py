@@ -200,6 +200,7 @@ def one_rank_job(record: Any) -> dict[str, Any]:
 
 def summarize(jobs: dict[str, dict[int, dict]], keys: tuple[str, ...]) -> dict[str, Any]:
     """Medians per arm, and per-repeat ratios to the reference and to standard."""
+    jobs = {arm: by_repeat for arm, by_repeat in jobs.items() if by_repeat}  # arms timed so far
     arms: dict[str, Any] = {}
     standard = next((a for a in jobs if a in STANDARD), None)
     for arm, by_repeat in jobs.items():
@@ -287,8 +288,9 @@ def main() -> None:
     jobs1: dict[str, dict[int, dict]] = {a: {} for a in one_arms}
     jobs2: dict[str, dict[int, dict]] = {a: {} for a in two_arms}
 
-    def write_report(repeats_done: int) -> dict[str, Any]:
-        """The medians and ratios of the repeats so far, written to ``--out``."""
+    def write_report(repeats_started: int) -> dict[str, Any]:
+        """The medians and ratios of the runs so far, written to ``--out`` after each run
+        (a study cut short keeps what it measured)."""
         rates = ("samples_per_s", "real_tokens_per_s", "wall_s", "padding_efficiency")
         report = {
             "one_rank": summarize(jobs1, rates + ("loader_wait_s", "cpu_share")),
@@ -305,7 +307,7 @@ def main() -> None:
                 token_budget=args.token_budget,
                 attention_weight=weight,
                 model=f"conf/model/cpu_bench.yaml with {', '.join(body)}",
-                repeats=repeats_done,
+                repeats_started=repeats_started,
                 first_repeat_only=sorted(once),
                 one_rank_settings=asdict(one),
                 two_rank_settings=asdict(two),
@@ -340,6 +342,7 @@ def main() -> None:
                 f"{record.load_average[0]:.2f}",
                 flush=True,
             )
+            report = write_report(repeat + 1)
         for arm in rotated(two_arms, repeat, once):
             with bench_lock(args.lock):
                 ranks = two_ranks.run_job(arm, data2, two, args.timeout_s)
@@ -353,7 +356,7 @@ def main() -> None:
                 f"{job['moved_samples']}  load {job['load_average'][0]:.2f}",
                 flush=True,
             )
-        report = write_report(repeat + 1)  # a study cut short keeps its finished repeats
+            report = write_report(repeat + 1)
     for world in ("one_rank", "two_ranks"):
         print(world)
         for arm, row in report[world].items():
