@@ -134,10 +134,13 @@ def main() -> None:
     parser.add_argument(
         "--growth", type=int, default=window.RAMP_GROWTH, help="the ramp's growth per round"
     )
+    parser.add_argument(
+        "--lengths", default="", help="the real sets' lengths from a JSON file (set: lengths)"
+    )
     args = parser.parse_args()
     window.RAMP_GROWTH = args.growth  # the study of the constant itself
     knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
-    lengths = real_lengths()
+    lengths = json.loads(Path(args.lengths).read_text()) if args.lengths else real_lengths()
     cases = list(CASES)
     if args.synthetic:
         synthetic = synthetic_lengths(lengths)
