@@ -55,6 +55,7 @@ class RunParts:
     datamodule: Any
     embedding_rows: int | None  # of the model's input embedding
     sizes: DataSizes  # the data's (``data.sizes``): max_seq_len among them
+    auto_ceiling: int | None = None  # the most token_budget=auto becomes (token-target steps)
 
 
 def launched_accelerator(trainer: DictConfig) -> str:
@@ -116,6 +117,7 @@ class DataParts:
     run: RunContext
     datamodule: Any
     architecture: Any  # the model's architecture config (no weights)
+    auto_ceiling: int | None = None  # the most token_budget=auto becomes (token-target steps)
 
 
 def build_data(
@@ -154,7 +156,7 @@ def build_data(
     if origin is not None:
         objects["max_samples_from"] = origin
     datamodule = instantiate_checked(cfg.data, "data", objects=objects)
-    return DataParts(tokenizer, batching, run, datamodule, architecture)
+    return DataParts(tokenizer, batching, run, datamodule, architecture, steps.auto_ceiling)
 
 
 def with_model_cost(batching: BatchingConfig, architecture: Any) -> BatchingConfig:
@@ -193,7 +195,16 @@ def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
     if world_size > 1:  # ranks whose work runs out get IDLE batches: the module weights them 0
         check_weights_idle_steps(model)
     embedding_rows = architecture.embedding_rows()
-    return RunParts(tokenizer, batching, model, run, datamodule, embedding_rows, datamodule.sizes)
+    return RunParts(
+        tokenizer,
+        batching,
+        model,
+        run,
+        datamodule,
+        embedding_rows,
+        datamodule.sizes,
+        data.auto_ceiling,
+    )
 
 
 def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]]:
@@ -210,6 +221,7 @@ def _wiring(parts: RunParts, counters: StepCounters) -> dict[str, dict[str, Any]
             "apply_token_budget": datamodule.apply_token_budget,
             "length_range": datamodule.length_range,
             "largest_image": datamodule.largest_image,
+            "auto_ceiling": parts.auto_ceiling,
         },
     }
 

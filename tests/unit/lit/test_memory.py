@@ -149,6 +149,21 @@ def test_token_budget_auto_finds_the_largest_budget_that_fits(
     assert warmup.report.resolved_auto and warmup.report.token_budget == resolved
 
 
+def test_token_budget_auto_stops_at_the_token_target_ceiling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Token-target steps cap ``auto`` (``batching_for_steps``): what fits above the cap
+    is not taken, so a step still holds several groups."""
+    module = tiny_module(model_dtype="float32")
+    capacity = peak_gib(module, BatchingConfig.of(token_budget=1024)) / 0.9
+    auto = BatchingConfig.of(token_budget="auto", num_workers=0)
+    applied: list[int] = []
+    warmup = warmup_of(module, auto, applied, margin=0.1, capacity_gib=capacity, auto_ceiling=256)
+    monkeypatch.setattr(warmup, "_probe", lambda m: PeakStandIn(m, int(capacity * GIB)))
+    warmup.on_fit_start(fake_trainer(module), module)
+    assert applied == [256]
+
+
 def test_auto_on_a_cpu_is_refused_with_or_without_a_capacity() -> None:
     """The CPU reading is a lower bound: a budget resolved from it need not fit (a
     2 GiB capacity once resolved 743,168 tokens whose first step grew past 10 GB), so

@@ -89,6 +89,9 @@ class MemoryWarmup(pl.Callback):
         largest_image: The largest image of an image-text run (the data module's
             :meth:`~odb_lightning.lit.data.vlm_datamodule.VisionDataModule.largest_image`):
             its steps are checked too (:func:`~odb_lightning.lit.memory.probe.image_shapes`).
+        auto_ceiling: The most ``auto`` may resolve to (token-target steps' group cap,
+            :func:`~odb_lightning.lit.model.token_target.batching_for_steps`); ``None``:
+            what fits.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class MemoryWarmup(pl.Callback):
         apply_token_budget: Callable[[int], None] | None = None,
         length_range: Callable[[], LengthRange | None] | None = None,
         largest_image: Callable[[], ImageExtent | None] | None = None,
+        auto_ceiling: int | None = None,
     ) -> None:
         if enabled not in (True, False, "auto"):
             raise ValueError(f"memory_warmup.enabled must be true, false or auto, got {enabled!r}")
@@ -123,7 +127,7 @@ class MemoryWarmup(pl.Callback):
         self.enabled, self.margin, self.capacity_gib = enabled, float(margin), capacity_gib
         self.batching, self.max_seq_len, self.vocab_size = batching, max_seq_len, vocab_size
         self.apply_token_budget, self.length_range = apply_token_budget, length_range
-        self.largest_image = largest_image
+        self.largest_image, self.auto_ceiling = largest_image, auto_ceiling
         self.report: WarmupReport | None = None
 
     @override
@@ -270,5 +274,13 @@ class MemoryWarmup(pl.Callback):
         agreed = int(
             trainer.strategy.reduce(torch.tensor(budget, device=module.device), reduce_op="min")
         )
+        if self.auto_ceiling is not None and agreed > self.auto_ceiling:
+            log.info(
+                "batching.token_budget=auto resolved to %d tokens, the token-target steps' "
+                "cap (%d fit)",
+                self.auto_ceiling,
+                agreed,
+            )
+            return self.auto_ceiling
         log.info("batching.token_budget=auto resolved to %d tokens", agreed)
         return agreed

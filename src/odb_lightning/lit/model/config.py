@@ -266,10 +266,12 @@ class StepPolicy:
     tokens_per_step: int | None = None
     """Step the optimizer once the global supervised tokens since the last step reach this
     (token-target steps, :mod:`odb_lightning.lit.model.token_target`); ``None`` steps every
-    ``trainer.accumulate_grad_batches`` micro-batches. Build each step from several
-    groups, or its samples are of nearly one length and quality drops as under sorted
-    batches: a ``batching.token_budget`` at or below the step's supervised tokens, with
-    ``batching.policy.emission_order=paired`` (``experiments/quality/README.md``)."""
+    ``trainer.accumulate_grad_batches`` micro-batches. Each step is built from several
+    groups, or its samples would be of nearly one length and quality drop as under sorted
+    batches: the run lowers an online mode's ``batching.token_budget`` to at most this
+    (rounded down to 256) and pairs ``batching.policy.emission_order``, except for a key
+    the command line names (``token_target.batching_for_steps``,
+    ``experiments/quality/README.md``)."""
     loss_chunk_tokens: int = 1024
     """Supervised rows per LM-head chunk (the peak logits memory)."""
 
