@@ -139,17 +139,20 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
     from odb_lightning.lit.memory.report import BUDGET_QUANTUM
     from odb_lightning.lit.model.token_target import STEP_BATCHING_KEYS, batching_for_steps
 
-    def predicted(arm: str, batch_size: int = 8, tokens_per_step: int | None = None):
+    def arm_batching(arm: str, tokens_per_step: int | None = None) -> tuple[Any, Any]:
+        """The arm's config and the batching its run builds: rows cost the model's FLOPs,
+        and token-target steps resolve what the arm's command line does not name."""
         # The caches' default paths are Hydra-runtime paths, unset outside train.py.
         caches = [f"data.caches.{c}_dir=null" for c in ("record", "stream")]
         caches.append(f"data.caches.length_dir={args.out / 'length_cache'}")
         cfg = compose([*common_overrides(args, seed), *batching_overrides(arm), *caches])
-        # As the run builds it: rows cost the model's FLOPs, and token-target steps resolve
-        # what the arm's command line does not name.
         architecture = hydra.utils.instantiate(cfg.model.architecture)
         batching = with_model_cost(hydra.utils.instantiate(cfg.batching), architecture)
         named = {o.split("=", 1)[0] for o in batching_overrides(arm)} & set(STEP_BATCHING_KEYS)
-        batching = batching_for_steps(batching, tokens_per_step, named).batching
+        return cfg, batching_for_steps(batching, tokens_per_step, named).batching
+
+    def predicted(arm: str, batch_size: int = 8, tokens_per_step: int | None = None):
+        cfg, batching = arm_batching(arm, tokens_per_step)
         datamodule = hydra.utils.instantiate(cfg.data, _partial_=True)(
             tokenizer=hydra.utils.instantiate(cfg.tokenizer), batching=batching
         )
@@ -217,6 +220,10 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
             "tokens_per_step": n,
             "predicted": step_statistics(batches, steps, by_samples, cfg.model),
         }
+        if arm.startswith("odb"):  # the budget and order the run resolves
+            batching = arm_batching(arm, n)[1]
+            plan[arm]["token_budget"] = batching.token_budget
+            plan[arm]["emission_order"] = batching.policy.emission_order.value
     return plan
 
 

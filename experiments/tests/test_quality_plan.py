@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from experiments.quality.run import ARMS, plan_seed
+from odb_lightning.lit.model.token_target import group_budget_cap
 
 
 def test_every_arm_is_planned_from_the_data(tmp_path: Path) -> None:
@@ -22,14 +23,24 @@ def test_every_arm_is_planned_from_the_data(tmp_path: Path) -> None:
     gaps = {b: abs(2 * math.ceil(train / b) - predicted["odb"]) for b in range(1, 9)}
     assert gaps[size] == min(gaps.values())
     assert predicted["standard_matched"] == 2 * math.ceil(train / size)
-    for arm in ("odb_token_target", "odb_token_target_paired", "odb_token_target_small"):
+    token_target = [arm for arm in ARMS if arm.startswith("odb_token_target")]
+    for arm in token_target:
         n = plan[arm]["tokens_per_step"]
         assert f"model.step.tokens_per_step={n}" in plan[arm]["overrides"]
         # N brings the token-target steps near standard's count.
         assert abs(predicted[arm] - predicted["standard"]) <= 0.1 * predicted["standard"]
     assert "batching.policy.emission_order=paired" in plan["odb_token_target_paired"]["overrides"]
     assert "batching.token_budget=2048" in plan["odb_token_target_small"]["overrides"]
+    # The older token-target arms name their batching, so the run keeps it.
+    assert plan["odb_token_target"]["token_budget"] == 4096
+    assert plan["odb_token_target"]["emission_order"] == "shuffled"
+    # The default arm names only N: the run lowers the budget to at most N and pairs.
+    default = plan["odb_token_target_default"]
+    assert not any(o.startswith("batching.") for o in default["overrides"])
+    assert default["token_budget"] == group_budget_cap(default["tokens_per_step"])
+    assert default["token_budget"] < 4096 and default["emission_order"] == "paired"
     # Paired emission and smaller groups mix lengths inside a token-target step.
     spread = {arm: plan[arm]["predicted"]["length_cv_within_step_mean"] for arm in ARMS}
     assert spread["odb_token_target_small"] > spread["odb_token_target"]
+    assert spread["odb_token_target_default"] > spread["odb_token_target"]
     assert spread["standard"] > spread["sorted"]
