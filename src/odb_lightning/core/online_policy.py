@@ -74,7 +74,8 @@ class OnlinePolicy(Policy):
     the same on every rank, so the cost alignment holds and training sees no long-to-short
     sawtooth; ``paired``: the same, with the longest step next to the shortest, so the
     micro-batches of one optimizer step (``model.step.tokens_per_step``, gradient
-    accumulation) hold long and short samples (experiments/quality)."""
+    accumulation) hold long and short samples (experiments/quality); token-target steps
+    take ``paired`` unless the command line names this key."""
     cross_rank_grouping: bool | None = None
     """Group across ranks where each rank alone groups poorly: the epoch's tail (every
     round once nothing is undealt), the ramp's rounds, and rounds whose aligned steps are
