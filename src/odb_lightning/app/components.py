@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from omegaconf import DictConfig
 
+from odb_lightning.app.run_config import override_key
 from odb_lightning.app.validation import ConfigError, instantiate_checked
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.data.config import DataSizes
@@ -99,12 +101,13 @@ def max_samples_from(cfg: DictConfig) -> str | None:
     return None if "data.sizes.max_samples" in keys else "debug=smoke"
 
 
-def named_on_command_line(keys: tuple[str, ...]) -> frozenset[str]:
-    """Those of ``keys`` the command line sets (empty outside a Hydra run): the values
-    the user chose, which the run keeps where it would otherwise resolve its own."""
-    if not HydraConfig.initialized():
-        return frozenset()
-    named = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+def named_on_command_line(keys: tuple[str, ...], resumed: Collection[str] = ()) -> frozenset[str]:
+    """Those of ``keys`` the command line sets (none outside a Hydra run) or ``resumed``
+    names (the keys a resumed run's own command line set): the values the user chose,
+    which the run keeps where it would otherwise resolve its own."""
+    named = set(resumed)
+    if HydraConfig.initialized():
+        named.update(override_key(o) for o in HydraConfig.get().overrides.task)
     return frozenset(named & set(keys))
 
 
@@ -121,12 +124,17 @@ class DataParts:
 
 
 def build_data(
-    cfg: DictConfig, world_size: int, device: str, output_dir: str | None = None
+    cfg: DictConfig,
+    world_size: int,
+    device: str,
+    output_dir: str | None = None,
+    resumed_keys: Collection[str] = (),
 ) -> DataParts:
     """The tokenizer, batching config, run context and data module of a validated ``cfg``
     (no model), each built by :func:`instantiate_checked`, after seeding. The run context
     takes its vocabulary from the model's architecture config; ``output_dir`` is where
-    the data module writes its files (``None``: nowhere)."""
+    the data module writes its files (``None``: nowhere); ``resumed_keys``: the keys the
+    command line of the run this one resumes set (:func:`named_on_command_line`)."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     tokenizer = instantiate_checked(cfg.tokenizer, "tokenizer")
     batching = instantiate_checked(cfg.batching, "batching")
@@ -139,7 +147,8 @@ def build_data(
     tokens_per_step = (
         None if step is None else instantiate_checked(step, "model.step").tokens_per_step
     )
-    steps = batching_for_steps(batching, tokens_per_step, named_on_command_line(STEP_BATCHING_KEYS))
+    named = named_on_command_line(STEP_BATCHING_KEYS, resumed_keys)
+    steps = batching_for_steps(batching, tokens_per_step, named)
     if steps.resolved is not None:
         log.info(steps.resolved)
     if steps.advice is not None:
@@ -178,12 +187,16 @@ def with_model_cost(batching: BatchingConfig, architecture: Any) -> BatchingConf
     return dataclasses.replace(batching, rows=rows)
 
 
-def build_parts(cfg: DictConfig, world_size: int, device: str) -> RunParts:
+def build_parts(
+    cfg: DictConfig, world_size: int, device: str, resumed_keys: Collection[str] = ()
+) -> RunParts:
     """The tokenizer, batching config, model, run context and data module of a validated
     ``cfg`` (:func:`build_data`, writing into ``paths.output_dir``, and the model), each
     built by :func:`instantiate_checked` (errors name their group). ``world_size`` and
-    ``device`` are the job's (:func:`launched_world`)."""
-    data = build_data(cfg, world_size, device, output_dir=str(cfg.paths.output_dir))
+    ``device`` are the job's (:func:`launched_world`); ``resumed_keys``: the keys the
+    resumed run's command line set (:func:`~odb_lightning.app.run_config.saved_override_keys`)."""
+    output_dir = str(cfg.paths.output_dir)
+    data = build_data(cfg, world_size, device, output_dir=output_dir, resumed_keys=resumed_keys)
     tokenizer, batching, run, datamodule = data.tokenizer, data.batching, data.run, data.datamodule
     architecture = data.architecture
     model_objects: dict[str, Any] = {"run": run}

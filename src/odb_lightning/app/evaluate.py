@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from odb_lightning.app.checkpoints import load_sharded_weights, resolve_resume_checkpoint
 from odb_lightning.app.components import build_parts, launched_accelerator
-from odb_lightning.app.run_config import config_for_resume
+from odb_lightning.app.run_config import config_for_resume, saved_override_keys
 from odb_lightning.app.run_log import full_error_requested, is_user_error, route_library_logs
 from odb_lightning.app.validation import ConfigError, validate_config
 from odb_lightning.lit.data.evaluation_split import check_split
@@ -80,7 +80,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     cfg = config_for_resume(cfg, ckpt_path, purpose="evaluating")
     validate_config(cfg)
     # One process: the split is small next to training, and no launcher is needed.
-    parts = build_parts(cfg, world_size=1, device=launched_accelerator(cfg.trainer))
+    parts = build_parts(
+        cfg,
+        world_size=1,
+        device=launched_accelerator(cfg.trainer),
+        resumed_keys=saved_override_keys(ckpt_path),
+    )
     datamodule, model = parts.datamodule, parts.model
     counts = SplitCounts()
     trainer: pl.Trainer = hydra.utils.instantiate(

@@ -90,6 +90,19 @@ def saved_run_config(ckpt_path: str | Path) -> dict[str, Any] | None:
     return _checkpoint_entries(ckpt_path).get(RUN_CONFIG_KEY)
 
 
+def override_key(override: str) -> str:
+    """The config key a Hydra override sets (``a.b=1``, ``+a.b=1``, ``~a.b``: ``a.b``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def saved_override_keys(ckpt_path: str | Path) -> frozenset[str]:
+    """The keys the checkpointed run's own command line set (empty without a stored
+    config): what its user chose, which a resume keeps choosing where the run would
+    otherwise resolve a value of its own."""
+    saved = saved_run_config(ckpt_path)
+    return frozenset(override_key(o) for o in (saved or {}).get("overrides", ()))
+
+
 def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a.b": value}`` for every leaf of nested dicts (lists and empty dicts are leaves)."""
     if isinstance(node, dict) and node:

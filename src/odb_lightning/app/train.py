@@ -25,6 +25,7 @@ from odb_lightning.app.job_lifetime import end_with_launcher, mark_launcher
 from odb_lightning.app.run_config import (
     RunConfigCheckpoint,
     config_for_resume,
+    saved_override_keys,
     saved_run_config,
     shape_conflict,
 )
@@ -192,7 +193,9 @@ def _fit(
     check_launch_environment()
     # Before the first CUDA allocation: ODB's changing shapes fragment fixed segments.
     enable_expandable_segments()
-    parts = build_parts(cfg, *launched_world(cfg.trainer))
+    # A resume keeps the values its run's command line chose where the run resolves its own.
+    resumed_keys = saved_override_keys(ckpt_path) if ckpt_path is not None else frozenset()
+    parts = build_parts(cfg, *launched_world(cfg.trainer), resumed_keys=resumed_keys)
     wired = build_callbacks(cfg.get("callbacks"), parts)
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     saves_config = RunConfigCheckpoint(cfg, overrides)

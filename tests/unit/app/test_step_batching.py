@@ -6,11 +6,14 @@ steps of about one group), and logs what it resolved."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.configs import ComposeConfig
 from odb_lightning.app.components import build_data
+from odb_lightning.app.run_config import RUN_CONFIG_KEY, saved_override_keys
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.online_policy import EmissionOrder
 from odb_lightning.lit.model.token_target import batching_for_steps, group_budget_cap
@@ -108,3 +111,20 @@ def test_a_budget_named_on_the_command_line_is_kept_with_the_warning(
 def test_a_bad_tokens_per_step_is_refused_by_its_key(compose_cfg: ComposeConfig) -> None:
     with pytest.raises(Exception, match="model.step.tokens_per_step must be"):
         build_data(compose_cfg(["debug=smoke", "model.step.tokens_per_step=0"]), 1, "cpu")
+
+
+def test_a_resume_keeps_the_budget_its_runs_command_line_named(
+    compose_cfg: ComposeConfig, tmp_path: Path
+) -> None:
+    # The run named the budget (4096, kept with the warning); its resume's command line
+    # names only the checkpoint, yet batches as the run did: the keys its run's command
+    # line set come from the checkpoint.
+    checkpoint = tmp_path / "last.ckpt"
+    overrides = ["debug=smoke", f"+{BUDGET}=4096", "model.step.tokens_per_step=100"]
+    torch.save({RUN_CONFIG_KEY: {"config": {}, "overrides": overrides}}, checkpoint)
+    resumed = saved_override_keys(checkpoint)
+    assert resumed == {"debug", BUDGET, "model.step.tokens_per_step"}
+    cfg = compose_cfg(["debug=smoke", "model.step.tokens_per_step=100"])
+    assert build_data(cfg, 1, "cpu", resumed_keys=resumed).batching.token_budget == 4096
+    assert build_data(cfg, 1, "cpu").batching.token_budget == 256  # a fresh run resolves it
+    assert saved_override_keys(tmp_path / "absent.ckpt") == frozenset()
