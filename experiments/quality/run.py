@@ -227,6 +227,21 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
     return plan
 
 
+def seed_plan(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str, Any]:
+    """:func:`plan_seed`, kept in ``<out>/seed<N>/plan.json``; with ``--reuse`` a kept plan
+    of these settings that covers ``arms`` is read instead of planned again."""
+    path = args.out / f"seed{seed}" / "plan.json"
+    settings = {k: getattr(args, k) for k in ("samples", "val_samples", "epochs")}
+    if args.reuse and path.exists():
+        kept = json.loads(path.read_text())
+        if kept["settings"] == settings and set(arms) <= set(kept["plan"]):
+            return kept["plan"]
+    plan = plan_seed(args, seed, arms)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": settings, "plan": plan}, indent=2) + "\n")
+    return plan
+
+
 def run_arm(overrides: list[str], out_dir: Path, reuse: bool) -> dict[str, Any]:
     """One training run (or, with ``reuse``, the finished run already in ``out_dir``)."""
     started = time.perf_counter()
@@ -320,7 +335,7 @@ def main() -> None:
     arms = [arm for arm in ARMS if arm in args.arms]
     plans, runs = {}, {}
     for seed in args.seeds:
-        plans[seed] = plan_seed(args, seed, arms)
+        plans[seed] = seed_plan(args, seed, arms)
         runs[seed] = {}
         for arm in arms:
             run = run_arm(plans[seed][arm]["overrides"], args.out / f"seed{seed}" / arm, args.reuse)
