@@ -44,3 +44,26 @@ def test_every_arm_is_planned_from_the_data(tmp_path: Path) -> None:
     assert spread["odb_token_target_small"] > spread["odb_token_target"]
     assert spread["odb_token_target_default"] > spread["odb_token_target"]
     assert spread["standard"] > spread["sorted"]
+
+
+def test_a_rerun_keeps_the_other_arms_with_the_standard_of_their_pass() -> None:
+    from experiments.quality.run import earlier_pass
+
+    def arm(loss: float) -> dict:
+        return {"final_val_loss": {"mean": loss}}
+
+    previous = {
+        "seeds": [0],
+        "plans": {},
+        "meta": {"git_commit": "old"},
+        "arms": {"standard": arm(5.8), "odb": arm(5.81), "sorted": arm(5.84)},
+    }
+    kept = earlier_pass(previous, ["standard", "odb"])
+    assert kept is not None and kept["meta"] == {"git_commit": "old"}
+    assert kept["arms"] == {"standard": arm(5.8), "sorted": arm(5.84)}
+    # A second rerun keeps the first pass's arms it did not rerun, not the rerun ones.
+    current = {**previous, "meta": {"git_commit": "new"}, "earlier": kept}
+    current["arms"] = {"standard": arm(5.9), "odb": arm(5.91)}
+    again = earlier_pass(current, ["standard", "odb"])
+    assert again == kept
+    assert earlier_pass(previous, ["standard", "odb", "sorted"]) is None
