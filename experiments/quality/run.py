@@ -136,7 +136,7 @@ def plan_seed(args: argparse.Namespace, seed: int, arms: list[str]) -> dict[str,
         token_target_steps,
     )
     from odb_lightning.app.components import with_model_cost
-    from odb_lightning.lit.memory.report import BUDGET_QUANTUM
+    from odb_lightning.core.budget import BUDGET_QUANTUM
     from odb_lightning.lit.model.token_target import STEP_BATCHING_KEYS, batching_for_steps
 
     def arm_batching(arm: str, tokens_per_step: int | None = None) -> tuple[Any, Any]:

@@ -24,6 +24,10 @@ from typing import ClassVar
 
 from odb_lightning.core.checks import check_positive_int, check_weight
 
+BUDGET_QUANTUM = 256
+"""``token_budget=auto``, the suggested budgets and the budget token-target steps resolve
+are multiples of this many tokens."""
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:

@@ -13,10 +13,8 @@ from typing import Any
 
 import torch
 
+from odb_lightning.core.budget import BUDGET_QUANTUM
 from odb_lightning.lit.memory.probe import GIB, StepShape
-
-BUDGET_QUANTUM = 256
-"""``token_budget=auto`` and the suggested budgets are multiples of this many tokens."""
 
 
 def format_bytes(size: float) -> str:

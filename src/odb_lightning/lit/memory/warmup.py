@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
+from odb_lightning.core.budget import BUDGET_QUANTUM
 from odb_lightning.core.config import TOKEN_BUDGET_AUTO, BatchingConfig
 from odb_lightning.core.rows import ImageExtent, LengthRange
 from odb_lightning.lit.memory.probe import (
@@ -35,7 +36,6 @@ from odb_lightning.lit.memory.probe import (
     worst_case_shapes,
 )
 from odb_lightning.lit.memory.report import (
-    BUDGET_QUANTUM,
     MemoryBudgetError,
     ShapeMeasurement,
     WarmupReport,

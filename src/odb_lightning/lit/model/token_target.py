@@ -18,9 +18,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from odb_lightning.core.budget import BUDGET_QUANTUM
 from odb_lightning.core.config import TOKEN_BUDGET_AUTO, BatchingConfig
 from odb_lightning.core.online_policy import EmissionOrder, OnlinePolicy
-from odb_lightning.lit.memory.report import BUDGET_QUANTUM
 from odb_lightning.runtime.batch import ODBBatch
 
 HOLD_ACCUMULATE_GRAD_BATCHES = 2**40
