@@ -181,7 +181,7 @@ def one_rank_predictions(
 def rotated(arms: list[str], repeat: int, once: set[str]) -> list[str]:
     """This repeat's arms, the order rotated per repeat (``once``: in the first only)."""
     arms = [a for a in arms if a not in once or repeat == 0]
-    shift = repeat % len(arms)
+    shift = repeat % len(arms) if arms else 0
     return arms[shift:] + arms[:shift]
 
 
@@ -231,7 +231,8 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     body = tuple(filter(None, args.body.split(",")))
-    one_arms, two_arms = args.one_rank.split(","), args.two_ranks.split(",")
+    one_arms = list(filter(None, args.one_rank.split(",")))  # "": no arm at that size
+    two_arms = list(filter(None, args.two_ranks.split(",")))
     once = set(filter(None, args.once.split(",")))
     from odb_lightning.data import load_tokenizer
 
