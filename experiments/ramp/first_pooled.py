@@ -11,7 +11,7 @@ a job's do; ``--step-s 0`` trains ``model=cpu_bench`` instead (forward, backward
 gradients all-reduced as DDP does, AdamW). The clock starts after a barrier, before
 ``iter(loader)``; per step it times how long the rank waited for its batch. The job stops
 ``--steps-after`` steps after the step after the ramp (the first step of the first
-round past the ramp's rounds, ``core.window.ramp_targets``), the same step on every rank.
+round past the ramp's rounds, ``core.ramp.ramp_targets``), the same step on every rank.
 
 Per job, over the ranks: ``first_step_s`` (the longest wait for the first batch: the
 loader's processes, the ramp's first window, its round), ``after_ramp_wait_s`` (the
@@ -88,7 +88,7 @@ def _rank(rank: int, world: int, port: int, arm: str, args: argparse.Namespace, 
     from experiments.cpu_bench import build_cpu_bench
     from odb_lightning.core.config import BatchingConfig
     from odb_lightning.core.loss_weights import rank_loss_scale
-    from odb_lightning.core.window import ramp_targets
+    from odb_lightning.core.ramp import ramp_targets
     from odb_lightning.runtime import ODBLoader
 
     torch.set_num_threads(1)

@@ -12,9 +12,9 @@ divided by ``W``). Default batching settings except the token budget, and
   (``SimulationResult.first_step_samples`` / ``first_step_cost``);
 * steps against the oracle, utilization, padding efficiency of the whole epoch, and with
   the ramp the padding efficiency of the steps after its rounds (the first
-  ``len(core.window.ramp_targets(policy))`` emitting rounds; ``-`` where the epoch has no
+  ``len(core.ramp.ramp_targets(policy))`` emitting rounds; ``-`` where the epoch has no
   round after them).
-* ``--growth G``: the ramp's growth per emitting round (``core.window.RAMP_GROWTH``, 4).
+* ``--growth G``: the ramp's growth per emitting round (``core.ramp.RAMP_GROWTH``, 4).
 * ``--large N``: also an epoch of ``N`` lengths drawn with replacement from ShareGPT whole
   (seeded), in one seeded order, at ``--large-worlds`` ranks (a user's scale: the ramp's
   cost is a few steps per rank, whatever the epoch's length).
@@ -39,12 +39,12 @@ from experiments.sync_efficiency.run import (
     shards_of,
     synthetic_lengths,
 )
-from odb_lightning.core import window
+from odb_lightning.core import ramp as ramp_module
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.order import epoch_permutation
 from odb_lightning.core.planners import plan_epoch
+from odb_lightning.core.ramp import ramp_targets
 from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
-from odb_lightning.core.window import ramp_targets
 
 HERE = Path(__file__).resolve().parent
 RAMPS = {"off": None, "on": 2}
@@ -132,13 +132,13 @@ def main() -> None:
     )
     parser.add_argument("--large-worlds", default="1,8", help="rank counts of the large epoch")
     parser.add_argument(
-        "--growth", type=int, default=window.RAMP_GROWTH, help="the ramp's growth per round"
+        "--growth", type=int, default=ramp_module.RAMP_GROWTH, help="the ramp's growth per round"
     )
     parser.add_argument(
         "--lengths", default="", help="the real sets' lengths from a JSON file (set: lengths)"
     )
     args = parser.parse_args()
-    window.RAMP_GROWTH = args.growth  # the study of the constant itself
+    ramp_module.RAMP_GROWTH = args.growth  # the study of the constant itself
     knobs = {k: _value(v) for k, v in (kv.split("=") for kv in args.knobs.split(",") if kv)}
     lengths = json.loads(Path(args.lengths).read_text()) if args.lengths else real_lengths()
     cases = list(CASES)

@@ -55,11 +55,11 @@ class OnlinePolicy(Policy):
     window holds this many ``token_budget``s of work, not the full window; each round that
     emits multiplies it by 4 until it would reach ``window_budgets`` (a window of ``D``
     samples: ``D`` budgets), so the first step waits for a few batches' worth of samples,
-    never for the whole window (``core.window.ramp_targets``). A ramp round emits only a
-    few of its steps and keeps the rest for the next (``core.window.RAMP_STEP_SHARE``);
+    never for the whole window (``core.ramp.ramp_targets``). A ramp round emits only a
+    few of its steps and keeps the rest for the next (``core.ramp.RAMP_STEP_SHARE``);
     where rounds group across ranks the last one emits the steps that train while the
     full window refills and its first pooled round is planned
-    (``core.window.ramp_step_cap``). ``None``, or a value at or above the full window: no
+    (``core.ramp.ramp_step_cap``). ``None``, or a value at or above the full window: no
     ramp (experiments/ramp)."""
     window_max_mib: float | None = 1024.0
     """Most MiB of serialized samples the window sized in work holds (meant for

@@ -70,7 +70,7 @@ class WindowFill:
         self._buffer_changed = True
         self.num_grouped = 0  # samples grouped over the epoch's rounds (the planner's work)
         # The budgets of work the window fills to in the emitting rounds to come, while
-        # the ramp lasts (the window sets them: ``core.window.ramp_targets``).
+        # the ramp lasts (the window sets them: ``core.ramp.ramp_targets``).
         self._ramp: deque[int] = deque()
 
     @property

@@ -8,13 +8,14 @@ import math
 
 import pytest
 
-from odb_lightning.core import window as window_module
+from odb_lightning.core import ramp as ramp_module
 from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.handshake import SettingsMismatchError, check_settings_agree
 from odb_lightning.core.profiles import lognormal_lengths
+from odb_lightning.core.ramp import ramp_targets
 from odb_lightning.core.simulate import SimulationResult, simulate_dealt_epoch, simulate_epoch
 from odb_lightning.core.types import SampleInfo
-from odb_lightning.core.window import GroupingWindow, exchange_round, ramp_targets
+from odb_lightning.core.window import GroupingWindow, exchange_round
 
 
 def _steps_per_round(result: SimulationResult, rank: int = 0) -> list[int]:
@@ -25,7 +26,7 @@ def _steps_per_round(result: SimulationResult, rank: int = 0) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("share", "ramp_steps"), [(window_module.RAMP_STEP_SHARE, [1, 1]), (None, [2, 8])]
+    ("share", "ramp_steps"), [(ramp_module.RAMP_STEP_SHARE, [1, 1]), (None, [2, 8])]
 )
 def test_the_window_grows_from_the_ramp_to_the_full_window(
     share: float | None, ramp_steps: list[int], monkeypatch: pytest.MonkeyPatch
@@ -34,7 +35,7 @@ def test_the_window_grows_from_the_ramp_to_the_full_window(
     # A ramp round emits RAMP_STEP_SHARE steps per budget of its target, at least one
     # (1 and 1 at 2 and 8 budgets), and keeps the rest of its window for the next round;
     # without the share it emits every group.
-    monkeypatch.setattr(window_module, "RAMP_STEP_SHARE", share)
+    monkeypatch.setattr(ramp_module, "RAMP_STEP_SHARE", share)
     config = BatchingConfig.of(
         token_budget=32, window_budgets=16, ramp_budgets=2, shard_dealing="fixed"
     )
@@ -160,7 +161,7 @@ def test_where_rounds_pool_the_ramps_last_round_covers_the_full_windows_refill(
     )
     policy = BatchingConfig.of(window_budgets=FULL).policy
     last = ramp_targets(policy)[-1]
-    cover = math.ceil((FULL - last) / (window_module.RAMP_GROWTH - 1))
+    cover = math.ceil((FULL - last) / (ramp_module.RAMP_GROWTH - 1))
     assert (last, cover) == (8, 8)
     ramp_rounds = len(ramp_targets(policy))
     assert _steps_per_round(alone)[:ramp_rounds] == [1, 1]
