@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from experiments.throughput.two_ranks import collect_ranks
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ARMS = {"pooled": {}, "per_rank": {"cross_rank_grouping": False}}
@@ -188,23 +190,7 @@ def run_job(world: int, arm: str, args: argparse.Namespace) -> dict[str, Any]:
         context.Process(target=_rank, args=(r, world, store.port, arm, args, queue))
         for r in range(world)
     ]
-    for process in ranks:
-        process.start()
-    results: dict[int, dict] = {}
-    try:
-        deadline = time.monotonic() + args.timeout_s
-        while len(results) < world:
-            status, rank, payload = queue.get(timeout=max(1.0, deadline - time.monotonic()))
-            if status != "ok":
-                raise RuntimeError(f"{arm}: rank {rank} failed: {payload}")
-            results[rank] = payload
-    finally:
-        for process in ranks:
-            process.join(60)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-    records = [results[r] for r in range(world)]
+    records = collect_ranks(ranks, queue, arm, args.timeout_s, join_s=60)
     after = records[0]["after_ramp"]
     if any(r["after_ramp"] != after for r in records):
         raise RuntimeError(f"ranks disagree on the step after the ramp: {records}")

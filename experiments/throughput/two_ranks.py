@@ -263,23 +263,32 @@ def run_job(arm: str, data: BenchData, settings: Settings, timeout_s: float) -> 
         context.Process(target=rank_main, args=(r, store.port, arm, data, settings, queue))
         for r in range(WORLD)
     ]
+    return collect_ranks(ranks, queue, arm, timeout_s, join_s=30)
+
+
+def collect_ranks(
+    ranks: list[Any], queue: Any, arm: str, timeout_s: float, join_s: float
+) -> list[dict]:
+    """Start the rank processes and return each one's ``("ok", rank, payload)`` payload by
+    rank; a rank's failure (or no answer within ``timeout_s``) raises, and every process
+    is joined (killed after ``join_s``) on the way out."""
     for process in ranks:
         process.start()
     results: dict[int, dict] = {}
     try:
         deadline = time.monotonic() + timeout_s
-        while len(results) < WORLD:
+        while len(results) < len(ranks):
             status, rank, payload = queue.get(timeout=max(1.0, deadline - time.monotonic()))
             if status != "ok":
                 raise RuntimeError(f"{arm}: rank {rank} failed: {payload}")
             results[rank] = payload
     finally:
         for process in ranks:
-            process.join(30)
+            process.join(join_s)
             if process.is_alive():
                 process.kill()
                 process.join(5)
-    return [results[r] for r in range(WORLD)]
+    return [results[r] for r in range(len(ranks))]
 
 
 def job_figures(ranks: list[dict], data: BenchData) -> dict[str, Any]:
