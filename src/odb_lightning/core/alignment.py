@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from odb_lightning.core.budget import Budget
 from odb_lightning.core.dealing import deal_caps, deal_counts, ready
+from odb_lightning.core.ramp import EpochLeft
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport
 
@@ -74,6 +75,9 @@ class RoundPlan:
             (after those dealt to the ranks before it).
         global_samples: Per step position, samples over all ranks.
         global_loss_tokens: Per step position, supervised tokens over all ranks.
+        left: What is left of the epoch as the round starts, in a round that deals or
+            emits (the window ramp reads it where the epoch is dealt by need:
+            :func:`~odb_lightning.core.ramp.ramp_ends`).
     """
 
     target_steps: int
@@ -86,6 +90,7 @@ class RoundPlan:
     deals: tuple[int, ...] = ()
     global_samples: tuple[int, ...] = ()
     global_loss_tokens: tuple[int, ...] = ()
+    left: EpochLeft | None = None
 
 
 def peel_order(sizes: list[int], num_peels: int) -> list[int]:
@@ -248,7 +253,7 @@ def plan_round(
     caps = deal_caps(reports, fetch_aware=fetch_aware)  # once: both read them
     deals = deal_counts(reports, fetch_aware=fetch_aware, caps=caps)
     if not ready(reports, fetch_aware=fetch_aware, caps=caps):
-        return RoundPlan(target_steps=0, deals=deals)
+        return RoundPlan(target_steps=0, deals=deals, left=EpochLeft.of(reports))
     target = target_steps(reports)
     orders, sizes, losses, costs = [], [], [], []
     for report in reports:
@@ -267,4 +272,5 @@ def plan_round(
         deals=deals,
         global_samples=tuple(map(sum, zip(*sizes, strict=True))),
         global_loss_tokens=tuple(map(sum, zip(*losses, strict=True))),
+        left=EpochLeft.of(reports),
     )

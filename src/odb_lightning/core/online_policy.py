@@ -59,8 +59,10 @@ class OnlinePolicy(Policy):
     few of its steps and keeps the rest for the next (``core.ramp.RAMP_STEP_SHARE``);
     where rounds group across ranks the last one emits the steps that train while the
     full window refills and its first pooled round is planned
-    (``core.ramp.ramp_step_cap``). ``None``, or a value at or above the full window: no
-    ramp (experiments/ramp)."""
+    (``core.ramp.ramp_step_cap``). Dealt by need, an epoch with at most
+    ``core.ramp.SMALL_EPOCH_BUDGETS`` budgets of work per rank left is grouped whole: the
+    ramp ends (``core.ramp.ramp_ends``). ``None``, or a value at or above the full window:
+    no ramp (experiments/ramp)."""
     window_max_mib: float | None = 1024.0
     """Most MiB of serialized samples the window sized in work holds (meant for
     image-heavy samples); ``None``: no cap. The emitted steps waiting to be collated (at

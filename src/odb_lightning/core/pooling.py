@@ -42,6 +42,7 @@ from odb_lightning.core.config import BatchingConfig
 from odb_lightning.core.dealing import behind_ranks
 from odb_lightning.core.online_policy import OnlinePolicy
 from odb_lightning.core.pool_plan import PoolPlan, plan_pool
+from odb_lightning.core.ramp import EpochLeft
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.wire import RankReport
 
@@ -128,11 +129,13 @@ class PooledRound:
         width: The most samples any window holds (from the reports): every offer is
             padded to it, so the all-gather's messages have one size.
         config: The job's batching settings (the budgets the union is grouped under).
+        left: What is left of the epoch as the round starts (the ordinary plan's).
     """
 
     positions: int | None
     width: int
     config: BatchingConfig
+    left: EpochLeft | None = None
 
     @classmethod
     def of(
@@ -160,12 +163,12 @@ class PooledRound:
         width = max(r.buffered for r in reports)
         max_steps = policy.max_steps_per_round
         if pools(reports):
-            return cls(tail_pool_positions(reports, max_steps), width, config)
+            return cls(tail_pool_positions(reports, max_steps), width, config, plan.left)
         positions = ramp_pool_positions(reports, max_steps)
         if positions is not None:
-            return cls(positions, width, config)
+            return cls(positions, width, config, plan.left)
         if uneven(plan.rank_costs, policy.pool_below_sync):
-            return cls(plan.target_steps, width, config)
+            return cls(plan.target_steps, width, config, plan.left)
         return None
 
     def gather(

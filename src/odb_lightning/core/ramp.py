@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from odb_lightning.core.online_policy import OnlinePolicy
+from odb_lightning.core.wire import RankReport
 
 RAMP_GROWTH = 4
 """How much the ramp's window grows per emitting round. Each round's steps train while the
@@ -73,3 +75,65 @@ def ramp_step_cap(policy: OnlinePolicy, targets: Sequence[int], *, pooled: bool)
         full = full_window_budgets(policy)
         return max(1, min(target, math.ceil((full - target) / (RAMP_GROWTH - 1))))
     return max(1, math.floor(target * RAMP_STEP_SHARE))
+
+
+SMALL_EPOCH_BUDGETS = 16
+"""An epoch with at most this many budgets of work per rank left is grouped whole: the
+ramp ends (:func:`ramp_ends`), the window fills to the rest of the epoch and one round
+groups it all, as an offline packer of the whole epoch would. Each ramp round costs an
+epoch up to a step (its few steps are grouped from a small window), which on an epoch of
+a few budgets per rank is a large share; fetching 16 budgets takes under 4 steps where the
+ramp's pipeline rule holds (a budget under a quarter of a step), far less on an
+accelerator (experiments/sync_efficiency small_epochs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochLeft:
+    """What is left of an epoch dealt by need when a round starts, from every rank's
+    report, so the same on every rank.
+
+    Attributes:
+        samples: The samples no step has run yet: in every window, and not dealt yet.
+        seen_cost: The row costs of every sample received this epoch (each rounded up);
+            ``seen_samples`` how many.
+        world: The ranks.
+    """
+
+    samples: int
+    seen_cost: int
+    seen_samples: int
+    world: int
+
+    @classmethod
+    def of(cls, reports: Sequence[RankReport]) -> EpochLeft:
+        return cls(
+            samples=sum(r.buffered for r in reports) + reports[0].undealt,
+            seen_cost=sum(r.dealt_cost for r in reports),
+            seen_samples=sum(r.dealt_samples for r in reports),
+            world=len(reports),
+        )
+
+    def per_rank(self, emitted: int) -> float:
+        """The cost left per rank once the round has run ``emitted`` samples: the samples
+        left at the mean cost of those seen (a seeded order: the seen are a fair draw)."""
+        if not self.seen_samples:
+            return math.inf
+        left = max(0, self.samples - emitted)
+        return left * self.seen_cost / (self.seen_samples * self.world)
+
+
+def ramp_ends(
+    policy: OnlinePolicy, targets: Sequence[int], left: EpochLeft, emitted: int, token_budget: int
+) -> bool:
+    """Whether the ramp ends after a round (``targets``: the ramp's targets still to come,
+    the one the window fills to now first; ``left``: what was left of the epoch as the
+    round started, ``emitted`` the samples it ran; :meth:`EpochLeft.per_rank`): where
+    the rest of the epoch is small (:data:`SMALL_EPOCH_BUDGETS` budgets per rank) or fits
+    the window the ramp fills to now. The window then fills to the rest of the epoch,
+    and the next emitting round groups it all, with no ramp cap splitting it into rounds
+    that nothing more arrives for. The samples seen must hold half the ranks' first ramp
+    window of work (``ramp_budgets``) before their mean tells the epoch's size."""
+    first = (policy.ramp_budgets or 0) * token_budget
+    if not targets or 2 * left.seen_cost < left.world * first:
+        return False
+    return left.per_rank(emitted) <= max(SMALL_EPOCH_BUDGETS, targets[0]) * token_budget

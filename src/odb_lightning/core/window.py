@@ -32,7 +32,7 @@ from odb_lightning.core.online_policy import EmissionOrder
 from odb_lightning.core.order import emission_order, make_rng
 from odb_lightning.core.pool_plan import PoolPlan
 from odb_lightning.core.pooling import PooledRound
-from odb_lightning.core.ramp import ramp_step_cap, ramp_targets
+from odb_lightning.core.ramp import EpochLeft, ramp_ends, ramp_step_cap, ramp_targets
 from odb_lightning.core.sync import group_cost, useful_cost
 from odb_lightning.core.types import Group, SampleInfo
 from odb_lightning.core.window_fill import WindowFill
@@ -194,12 +194,13 @@ class GroupingWindow(WindowFill):
         self.round_index += 1
         self._receive_deal(plan.deals)
         if plan.target_steps == 0:
+            self._end_ramp_if_small(plan.left, 0)
             return RoundOutcome()
         local = self._local_steps(groups, plan)
         columns = list(zip(*plan.rank_costs, strict=True))
         costs = [(max(column), sum(column)) for column in columns]
         return RoundOutcome(
-            steps=self._emit(local, plan.global_samples, plan.global_loss_tokens, costs)
+            steps=self._emit(local, plan.global_samples, plan.global_loss_tokens, costs, plan.left)
         )
 
     def _emit(
@@ -208,11 +209,15 @@ class GroupingWindow(WindowFill):
         global_samples: tuple[int, ...],
         global_loss_tokens: tuple[int, ...],
         costs: list[tuple[int, int]],
+        left: EpochLeft | None,
     ) -> tuple[Step, ...]:
         """An emitting round's steps in the emission order (``costs``: per position, the
-        slowest rank's cost and the ranks' sum); the ramp moves on to its next target."""
+        slowest rank's cost and the ranks' sum); the ramp moves on to its next target, or
+        ends where the epoch dealt by need has no more left than that target's window
+        (``left``: what was left as the round started; :func:`~.ramp.ramp_ends`)."""
         if self._ramp:
             self._ramp.popleft()
+            self._end_ramp_if_small(left, sum(global_samples))
         # Supervised tokens per sample at each position, over every rank: the same on
         # every rank, and long where the samples are (what ``paired`` pairs by).
         lengths = [
@@ -238,6 +243,20 @@ class GroupingWindow(WindowFill):
             for k, i in enumerate(order)
         )
 
+    def _end_ramp_if_small(self, left: EpochLeft | None, emitted: int) -> None:
+        """End the ramp where what is left of an epoch dealt by need fits the window it
+        fills to (``left``: as the round started; ``emitted``: the samples the round ran;
+        :func:`~.ramp.ramp_ends`): the window then fills to the rest of the epoch and
+        the next emitting round groups it all. Every rank sees the same ``left``, so
+        every rank ends its ramp in the same round."""
+        if (
+            self._ramp
+            and self.by_need
+            and left is not None
+            and ramp_ends(self.policy, self._ramp, left, emitted, self._budget.token_budget)
+        ):
+            self._ramp.clear()
+
     def pool_offer(self) -> list[SampleInfo]:
         """This window's samples, offered to a pooled round, in position order (so the
         pooled plan does not depend on the order they arrived in)."""
@@ -259,7 +278,9 @@ class GroupingWindow(WindowFill):
         self._count_emitted([g for g in share.groups if g is not None])
         costs = list(zip(plan.max_costs, plan.cost_sums, strict=True))
         return RoundOutcome(
-            steps=self._emit(share.groups, plan.global_samples, plan.global_loss_tokens, costs),
+            steps=self._emit(
+                share.groups, plan.global_samples, plan.global_loss_tokens, costs, pool.left
+            ),
             pooled=True,
             moved_in=tuple(s.position for s in share.received),
             moved_out=tuple(s.position for s in share.given),

@@ -50,7 +50,7 @@ def test_paired_emits_the_costliest_next_to_the_cheapest(n: int) -> None:
 
 
 def _dealt(world_size: int, emission: str, cross_rank: bool | None = None):
-    lengths = lognormal_lengths(6000, mean=300, cv=0.9, seed=4, max_len=4096)
+    lengths = lognormal_lengths(10000, mean=300, cv=0.9, seed=4, max_len=4096)
     config = BatchingConfig.of(
         token_budget=8192, emission_order=emission, seed=2, cross_rank_grouping=cross_rank
     )
@@ -87,8 +87,10 @@ def test_paired_emission_keeps_the_groups_and_the_utilization(world_size: int) -
 def test_paired_rounds_put_the_longest_step_next_to_the_shortest(
     cross_rank: bool | None, rounds: int
 ) -> None:
-    # Per rank, two rounds of more than 2 steps; grouped across ranks (the default here),
-    # the ramp's pooled rounds run 1 step each and the tail's pooled round the other 28.
+    # About 46 budgets of work per rank, more than a small epoch (grouped whole:
+    # core.ramp.SMALL_EPOCH_BUDGETS). Per rank, the ramp's rounds run 1, 1 and 4 steps
+    # and the last round 46; grouped across ranks (the default here), the ramp's pooled
+    # rounds run 1, 1 and 32 steps and the tail's pooled round the other 15.
     result = _dealt(8, "paired", cross_rank)
     by_round: dict[int, list[float]] = defaultdict(list)
     for step in result.steps[0]:

@@ -5,6 +5,7 @@ the ramp is that of the full window."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
@@ -177,3 +178,86 @@ def test_where_rounds_pool_the_ramps_last_round_covers_the_full_windows_refill(
     # Each of them a full step: the costliest group of every position near a budget.
     assert all(s.max_cost >= 0.9 * BUDGET for s in queued)
     assert len(pooled.pool_plan_s) > ramp_rounds, "the full rounds pool too"
+
+
+def _groups(result: SimulationResult) -> Counter:
+    return Counter(
+        tuple(sorted(m.sample_id for m in s.group.samples))
+        for rank in result.steps
+        for s in rank
+        if s.group is not None
+    )
+
+
+@pytest.mark.parametrize("work", [3, 8, 12])
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_a_small_epoch_is_grouped_whole(
+    world: int, work: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epoch dealt by need of at most SMALL_EPOCH_BUDGETS of work per rank ends its
+    ramp as soon as the samples seen tell its size: the first step waits for every
+    sample, and the epoch's groups and steps are those of the epoch without a ramp (the
+    whole epoch in one window), where the ramp's rounds would fix a few groups first."""
+    assert ramp_module.SMALL_EPOCH_BUDGETS == 16
+    lengths = lognormal_lengths(world * work * BUDGET // 1456, 1456, 0.54, seed=3, max_len=4096)
+    config = BatchingConfig.of(token_budget=BUDGET)
+    small = simulate_dealt_epoch(lengths, world, config)
+    flat = simulate_dealt_epoch(lengths, world, BatchingConfig.of(config, ramp_budgets=None))
+    assert sum(small.first_step_samples) == len(lengths)
+    assert _groups(small) == _groups(flat)
+    assert len(small.steps[0]) == len(flat.steps[0])
+    assert small.sync.utilization == pytest.approx(flat.sync.utilization, abs=1e-12)
+    # Without the rule the ramp's first round runs after 2 budgets a rank.
+    monkeypatch.setattr(ramp_module, "SMALL_EPOCH_BUDGETS", 0)
+    ramped = simulate_dealt_epoch(lengths, world, config)
+    assert max(ramped.first_step_cost) < 3 * BUDGET
+    assert sum(ramped.first_step_samples) < len(lengths)
+
+
+def test_the_ramp_ends_where_the_rest_of_the_epoch_fits_its_window() -> None:
+    """One rank, an epoch of about 24 budgets (more than a small one): the ramp's rounds
+    at 2 and 8 budgets run a step each; then the rest fits the 32-budget window the ramp
+    fills to next, so the ramp ends and the next round runs every group of the rest,
+    where the ramp's round at 32 would run 4 (RAMP_STEP_SHARE) and leave the rest to a
+    later round that nothing more arrives for."""
+    lengths = lognormal_lengths(24 * BUDGET // 1456, 1456, 0.54, seed=3, max_len=4096)
+    result = simulate_dealt_epoch(lengths, 1, BatchingConfig.of(token_budget=BUDGET))
+    steps = _steps_per_round(result)
+    assert steps[:2] == [1, 1] and len(steps) == 3
+    flat = simulate_dealt_epoch(
+        lengths, 1, BatchingConfig.of(token_budget=BUDGET, ramp_budgets=None)
+    )
+    assert len(result.steps[0]) <= len(flat.steps[0]) + 2
+
+
+def test_with_fixed_shards_a_small_epoch_keeps_its_ramp() -> None:
+    """A window of a fixed shard does not see the other ranks' shards still to fetch, so
+    what is left of the epoch is not known alike on every rank: the ramp runs as ever."""
+    world = 2
+    lengths = lognormal_lengths(world * 6 * BUDGET // 1456, 1456, 0.54, seed=3, max_len=4096)
+    config = BatchingConfig.of(token_budget=BUDGET, shard_dealing="fixed")
+    result = simulate_epoch([lengths[r::world] for r in range(world)], config)
+    assert max(result.first_step_cost) < 3 * BUDGET
+    assert _steps_per_round(result)[:2] == [1, 1]
+
+
+def test_what_is_left_of_the_epoch_is_unknown_before_any_sample_arrives() -> None:
+    left = ramp_module.EpochLeft(samples=100, seen_cost=0, seen_samples=0, world=2)
+    assert left.per_rank(0) == math.inf
+    seen = ramp_module.EpochLeft(samples=100, seen_cost=3000, seen_samples=10, world=2)
+    assert seen.per_rank(20) == pytest.approx(80 * 300 / 2)
+    assert seen.per_rank(200) == 0
+    policy = BatchingConfig.of(token_budget=100).policy  # ramp_budgets 2
+
+    def ends(targets: tuple[int, ...], left_budgets: float, seen: int = 10) -> bool:
+        left = ramp_module.EpochLeft(
+            samples=round(left_budgets * 4), seen_cost=50 * seen, seen_samples=seen, world=2
+        )  # each sample half a budget
+        return ramp_module.ramp_ends(policy, targets, left, 0, 100)
+
+    assert not ends((), 0.0)
+    assert ends((2, 8), 16.0) and not ends((2, 8), 16.5)
+    assert ends((32,), 32.0) and not ends((32,), 32.5)
+    # Samples of less than half of the ranks' first ramp window (2 x 2 budgets) tell
+    # nothing yet: 4 samples of half a budget are 2 budgets.
+    assert not ends((2, 8), 1.0, seen=3) and ends((2, 8), 1.0, seen=4)
