@@ -18,9 +18,10 @@ budget counts them and the other two studies ran), ``odb_model_cost`` (the same 
 rows costed by the model's own FLOPs, ``batching.rows.attention_weight`` as ``train.py``
 resolves its default from the model), ``reference`` (``odb.ODBDataLoader`` of
 ``online-dynamic-batching``). At two ranks: ``standard``,
-``odb`` (grouping across ranks on, the default), ``odb_per_rank``
-(``cross_rank_grouping=false``), ``reference`` (on a seeded ``DistributedSampler``, as in
-``two_ranks.py``). Each rank trains as many samples as the one-rank run. Per repeat the
+``odb`` (grouping across ranks on, the default), ``odb_model_cost`` (the same, rows
+costed as at one rank), ``odb_per_rank`` (``cross_rank_grouping=false``), ``reference``
+(on a seeded ``DistributedSampler``, as in ``two_ranks.py``). Each rank trains as many
+samples as the one-rank run. Per repeat the
 arms run interleaved, the order rotated; the ``--once`` arms (the standard arms, the
 slowest, and ``odb_model_cost``) run in the first repeat only. Figures are medians, ratios
 the median of the per-repeat ratios. Writes ``end_to_end.json`` next to this script.
@@ -58,7 +59,7 @@ BODY = (
 """``cpu_bench`` at half its width (2 layers of 64, 2/1 heads, MLP 256, ids folded
 modulo 1,024): about 3x its tokens per second on one thread."""
 ONE_RANK = ("standard_bs8", "odb", "odb_model_cost", "reference")
-TWO_RANKS = ("standard", "odb", "odb_per_rank", "reference")
+TWO_RANKS = ("standard", "odb", "odb_model_cost", "odb_per_rank", "reference")
 STANDARD = frozenset({"standard_bs8", "standard"})
 
 
@@ -257,6 +258,7 @@ def main() -> None:
         pad_id=pad_id,
         architecture=body,
     )
+    two_model_cost = replace(two, attention_weight=weight)
     load_before = list(os.getloadavg())
     started = time.perf_counter()
     with bench_lock(args.lock):  # CPU-heavy (tokenization): kept off other timed runs
@@ -265,7 +267,8 @@ def main() -> None:
         predicted = {
             "one_rank": one_rank_predictions(data1.lengths, one)
             | {"odb_model_cost": one_rank_predictions(data1.lengths, model_cost, odb_only=True)},
-            "two_ranks": two_ranks.predictions(data2, two),
+            "two_ranks": two_ranks.predictions(data2, two)
+            | {"odb_model_cost": two_ranks.predictions(data2, two_model_cost)["odb"]},
         }
     p = data2.population
     print(
@@ -346,7 +349,11 @@ def main() -> None:
             report = write_report(repeat + 1)
         for arm in rotated(two_arms, repeat, once):
             with bench_lock(args.lock):
-                ranks = two_ranks.run_job(arm, data2, two, args.timeout_s)
+                ranks = (
+                    two_ranks.run_job("odb", data2, two_model_cost, args.timeout_s)
+                    if arm == "odb_model_cost"
+                    else two_ranks.run_job(arm, data2, two, args.timeout_s)
+                )
             job = two_ranks.job_figures(ranks, data2)
             job["load_average"] = list(os.getloadavg())
             jobs2[arm][repeat] = job

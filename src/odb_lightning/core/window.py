@@ -213,8 +213,8 @@ class GroupingWindow(WindowFill):
     ) -> tuple[Step, ...]:
         """An emitting round's steps in the emission order (``costs``: per position, the
         slowest rank's cost and the ranks' sum); the ramp moves on to its next target, or
-        ends where the epoch dealt by need has no more left than that target's window
-        (``left``: what was left as the round started; :func:`~.ramp.ramp_ends`)."""
+        ends where what is left of an epoch dealt by need is small or fits that target's
+        window (``left``: what was left as the round started; :func:`~.ramp.ramp_ends`)."""
         if self._ramp:
             self._ramp.popleft()
             self._end_ramp_if_small(left, sum(global_samples))
@@ -244,9 +244,9 @@ class GroupingWindow(WindowFill):
         )
 
     def _end_ramp_if_small(self, left: EpochLeft | None, emitted: int) -> None:
-        """End the ramp where what is left of an epoch dealt by need fits the window it
-        fills to (``left``: as the round started; ``emitted``: the samples the round ran;
-        :func:`~.ramp.ramp_ends`): the window then fills to the rest of the epoch and
+        """End the ramp where what is left of an epoch dealt by need is small or fits the
+        window it fills to (``left``: as the round started; ``emitted``: the samples the
+        round ran; :func:`~.ramp.ramp_ends`): the window then fills to the rest of the epoch and
         the next emitting round groups it all. Every rank sees the same ``left``, so
         every rank ends its ramp in the same round."""
         if (
