@@ -83,8 +83,8 @@ ramp ends (:func:`ramp_ends`), the window fills to the rest of the epoch and one
 groups it all, as an offline packer of the whole epoch would. Each ramp round costs an
 epoch up to a step (its few steps are grouped from a small window), which on an epoch of
 a few budgets per rank is a large share; fetching 16 budgets takes under 4 steps where the
-ramp's pipeline rule holds (a budget under a quarter of a step), far less on an
-accelerator (experiments/sync_efficiency small_epochs)."""
+ramp's pipeline rule holds (a budget under a quarter of a step; a bound, not measured;
+experiments/sync_efficiency small_epochs)."""
 
 
 @dataclass(frozen=True, slots=True)
