@@ -75,9 +75,6 @@ def test_single_process_resume_emits_the_epoch_exactly_once(mode: str, tmp_path:
     assert resumed["steps_per_rank"] == STOP_AT + len(steps_after)
     assert resumed["emitted_samples"] == 64
     assert resumed["wall_s"] > stopped["wall_s"]
-    if mode.endswith("_cross_rank"):
-        # The summary counts finished epochs: the resumed run's pooled round moved samples.
-        assert resumed["moved_samples"] > 0 and resumed["moved_bytes"] > 0
 
 
 def _final_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
