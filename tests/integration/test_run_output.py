@@ -48,7 +48,8 @@ def test_config_error_is_its_message_on_the_console_and_its_trace_in_the_log(
     assert BUDGET_ERROR in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     log = (run_dir / "train.log").read_text()
-    assert f"run directory: {run_dir}" in log
+    # The config is checked before the run starts: the failure line names the directory.
+    assert f"run directory marked failed: {run_dir / 'failed.json'}" in log
     assert BUDGET_ERROR in log and "Traceback (most recent call last)" in log
     assert "in validate_config" in log  # the whole trace, down to the check that failed
     marker = json.loads((run_dir / "failed.json").read_text())
