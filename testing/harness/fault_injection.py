@@ -45,8 +45,10 @@ class Fault(StrEnum):
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Write atomically: a reader polling for ``path`` never sees half a file."""
-    partial = path.with_suffix(".partial")
+    """Write atomically: a reader polling for ``path`` never sees half a file (each
+    process writes its own partial file: with ``fault_rank=-1`` every rank writes
+    ``fault.json`` at once)."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(value))
     partial.replace(path)
 

@@ -22,7 +22,9 @@ from helpers.train_run import read_audit, train
 from testing.harness.train_faults import EXIT_BOUND_S, TrainFaultResult, run_train_fault
 
 PROCESSES = 6  # 2 ranks, each with 1 loader worker (debug=smoke) and 1 collate process
-GLOO_PEER_GONE = "Connection closed by peer"  # the training group's all-reduce on rank 0
+# Rank 0's own error in the training group's collective once its peer is gone: Gloo says
+# "closed" when the peer's socket ended cleanly and "reset" when it was torn down mid-read.
+GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 
 # Lightning's launcher polls rank 1 every 5 s and SIGKILLs rank 0 once rank 1 has failed:
@@ -37,10 +39,10 @@ def _check_exit(result: TrainFaultResult) -> None:
     assert result.seconds_to_exit < EXIT_BOUND_S
 
 
-def _check_rank0_failed(result: TrainFaultResult, error: str) -> None:
+def _check_rank0_failed(result: TrainFaultResult, errors: tuple[str, ...]) -> None:
     assert result.returncode in (1, LAUNCHER_KILLED), result.output[-3000:]
     if result.returncode == 1:
-        assert error in result.output
+        assert any(error in result.output for error in errors), result.output[-3000:]
 
 
 @pytest.mark.slow  # one rank's failure failing every rank: test_runtime_faults' matrix
