@@ -114,7 +114,7 @@ def test_resumed_standard_run_equals_the_uninterrupted_run(tmp_path: Path) -> No
         pytest.param("standard", marks=pytest.mark.slow),
         pytest.param("bucketed", marks=pytest.mark.slow),
         # The epoch is less than a window per rank: the resumed run groups the rest of
-        # it across ranks in one pooled round, which moves samples between the ranks.
+        # it across ranks, which moves samples between the ranks.
         "odb_cross_rank",
     ],
 )
@@ -123,7 +123,7 @@ def test_ddp_resume_emits_the_epoch_exactly_once(mode: str, tmp_path: Path) -> N
     if mode.endswith("_cross_rank"):
         # Fetch-aware dealing off: the deal, and so what the pooled round moves, is then
         # the data's alone. With it on the deal follows the fetch times, and so does the
-        # count of moved samples (10-14 in runs beside CPU hogs, and none in one quiet
+        # count of moved samples (10-14 in runs beside CPU hogs, and none in one CI
         # run). Its resume is exact too: tests/unit/runtime/test_runtime_resume.py.
         overrides = (
             *overrides,
